@@ -1,0 +1,15 @@
+"""Command-line interface: ``calibrl train | generate | eval | demo``.
+
+Each subcommand module registers itself on the shared Typer app; heavy imports (torch, transformers, TRL)
+happen inside the command bodies so ``calibrl --help`` is instant.
+"""
+
+from calibrl.cli.app import app
+from calibrl.cli import demo, eval, generate, train  # noqa: F401,A004  (register subcommands)
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,1 @@
+"""calibrl demo (being written)."""

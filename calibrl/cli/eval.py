@@ -1,0 +1,1 @@
+"""calibrl eval (being written)."""

@@ -1,0 +1,1 @@
+"""calibrl generate (being written)."""

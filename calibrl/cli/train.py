@@ -1,0 +1,1 @@
+"""calibrl train (being written)."""
