@@ -1,0 +1,48 @@
+"""Evaluation metrics: accuracy over samples, confidence discrimination and calibration, selective prediction,
+and prompt-level bootstrap intervals. Definitions (binning, ties) are in docs/metrics.md.
+
+Inputs: numpy arrays, torch tensors or lists, one entry per sampled completion; ``correct`` bool or 0/1.
+Outputs: Python floats, numpy arrays, or small named tuples / dataclasses.
+"""
+
+from calibrl.metrics.abstention import DEFAULT_COVERAGES, aurc, precision_at_coverage, precision_coverage
+from calibrl.metrics.accuracy import mean_at_k, pass_at_k, per_prompt_counts
+from calibrl.metrics.bootstrap import BootstrapCI, bootstrap_ci
+from calibrl.metrics.calibration import (
+    PerPromptAUROC,
+    ReliabilityBins,
+    auroc,
+    bin_edges,
+    brier,
+    ece,
+    mce,
+    nll,
+    per_prompt_auroc,
+    reliability_bins,
+    roc_curve,
+    top_label,
+)
+
+__all__ = [
+    "BootstrapCI",
+    "DEFAULT_COVERAGES",
+    "PerPromptAUROC",
+    "ReliabilityBins",
+    "aurc",
+    "auroc",
+    "bin_edges",
+    "bootstrap_ci",
+    "brier",
+    "ece",
+    "mce",
+    "mean_at_k",
+    "nll",
+    "pass_at_k",
+    "per_prompt_auroc",
+    "per_prompt_counts",
+    "precision_at_coverage",
+    "precision_coverage",
+    "reliability_bins",
+    "roc_curve",
+    "top_label",
+]
