@@ -1,0 +1,133 @@
+"""Calibration telemetry for training: pure functions from a :class:`~calibrl.batch.RolloutBatch` to scalars.
+
+The TRL trainer (:mod:`calibrl.trl`) calls :func:`calibration_metrics` on every generation batch (train and
+eval) and logs each value as ``calibration/<key>`` through TRL's metrics, so TensorBoard / W&B show calibration
+next to the reward. Everything here is framework-free and cheap (numpy on at most a few thousand rows).
+
+Keys (all floats; ``nan`` when undefined, which TRL's logger skips):
+    accuracy                 fraction of completions with reward > threshold
+    auroc                    pooled AUROC of the sequence confidence (mean token log-prob) vs correctness
+    auroc_per_prompt         mean over prompts with both outcomes of the within-prompt AUROC
+    auroc_n_prompts          number of prompts entering ``auroc_per_prompt``
+    confidence_correct       mean exp(logprob_mean) of correct completions (1 / perplexity)
+    confidence_wrong         the same for wrong completions
+    confidence_gap           confidence_correct - confidence_wrong
+    mixed_group_fraction     fraction of prompts whose group has both outcomes (the ones that carry signal)
+    ref_perplexity_mean      mean exp(-ref_logprob_mean), when the reference was run
+    advantage_mean / _std / _max / _min / _abs_mean
+    estimator/<key>          every finite scalar the estimator reported (e.g. ``mask_fraction`` for CAPO)
+    decision_ece             ECE (10 equal-count bins) of the decision-token probability vs correctness
+    decision_prob_mean       mean probability of the chosen decision class
+    decision_frac_above_099  fraction of decisions with probability > 0.99 (the RLVR overconfidence symptom)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from calibrl.batch import RolloutBatch
+
+__all__ = ["calibration_metrics", "advantage_metrics", "decision_metrics"]
+
+
+def _np(x: Any) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().float().cpu().numpy() if x.is_floating_point() else x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def advantage_metrics(advantages: Any) -> dict[str, float]:
+    """mean / std / max / min / mean |A| of the advantages (per-token advantages are reduced per row first)."""
+    a = _np(advantages).astype(np.float64)
+    if a.ndim > 1:
+        a = a.reshape(a.shape[0], -1).mean(axis=1)
+    if a.size == 0:
+        return {}
+    return {
+        "advantage_mean": float(a.mean()),
+        "advantage_std": float(a.std()),
+        "advantage_max": float(a.max()),
+        "advantage_min": float(a.min()),
+        "advantage_abs_mean": float(np.abs(a).mean()),
+    }
+
+
+def decision_metrics(decision_probs: Any, correct: Any, *, n_bins: int = 10) -> dict[str, float]:
+    """ECE (equal-count bins, as arXiv 2601.13284 reports), mean and >0.99 fraction of decision probabilities.
+
+    Rows with NaN probability (no decision token) are ignored.
+    """
+    from calibrl.metrics import ece
+
+    p = _np(decision_probs).astype(np.float64)
+    y = _np(correct).astype(bool)
+    keep = np.isfinite(p)
+    p, y = p[keep], y[keep]
+    if p.size == 0:
+        return {"decision_ece": float("nan"), "decision_prob_mean": float("nan"), "decision_frac_above_099": float("nan")}
+    return {
+        "decision_ece": float(ece(p, y, n_bins=min(n_bins, p.size), strategy="quantile")),
+        "decision_prob_mean": float(p.mean()),
+        "decision_frac_above_099": float((p > 0.99).mean()),
+    }
+
+
+def calibration_metrics(
+    batch: RolloutBatch,
+    *,
+    advantages: Any | None = None,
+    info: dict[str, Any] | None = None,
+    decision_probs: Any | None = None,
+    decision_correct: Any | None = None,
+    threshold: float = 0.5,
+) -> dict[str, float]:
+    """Calibration metrics of one batch of rollouts (see the module docstring for the keys).
+
+    Args:
+        batch: the rollouts; confidence metrics need ``logprob_mean``.
+        advantages: the advantages the trainer used ([N] or [N, T]); adds ``advantage_*``.
+        info: the estimator's diagnostics; finite scalars are passed through as ``estimator/<key>``.
+        decision_probs: [N] probability of the chosen decision class (NaN where none), for decision tasks.
+        decision_correct: [N] bool correctness for ``decision_probs`` (default: reward > threshold).
+        threshold: a completion is correct when its reward exceeds this.
+    """
+    from calibrl.metrics import auroc, per_prompt_auroc
+
+    rewards = _np(batch.rewards).astype(np.float64)
+    correct = rewards > threshold
+    groups = _np(batch.group_ids)
+    out: dict[str, float] = {"accuracy": float(correct.mean())}
+
+    _, inverse = np.unique(groups, return_inverse=True)
+    n_groups = int(inverse.max()) + 1
+    n_correct = np.bincount(inverse, weights=correct.astype(np.float64), minlength=n_groups)
+    n_all = np.bincount(inverse, minlength=n_groups)
+    out["mixed_group_fraction"] = float(((n_correct > 0) & (n_correct < n_all)).mean())
+
+    if batch.logprob_mean is not None:
+        lpm = _np(batch.logprob_mean).astype(np.float64)
+        out["auroc"] = float(auroc(lpm, correct))
+        per_prompt = per_prompt_auroc(lpm, correct, groups)
+        out["auroc_per_prompt"] = float(per_prompt.mean)
+        out["auroc_n_prompts"] = float(per_prompt.n_prompts)
+        conf = np.exp(lpm)
+        out["confidence_correct"] = float(conf[correct].mean()) if correct.any() else float("nan")
+        out["confidence_wrong"] = float(conf[~correct].mean()) if (~correct).any() else float("nan")
+        out["confidence_gap"] = out["confidence_correct"] - out["confidence_wrong"]
+    if batch.ref_logprob_mean is not None:
+        out["ref_perplexity_mean"] = float(np.exp(-_np(batch.ref_logprob_mean).astype(np.float64)).mean())
+    if advantages is not None:
+        out.update(advantage_metrics(advantages))
+    for key, value in (info or {}).items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool):
+            if math.isfinite(float(value)):
+                out[f"estimator/{key}"] = float(value)
+    if decision_probs is not None:
+        out.update(decision_metrics(decision_probs, correct if decision_correct is None else decision_correct))
+    return out

@@ -1,0 +1,642 @@
+"""TRL integration: ``CalibratedGRPOConfig`` and ``CalibratedGRPOTrainer``.
+
+``CalibratedGRPOTrainer`` is TRL's ``GRPOTrainer`` with the advantage step replaced by any estimator registered in
+:mod:`calibrl.advantages` (``capo``, ``gcpo``, ``seed_grpo``, ``codapo``, ``cde``, ``grpo``, ``dr_grpo``, ``rloo``,
+or your own), an optional decision-token calibration term (arXiv 2601.13284), and calibration telemetry logged
+through TRL's own metrics (TensorBoard / W&B / trackio, keys ``calibration/...``).
+
+How it plugs into TRL (1.16), following the maintainers' recommended extension point:
+
+* ``_generate_and_score_completions`` is overridden: it calls TRL's, then builds a :class:`calibrl.RolloutBatch`
+  for the WHOLE generation batch (rewards, log-probs and embeddings are gathered across processes, so a group
+  split over ranks is handled), runs :func:`calibrl.compute_advantages`, and replaces ``"advantages"`` in the
+  returned dict by this process's slice, taken exactly as TRL takes it.
+* rewards: TRL's weighted sum of the reward functions (``reward_weights``), captured from ``_calculate_rewards``.
+  A completion every reward function returned ``None`` for ("unscorable") is put in a group of its own and gets
+  advantage 0, as TRL does.
+* log-probs of the ROLLOUT policy: TRL keeps ``old_per_token_logps`` only when generation and optimisation are out
+  of step (or with vLLM importance sampling); otherwise we compute them with TRL's own
+  ``_get_per_token_logps_and_entropies`` under ``no_grad`` (one extra forward pass, only when the estimator or
+  the telemetry needs them). ``logprob_mean`` is their mean over the completion mask (tool tokens excluded).
+* reference log-probs (CAPO's noise mask): TRL's ``ref_per_token_logps`` when ``beta > 0``; with ``beta == 0`` the
+  trainer still loads a frozen reference: a copy of the initial model, or, with PEFT, the adapter-disabled base
+  (TRL's own mechanism), and runs it only for the mask.
+* embeddings (GCPO): mean over the completion tokens of the policy's last hidden states, captured with a forward
+  hook on the backbone during the same extra forward pass.
+* answer ids (SEED-GRPO): the final answer of each completion (last ``\\boxed{}`` content, else the decision class,
+  else the stripped last line), equal strings clustered within each prompt.
+* decision tasks (``decision_classes`` set): the decision token is the last class token in the completion; its
+  advantage is zeroed (``decision_zero_advantage``) and ``decision_loss_coef * decision_token_loss`` is added to
+  the loss in ``_compute_loss``; the decision logits come from the hidden states of the forward pass TRL already
+  does (captured by a hook; no second forward).
+
+Every TRL option that does not conflict keeps working: ``loss_type``, ``importance_sampling_level="sequence"``
+(GSPO), ``beta`` (KL), vLLM, PEFT, ``num_iterations``, gradient accumulation, multi-process training. With
+``advantage_estimator="grpo"`` and ``scale_rewards`` other than ``"group"`` (or ``multi_objective_aggregation=
+"normalize_then_sum"``), TRL's own advantages are kept, since they are that setting's GRPO.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from trl import GRPOConfig, GRPOTrainer
+
+from calibrl.advantages import compute_advantages, get_estimator
+from calibrl.batch import RolloutBatch
+
+__all__ = ["CalibratedGRPOConfig", "CalibratedGRPOTrainer", "extract_answer", "estimator_inputs"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CalibratedGRPOConfig(GRPOConfig):
+    r"""Configuration for :class:`CalibratedGRPOTrainer`: every :class:`trl.GRPOConfig` field, plus:
+
+    > Advantage estimator
+
+    advantage_estimator (`str`, defaults to `"capo"`): any name in ``calibrl.available_estimators()``.
+    advantage_params (`dict`, *optional*): extra keyword parameters for the estimator (override the ``capo_*`` /
+        ``gcpo_*`` fields below).
+    capo_tau, capo_normalize, capo_mask, capo_ref_high, capo_ref_low, capo_ref_high_quantile,
+        capo_ref_low_quantile: CAPO (arXiv 2604.12632) parameters.
+    gcpo_measure: GCPO (arXiv 2605.21801) disagreement measure.
+
+    > Decision-token calibration (arXiv 2601.13284)
+
+    decision_classes (`list[str]`, *optional*): single-token class strings; enables the decision-token term.
+    decision_loss_coef (`float`, defaults to `1e-3`): lambda.
+    decision_zero_advantage (`bool`, defaults to `True`): zero the policy-gradient advantage at the decision token.
+
+    > Telemetry
+
+    calibration_logging (`bool`, defaults to `True`): log ``calibration/...`` metrics every generation batch.
+    """
+
+    advantage_estimator: str = field(
+        default="capo",
+        metadata={
+            "help": "Advantage estimator: any name in `calibrl.available_estimators()`, e.g. `capo` (CAPO, "
+            "arXiv 2604.12632), `gcpo` (arXiv 2605.21801), `seed_grpo` (arXiv 2505.12346), `codapo`, `cde` "
+            "(arXiv 2509.09675), `grpo`, `dr_grpo`, `rloo`."
+        },
+    )
+    advantage_params: dict | None = field(
+        default=None,
+        metadata={"help": "Extra keyword parameters for the advantage estimator, e.g. `{\"alpha\": 1.0}`. They "
+                  "override the `capo_*` / `gcpo_*` fields."},
+    )
+    capo_tau: float = field(
+        default=0.6,
+        metadata={"help": "CAPO logistic-surrogate temperature tau (CAPO, arXiv 2604.12632: 0.6 for 1.5B, 0.5 "
+                  "for 7B)."},
+    )
+    capo_normalize: str = field(
+        default="group",
+        metadata={"help": "CAPO normaliser of the pairwise sum: `group` (1/G, our reading, reduces to Dr.GRPO as "
+                  "tau grows), `pairs` (1/(n_correct*n_wrong)) or `none` (CAPO, arXiv 2604.12632)."},
+    )
+    capo_mask: str = field(
+        default="none",
+        metadata={"help": "CAPO reference-perplexity noise mask: `none`, `fixed` (capo_ref_high / capo_ref_low) "
+                  "or `quantile` (batch quantiles). Needs the frozen reference model, which is loaded even when "
+                  "beta == 0 (CAPO, arXiv 2604.12632)."},
+    )
+    capo_ref_high: float = field(
+        default=2.5,
+        metadata={"help": "CAPO mask: correct samples with reference perplexity above this get advantage 0 "
+                  "(2.5 for Qwen2.5-Math; CAPO, arXiv 2604.12632)."},
+    )
+    capo_ref_low: float = field(
+        default=1.05,
+        metadata={"help": "CAPO mask: wrong samples with reference perplexity below this get advantage 0 "
+                  "(1.05 for Qwen2.5-Math; CAPO, arXiv 2604.12632)."},
+    )
+    capo_ref_high_quantile: float = field(
+        default=0.75,
+        metadata={"help": "CAPO mask `quantile`: batch quantile of reference perplexity used as ref_high "
+                  "(CAPO, arXiv 2604.12632)."},
+    )
+    capo_ref_low_quantile: float = field(
+        default=0.25,
+        metadata={"help": "CAPO mask `quantile`: batch quantile of reference perplexity used as ref_low "
+                  "(CAPO, arXiv 2604.12632)."},
+    )
+    gcpo_measure: str = field(
+        default="cosine",
+        metadata={"help": "GCPO geometry-aware disagreement: `cosine` (Cosine Dispersion) or `barycentric` "
+                  "(Barycentric Transport) over mean-pooled hidden states (GCPO, arXiv 2605.21801; our reading)."},
+    )
+    decision_classes: list[str] | None = field(
+        default=None,
+        metadata={"help": "Single-token class strings of a decision task (e.g. [\"A\", \"B\", \"C\", \"D\"]). "
+                  "Enables decision-token calibration (arXiv 2601.13284): the last class token of a completion "
+                  "is its decision."},
+    )
+    decision_loss_coef: float = field(
+        default=1e-3,
+        metadata={"help": "lambda of the decision-token cross-entropy (one-hot target when correct, uniform when "
+                  "wrong; arXiv 2601.13284 uses 1e-3)."},
+    )
+    decision_zero_advantage: bool = field(
+        default=True,
+        metadata={"help": "Zero the policy-gradient advantage at the decision token, so only the calibration "
+                  "term shapes it (arXiv 2601.13284)."},
+    )
+    calibration_logging: bool = field(
+        default=True,
+        metadata={"help": "Log calibration telemetry (AUROC of mean token log-prob vs correctness, pooled and per "
+                  "prompt; confidence of right vs wrong; masked fraction; advantage statistics; decision ECE) as "
+                  "`calibration/...` metrics (CAPO, arXiv 2604.12632; arXiv 2601.13284)."},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if isinstance(self.decision_classes, str):
+            self.decision_classes = [c for c in self.decision_classes.split(",") if c]
+        for name in ("capo_mask",):
+            if getattr(self, name) not in ("none", "fixed", "quantile"):
+                raise ValueError(f"{name} must be 'none', 'fixed' or 'quantile', got {getattr(self, name)!r}")
+        if self.capo_normalize not in ("group", "pairs", "none"):
+            raise ValueError(f"capo_normalize must be 'group', 'pairs' or 'none', got {self.capo_normalize!r}")
+        if self.advantage_params is not None and not isinstance(self.advantage_params, dict):
+            raise ValueError(f"advantage_params must be a dict, got {type(self.advantage_params).__name__}")
+
+    # ------------------------------------------------------------------ helpers read by the trainer
+    def estimator_params(self) -> dict[str, Any]:
+        """Keyword parameters passed to the estimator: the ``capo_*``/``gcpo_*`` fields it uses + advantage_params."""
+        params: dict[str, Any] = {}
+        if self.advantage_estimator == "capo":
+            params = dict(
+                tau=self.capo_tau, normalize=self.capo_normalize, mask=self.capo_mask, ref_high=self.capo_ref_high,
+                ref_low=self.capo_ref_low, ref_high_quantile=self.capo_ref_high_quantile,
+                ref_low_quantile=self.capo_ref_low_quantile,
+            )
+        elif self.advantage_estimator == "gcpo":
+            params = dict(measure=self.gcpo_measure)
+        params.update(self.advantage_params or {})
+        return params
+
+
+# Which optional RolloutBatch fields each built-in estimator reads. Unknown (user) estimators receive
+# logprob_mean and, when it is available anyway (beta > 0), ref_logprob_mean.
+_ESTIMATOR_INPUTS: dict[str, frozenset[str]] = {
+    "grpo": frozenset(),
+    "dr_grpo": frozenset(),
+    "rloo": frozenset(),
+    "capo": frozenset({"logprob_mean"}),
+    "codapo": frozenset({"logprob_mean"}),
+    "cde": frozenset({"logprob_mean"}),
+    "seed_grpo": frozenset({"logprob_mean", "answer_ids"}),
+    "gcpo": frozenset({"logprob_mean", "embeddings"}),
+}
+
+
+def estimator_inputs(name: str, params: dict[str, Any]) -> frozenset[str]:
+    """Optional RolloutBatch fields the estimator ``name`` needs with ``params`` (CAPO's mask adds the reference)."""
+    needed = set(_ESTIMATOR_INPUTS.get(name, {"logprob_mean"}))
+    if name == "capo" and params.get("mask", "none") != "none":
+        needed.add("ref_logprob_mean")
+    return frozenset(needed)
+
+
+_BOXED = re.compile(r"\\boxed\s*\{")
+
+
+def _last_boxed(text: str) -> str | None:
+    start = None
+    for match in _BOXED.finditer(text):
+        start = match.end()
+    if start is None:
+        return None
+    depth, i = 1, start
+    while i < len(text):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:i].strip()
+        i += 1
+    return None  # unbalanced: no complete answer
+
+
+def extract_answer(text: str, classes: list[str] | None = None) -> str:
+    """Final answer of a completion for answer clustering: the last ``\\boxed{...}`` content, else the last
+    occurring class string (decision tasks), else the stripped last non-empty line ("" if none)."""
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return boxed
+    if classes:
+        best, best_pos = None, -1
+        for cls in classes:
+            pos = text.rfind(cls)
+            if pos > best_pos:
+                best, best_pos = cls, pos
+        if best is not None:
+            return best
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _completion_text(completion: Any) -> str:
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):  # conversational: [{"role": "assistant", "content": ...}]
+        parts = []
+        for message in completion:
+            content = message.get("content", "") if isinstance(message, dict) else str(message)
+            if isinstance(content, list):
+                content = "".join(c.get("text", "") for c in content if isinstance(c, dict))
+            parts.append(str(content))
+        return "\n".join(parts)
+    return str(completion)
+
+
+def _answer_ids(answers: list[str], group_ids: list[int]) -> list[int]:
+    table: dict[tuple[int, str], int] = {}
+    return [table.setdefault((g, a), len(table)) for g, a in zip(group_ids, answers)]
+
+
+@contextmanager
+def _capture_hidden(module: torch.nn.Module, store: list):
+    """Append the backbone's last hidden state [B, L, D] to ``store`` on every forward while active."""
+
+    def hook(_module, _args, output):
+        hidden = getattr(output, "last_hidden_state", None)
+        if hidden is None:
+            hidden = output[0] if isinstance(output, (tuple, list)) else output
+        store.append(hidden)
+
+    handle = module.register_forward_hook(hook)
+    try:
+        yield store
+    finally:
+        handle.remove()
+
+
+_MODEL_KWARG_KEYS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Trainer
+# --------------------------------------------------------------------------------------------------------------
+
+
+class CalibratedGRPOTrainer(GRPOTrainer):
+    """TRL ``GRPOTrainer`` with calibrl advantages, decision-token calibration and calibration telemetry.
+
+    Same constructor as :class:`trl.GRPOTrainer`; ``args`` must be a :class:`CalibratedGRPOConfig`.
+
+    After every generation batch, ``self.last_rollout`` holds what the advantage step saw and produced (for
+    inspection and tests): ``batch`` (the full :class:`RolloutBatch`), ``advantages`` (full, [N]), ``info``
+    (estimator diagnostics), ``trl_advantages`` (TRL's own advantages for this process's slice), ``process_slice``,
+    ``mode``, ``metrics`` (the telemetry dict).
+    """
+
+    _tag_names = ["trl", "grpo", "calibrl"]
+
+    def __init__(self, model, reward_funcs=None, args: CalibratedGRPOConfig | None = None, *pargs, **kwargs):
+        if args is None:
+            name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model") or "model"
+            args = CalibratedGRPOConfig(f"{str(name).split('/')[-1]}-CalibratedGRPO")
+        if not isinstance(args, CalibratedGRPOConfig):
+            raise TypeError(
+                f"CalibratedGRPOTrainer needs args=CalibratedGRPOConfig(...), got {type(args).__name__}; build one "
+                "with the same fields plus advantage_estimator=..."
+            )
+        get_estimator(args.advantage_estimator)  # fail early with the list of registered names
+        self._calibrl_params = args.estimator_params()
+        self._calibrl_inputs = estimator_inputs(args.advantage_estimator, self._calibrl_params)
+        needs_ref = "ref_logprob_mean" in self._calibrl_inputs
+
+        own_ref = None
+        beta_hack = False
+        peft_config = kwargs.get("peft_config")
+        if needs_ref and args.beta == 0.0:
+            from accelerate.utils import is_peft_model
+            from transformers import PreTrainedModel
+
+            if isinstance(model, PreTrainedModel) and not is_peft_model(model) and peft_config is None:
+                # Copy of the initial model, taken before TRL patches the policy's forward.
+                own_ref = copy.deepcopy(model)
+            else:
+                # Let TRL build its reference (from the model path, or the PEFT adapter-disabled base / "ref"
+                # adapter) exactly as it does for beta > 0, then set beta back to 0 (no KL term).
+                beta_hack = True
+                args.beta = 1.0
+        try:
+            super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        finally:
+            if beta_hack:
+                args.beta = 0.0
+        if beta_hack:
+            self.beta = 0.0
+        if own_ref is not None:
+            self._install_own_ref(own_ref)
+
+        self._calibrl_rewards_per_func: torch.Tensor | None = None
+        self._calibrl_completions: list | None = None
+        self.last_rollout: dict[str, Any] | None = None
+        self._decision_class_ids = self._resolve_decision_classes()
+
+    # ------------------------------------------------------------------ setup helpers
+    def _install_own_ref(self, ref) -> None:
+        from trl.models import prepare_deepspeed, prepare_fsdp
+        from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
+
+        ref.eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        if self.args.disable_dropout:
+            disable_dropout_in_model(ref)
+        add_fused_lm_head(ref, temperature=self.temperature)
+        if self.is_deepspeed_enabled:
+            ref = prepare_deepspeed(ref, self.accelerator)
+        elif self.is_fsdp_enabled:
+            ref = prepare_fsdp(ref, self.accelerator)
+        else:
+            ref = self.accelerator.prepare_model(ref, evaluation_mode=True)
+        self.ref_model = ref
+
+    def _resolve_decision_classes(self) -> torch.Tensor | None:
+        classes = self.args.decision_classes
+        if not classes:
+            return None
+        ids = []
+        for cls in classes:
+            token_ids = self._tokenizer(cls, add_special_tokens=False)["input_ids"]
+            if len(token_ids) != 1:
+                raise ValueError(
+                    f"decision_classes: {cls!r} is {len(token_ids)} tokens for this tokenizer ({token_ids}); every "
+                    "class must be a single token (e.g. include the leading space the completion uses)"
+                )
+            ids.append(token_ids[0])
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"decision_classes: {classes} map to duplicate token ids {ids}")
+        return torch.tensor(ids, dtype=torch.long)
+
+    def _backbone_and_head(self, model):
+        unwrapped = self.accelerator.unwrap_model(model)
+        base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped
+        backbone = getattr(base, "base_model", base)
+        return backbone, base.get_output_embeddings()
+
+    # ------------------------------------------------------------------ reward capture
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._calibrl_rewards_per_func = rewards_per_func  # gathered over processes: [N_total, n_funcs]
+        self._calibrl_completions = completions  # this process's completions
+        return rewards_per_func
+
+    # ------------------------------------------------------------------ the advantage step
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        return self._calibrl_replace_advantages(output)
+
+    def _needed_fields(self, mode: str) -> set[str]:
+        needed = set(self._calibrl_inputs)
+        if self.args.calibration_logging:
+            needed.add("logprob_mean")
+        return needed
+
+    @torch.no_grad()
+    def _rollout_forward(self, output, mask, *, want_logps: bool, want_embeddings: bool, want_decision: bool):
+        """One no-grad forward of the policy: per-token log-probs, completion-mean hidden states, decision logits."""
+        from trl.models.utils import disable_gradient_checkpointing
+
+        prompt_ids, completion_ids = output["prompt_ids"], output["completion_ids"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        logits_to_keep = completion_ids.size(1)
+        mode = "train" if self.model.training else "eval"
+        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        hidden_store: list = []
+        capture = want_embeddings or want_decision
+        backbone, lm_head = self._backbone_and_head(self.model)
+        ctx = _capture_hidden(backbone, hidden_store) if capture else nullcontext()
+        kwargs = {k: output[k] for k in _MODEL_KWARG_KEYS if k in output}
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs), ctx:
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs
+            )
+        result: dict[str, torch.Tensor] = {"per_token_logps": logps}
+        if capture:
+            hidden = torch.cat(hidden_store, dim=0)  # [B, P+C, D]
+            if want_embeddings:
+                comp_hidden = hidden[:, -logits_to_keep:].float()
+                m = mask.unsqueeze(-1).float()
+                result["embeddings"] = (comp_hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+            if want_decision:
+                result["decision_hidden"] = hidden
+        return result
+
+    def _decision_logits(self, hidden, prompt_len: int, positions: torch.Tensor, model) -> torch.Tensor:
+        """Logits [N, V] (at the sampling temperature) predicting the token at completion position ``positions``."""
+        _, lm_head = self._backbone_and_head(model)
+        rows = torch.arange(hidden.size(0), device=hidden.device)
+        seq_pos = (prompt_len + positions.clamp(min=0) - 1).to(hidden.device)
+        h = hidden[rows, seq_pos]  # [N, D]
+        logits = lm_head(h.to(lm_head.weight.dtype) if hasattr(lm_head, "weight") else h).float()
+        return logits / self.temperature
+
+    def _ref_per_token_logps(self, output):
+        if "ref_per_token_logps" in output:
+            return output["ref_per_token_logps"]
+        from trl.models.utils import disable_gradient_checkpointing
+
+        prompt_ids, completion_ids = output["prompt_ids"], output["completion_ids"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        logits_to_keep = completion_ids.size(1)
+        mode = "train" if self.model.training else "eval"
+        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        kwargs = {k: output[k] for k in _MODEL_KWARG_KEYS if k in output}
+        with torch.no_grad():
+            if self.ref_model is not None:
+                logps, _, _ = self._get_per_token_logps_and_entropies(
+                    self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs
+                )
+            else:
+                from trl.trainer.utils import use_adapter
+
+                unwrapped = self.accelerator.unwrap_model(self.model)
+                if not hasattr(unwrapped, "peft_config"):
+                    raise RuntimeError("calibrl: the estimator needs a reference model but none was loaded")
+                with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None), \
+                        disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+                    logps, _, _ = self._get_per_token_logps_and_entropies(
+                        self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs
+                    )
+        return logps
+
+    def _calibrl_replace_advantages(self, output: dict) -> dict:
+        from accelerate.utils import gather_object
+
+        args = self.args
+        mode = "train" if self.model.training else "eval"
+        device = self.accelerator.device
+        rewards_per_func = self._calibrl_rewards_per_func
+        completions = self._calibrl_completions
+        n_local = output["completion_ids"].size(0)
+        process_slice = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+
+        unscorable = torch.isnan(rewards_per_func).all(dim=1)
+        rewards = (rewards_per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
+        rewards = rewards.masked_fill(unscorable, 0.0)
+        n_total = rewards.numel()
+        group_ids = torch.arange(n_total, device=device) // num_generations
+        n_groups = (n_total + num_generations - 1) // num_generations
+        # An unscorable completion forms a group of its own (excluded from its prompt's baseline, advantage 0).
+        group_ids = torch.where(unscorable, n_groups + torch.arange(n_total, device=device), group_ids)
+
+        mask = output["completion_mask"]
+        if "tool_mask" in output:
+            mask = mask * output["tool_mask"]
+        needed = self._needed_fields(mode)
+        decision = self._decision_class_ids is not None
+        want_dec = decision and args.calibration_logging  # decision probabilities for telemetry
+        want_emb = "embeddings" in needed
+        lengths_local = mask.sum(dim=1)
+
+        fields: dict[str, torch.Tensor] = {}
+        decision_hidden = None
+        old = output.get("old_per_token_logps")
+        if "logprob_mean" in needed or want_emb or want_dec:
+            if old is not None and not want_emb and not want_dec:
+                per_token = old
+            else:
+                fwd = self._rollout_forward(
+                    output, mask, want_logps=True, want_embeddings=want_emb, want_decision=want_dec
+                )
+                per_token = old if old is not None else fwd["per_token_logps"]
+                if want_emb:
+                    fields["embeddings"] = self.accelerator.gather(fwd["embeddings"].contiguous())
+                decision_hidden = fwd.get("decision_hidden")
+            lpm_local = (per_token.float() * mask).sum(1) / mask.sum(1).clamp(min=1).float()
+            fields["logprob_mean"] = self.accelerator.gather(lpm_local)
+        if "ref_logprob_mean" in needed or "ref_per_token_logps" in output:
+            ref_tok = self._ref_per_token_logps(output)
+            ref_lpm = (ref_tok.float() * mask).sum(1) / mask.sum(1).clamp(min=1).float()
+            fields["ref_logprob_mean"] = self.accelerator.gather(ref_lpm)
+        if "answer_ids" in needed:
+            texts = gather_object([_completion_text(c) for c in completions])
+            answers = [extract_answer(t, args.decision_classes) for t in texts]
+            fields["answer_ids"] = torch.tensor(_answer_ids(answers, group_ids.tolist()), device=device)
+        fields["lengths"] = self.accelerator.gather(lengths_local)
+
+        batch = RolloutBatch(rewards=rewards, group_ids=group_ids, **fields)
+        trl_advantages = output["advantages"]
+        keep_trl = args.advantage_estimator == "grpo" and (
+            self.scale_rewards != "group" or self.multi_objective_aggregation != "sum_then_normalize"
+        )
+        if keep_trl:
+            all_adv = self.accelerator.gather(trl_advantages)
+            info: dict[str, Any] = {"trl_advantages_kept": 1.0}
+        else:
+            # Estimators ignore the optional fields they do not read, so the full batch is passed.
+            all_adv, info = compute_advantages(
+                batch, args.advantage_estimator, return_info=True, **self._calibrl_params
+            )
+            all_adv = torch.nan_to_num(all_adv.to(torch.float32), nan=0.0).masked_fill(unscorable, 0.0)
+        advantages = all_adv[process_slice]
+
+        # Decision token: position, chosen class, correctness; zero the advantage there.
+        decision_probs_all = None
+        decision_correct_all = None
+        if decision:
+            from calibrl.losses.decision import chosen_classes, find_decision_positions, zero_decision_advantages
+
+            class_ids = self._decision_class_ids.to(device)
+            positions = find_decision_positions(
+                completion_ids=output["completion_ids"], completion_mask=mask, class_token_ids=class_ids
+            )
+            chosen = chosen_classes(
+                completion_ids=output["completion_ids"], decision_positions=positions, class_token_ids=class_ids
+            )
+            rows = torch.arange(n_local, device=device)
+            correct_local = rewards[process_slice] > 0.5
+            output["calibrl_decision_positions"] = positions
+            output["calibrl_decision_chosen"] = chosen
+            output["calibrl_decision_correct"] = correct_local
+            if args.decision_zero_advantage:
+                advantages = zero_decision_advantages(
+                    advantages=advantages, completion_mask=mask, decision_positions=positions
+                )
+            if decision_hidden is not None and args.calibration_logging:
+                logits = self._decision_logits(decision_hidden, output["prompt_ids"].size(1), positions, self.model)
+                class_probs = torch.softmax(logits[:, class_ids], dim=-1)
+                p_chosen = class_probs[rows, chosen.clamp(min=0)]
+                p_chosen = torch.where(chosen >= 0, p_chosen, torch.full_like(p_chosen, float("nan")))
+                decision_probs_all = self.accelerator.gather(p_chosen)
+                decision_correct_all = self.accelerator.gather(correct_local.float()) > 0.5
+
+        output["advantages"] = advantages
+        # TRL logs the advantages of the completions table from its own values; show ours instead.
+        if len(self._logs["advantages"]) >= n_total and not keep_trl:
+            for _ in range(n_total):
+                self._logs["advantages"].pop()
+            self._logs["advantages"].extend(all_adv.tolist())
+
+        metrics: dict[str, float] = {}
+        if args.calibration_logging:
+            from calibrl.telemetry import calibration_metrics
+
+            metrics = calibration_metrics(
+                batch, advantages=all_adv, info=info, decision_probs=decision_probs_all,
+                decision_correct=decision_correct_all,
+            )
+            for key, value in metrics.items():
+                self._metrics[mode][f"calibration/{key}"].append(value)
+        elif info:
+            for key, value in info.items():
+                if isinstance(value, (int, float)) and math.isfinite(float(value)):
+                    self._metrics[mode][f"calibration/{key}"].append(float(value))
+
+        self.last_rollout = {
+            "batch": batch, "advantages": all_adv, "info": info, "trl_advantages": trl_advantages,
+            "process_slice": process_slice, "mode": mode, "metrics": metrics,
+        }
+        return output
+
+    # ------------------------------------------------------------------ the loss
+    def _compute_loss(self, model, inputs):
+        if self._decision_class_ids is None or "calibrl_decision_positions" not in inputs:
+            return super()._compute_loss(model, inputs)
+        from calibrl.losses.decision import decision_token_loss
+
+        backbone, _ = self._backbone_and_head(model)
+        store: list = []
+        with _capture_hidden(backbone, store):
+            loss = super()._compute_loss(model, inputs)
+        positions = inputs["calibrl_decision_positions"]
+        hidden = store[0] if len(store) == 1 else torch.cat(store, dim=0)
+        logits = self._decision_logits(hidden, inputs["prompt_ids"].size(1), positions, model)
+        class_ids = self._decision_class_ids.to(logits.device)
+        d_loss, d_metrics = decision_token_loss(
+            decision_logits=logits, class_token_ids=class_ids, chosen_class=inputs["calibrl_decision_chosen"],
+            correct=inputs["calibrl_decision_correct"].bool(), lam=self.args.decision_loss_coef,
+        )
+        mode = "train" if self.model.training else "eval"
+        normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        loss = loss + d_loss / normalizer
+        self._metrics[mode]["decision/loss"].append(self.accelerator.gather(d_loss.detach()).mean().item())
+        for key, value in (d_metrics or {}).items():
+            value = float(value.item() if isinstance(value, torch.Tensor) else value)
+            self._metrics[mode][f"decision/{key}"].append(value)
+        return loss
