@@ -75,7 +75,8 @@ def decision_token_loss(*, decision_logits: torch.Tensor, class_token_ids: torch
     Returns:
         (loss, metrics): metrics ``decision_prob_mean`` (mean q(chosen) over decision rows), ``decision_ce``
         (mean CE before lam, switched-off rows counted as 0), ``frac_uniform_active`` (fraction of wrong decision
-        rows whose uniform term is on, q(chosen) > 1/C), ``frac_with_decision``. Undefined means are 0.0.
+        rows whose uniform term is on, q(chosen) > 1/C), ``frac_with_decision``. A mean over no rows is NaN
+        (TRL's logger skips NaN values).
     """
     if decision_logits.dim() != 2:
         raise ValueError(f"decision_token_loss: decision_logits must be [N, V], got {tuple(decision_logits.shape)}")
@@ -117,9 +118,9 @@ def decision_token_loss(*, decision_logits: torch.Tensor, class_token_ids: torch
         wrong = has & ~correct
         n_wrong = int(wrong.sum())
         metrics = {
-            "decision_prob_mean": float(q_chosen[has].mean()) if n_dec else 0.0,
+            "decision_prob_mean": float(q_chosen[has].mean()) if n_dec else float("nan"),
             "decision_ce": float(ce.detach()),
-            "frac_uniform_active": float(uniform_active.sum()) / n_wrong if n_wrong else 0.0,
+            "frac_uniform_active": float(uniform_active.sum()) / n_wrong if n_wrong else float("nan"),
             "frac_with_decision": n_dec / n if n else 0.0,
         }
     return loss, metrics
