@@ -1,0 +1,467 @@
+"""YAML training recipes for ``calibrl train``: load, validate, build a :class:`~calibrl.trl.CalibratedGRPOTrainer`.
+
+A recipe::
+
+    model:                                 # or simply  model: Qwen/Qwen2.5-Math-1.5B  /  model: "builtin:tiny"
+      name_or_path: Qwen/Qwen2.5-Math-1.5B # hub id, local folder, or "builtin:tiny" (calibrl.models.tiny)
+      dtype: bfloat16                      # float32 | bfloat16 | float16 | auto
+      peft: {r: 16, lora_alpha: 32, target_modules: all-linear}   # optional LoRA (peft.LoraConfig fields)
+    dataset: {name: deepscaler, split: train, path: null, limit: null}   # calibrl.tasks.registry name
+    eval_dataset: {name: math500, split: test, limit: 100}             # optional, same shape
+    rewards: [math]                        # registered reward names; or [{name: math, weight: 1.0}, ...]
+    trainer:                               # any CalibratedGRPOConfig / GRPOConfig field, TRL's own names
+      output_dir: runs/capo
+      learning_rate: 1.0e-6
+      advantage_estimator: capo
+      capo_tau: 0.6
+
+Unknown keys are errors that name the key, the section and the file (with the closest valid name). Extra keys
+in a dataset section are passed to the dataset loader (e.g. ``template: qwen-math-chat``) when it accepts them.
+
+API: :func:`load_recipe`, :func:`build_trainer`, :func:`train`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "RecipeError", "ModelSpec", "DatasetSpec", "RewardSpec", "Recipe", "load_recipe", "parse_recipe",
+    "build_trainer", "train", "trainer_fields",
+]
+
+TINY = "builtin:tiny"
+
+
+class RecipeError(ValueError):
+    """A recipe is malformed; the message names the file, the section and the key."""
+
+
+@dataclass
+class ModelSpec:
+    name_or_path: str
+    dtype: str | None = None
+    peft: dict | None = None
+    tokenizer: str | None = None  # tokenizer path if not the model's
+    init_kwargs: dict = field(default_factory=dict)  # extra from_pretrained kwargs (attn_implementation, ...)
+    tiny: dict | None = None  # TinyModelConfig fields for builtin:tiny (+ seed)
+
+
+@dataclass
+class DatasetSpec:
+    name: str | None = None
+    split: str | None = None
+    path: str | None = None
+    limit: int | None = None
+    options: dict = field(default_factory=dict)  # extra keyword arguments for the loader
+
+
+@dataclass
+class RewardSpec:
+    name: str
+    weight: float = 1.0
+
+
+@dataclass
+class Recipe:
+    """A parsed recipe. ``trainer`` holds CalibratedGRPOConfig keyword arguments (validated names)."""
+
+    model: ModelSpec
+    dataset: DatasetSpec
+    rewards: list[RewardSpec]
+    trainer: dict[str, Any]
+    eval_dataset: DatasetSpec | None = None
+    source: str = "<recipe>"
+
+
+_TOP_KEYS = ("model", "dataset", "eval_dataset", "rewards", "trainer")
+
+
+def trainer_fields() -> set[str]:
+    """Names accepted in the ``trainer`` section: every init field of CalibratedGRPOConfig."""
+    from calibrl.trl import CalibratedGRPOConfig
+
+    return {f.name for f in dataclasses.fields(CalibratedGRPOConfig) if f.init}
+
+
+def _unknown(key: str, section: str, valid, source: str) -> RecipeError:
+    close = difflib.get_close_matches(key, list(valid), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return RecipeError(f"{source}: unknown key {key!r} in section {section!r}{hint}")
+
+
+def _parse_model(raw: Any, source: str) -> ModelSpec:
+    if isinstance(raw, str):
+        return ModelSpec(name_or_path=raw)
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{source}: section 'model' must be a mapping or a model name, got {type(raw).__name__}")
+    known = {f.name for f in dataclasses.fields(ModelSpec)}
+    for key in raw:
+        if key not in known:
+            raise _unknown(key, "model", known, source)
+    if not raw.get("name_or_path"):
+        raise RecipeError(f"{source}: section 'model' needs 'name_or_path' (hub id, folder or {TINY!r})")
+    if raw.get("peft") is not None and not isinstance(raw["peft"], dict):
+        raise RecipeError(f"{source}: model.peft must be a mapping of peft.LoraConfig fields")
+    spec = ModelSpec(**{k: v for k, v in raw.items() if v is not None})
+    if spec.dtype not in (None, "auto", "float32", "bfloat16", "float16"):
+        raise RecipeError(f"{source}: model.dtype must be float32, bfloat16, float16 or auto, got {spec.dtype!r}")
+    return spec
+
+
+def _parse_dataset(raw: Any, section: str, source: str) -> DatasetSpec:
+    if isinstance(raw, str):
+        return DatasetSpec(name=raw)
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{source}: section {section!r} must be a mapping, got {type(raw).__name__}")
+    raw = dict(raw)
+    options = dict(raw.pop("options", None) or {})
+    known = {"name", "split", "path", "limit"}
+    spec = DatasetSpec(**{k: raw.pop(k) for k in list(raw) if k in known})
+    options.update(raw)  # extra keys go to the loader; checked against its signature in _load_dataset
+    spec.options = options
+    if not spec.name:
+        raise RecipeError(f"{source}: section {section!r} needs 'name' (a registered dataset; path= for local files)")
+    if spec.limit is not None and (not isinstance(spec.limit, int) or spec.limit <= 0):
+        raise RecipeError(f"{source}: {section}.limit must be a positive integer or null, got {spec.limit!r}")
+    return spec
+
+
+def _parse_rewards(raw: Any, source: str) -> list[RewardSpec]:
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw:
+        raise RecipeError(f"{source}: section 'rewards' must be a non-empty list of reward names")
+    out = []
+    for item in raw:
+        if isinstance(item, str):
+            out.append(RewardSpec(item))
+        elif isinstance(item, dict):
+            for key in item:
+                if key not in ("name", "weight"):
+                    raise _unknown(key, "rewards", ("name", "weight"), source)
+            if "name" not in item:
+                raise RecipeError(f"{source}: every entry of 'rewards' needs a 'name'")
+            out.append(RewardSpec(item["name"], float(item.get("weight", 1.0))))
+        else:
+            raise RecipeError(f"{source}: rewards entries must be names or {{name, weight}}, got {item!r}")
+    return out
+
+
+def _check_trainer(raw: dict, source: str, section: str = "trainer") -> dict:
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{source}: section {section!r} must be a mapping of CalibratedGRPOConfig fields")
+    valid = trainer_fields()
+    for key in raw:
+        if key not in valid:
+            raise _unknown(key, section, valid, source)
+    return dict(raw)
+
+
+def parse_recipe(data: dict, source: str = "<recipe>") -> Recipe:
+    """A :class:`Recipe` from an already-loaded mapping (``source`` names it in errors)."""
+    if not isinstance(data, dict):
+        raise RecipeError(f"{source}: a recipe must be a YAML mapping with sections {', '.join(_TOP_KEYS)}")
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise _unknown(key, "<top level>", _TOP_KEYS, source)
+    for key in ("model", "dataset", "rewards"):
+        if key not in data or data[key] is None:
+            raise RecipeError(f"{source}: missing section {key!r}")
+    return Recipe(
+        model=_parse_model(data["model"], source),
+        dataset=_parse_dataset(data["dataset"], "dataset", source),
+        eval_dataset=_parse_dataset(data["eval_dataset"], "eval_dataset", source) if data.get("eval_dataset") else None,
+        rewards=_parse_rewards(data["rewards"], source),
+        trainer=_check_trainer(data.get("trainer") or {}, source),
+        source=source,
+    )
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read and validate a YAML recipe; :class:`RecipeError` names the file and key on any problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read recipe ({exc.strerror or exc})") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{path}: invalid YAML ({exc})") from exc
+    return parse_recipe(data, str(path))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Building
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _load_dataset(spec: DatasetSpec, section: str, source: str):
+    from calibrl.tasks.registry import get_dataset_loader
+
+    try:
+        loader = get_dataset_loader(spec.name)
+    except KeyError as exc:
+        raise RecipeError(f"{source}: {section}.name: {exc.args[0]}") from None
+    kwargs: dict[str, Any] = {}
+    if spec.split is not None:
+        kwargs["split"] = spec.split
+    if spec.path is not None:
+        kwargs["path"] = spec.path
+    if spec.limit is not None:
+        kwargs["limit"] = spec.limit
+    kwargs.update(spec.options)
+    params = inspect.signature(loader).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        for key in kwargs:
+            if key not in params:
+                raise _unknown(key, section, [k for k in params if k != "self"], source)
+    dataset = loader(**kwargs)
+    if spec.limit is not None and hasattr(dataset, "select") and len(dataset) > spec.limit:
+        dataset = dataset.select(range(spec.limit))
+    return dataset
+
+
+def _load_model(spec: ModelSpec):
+    """(model or model id, tokenizer or None, model_init_kwargs)."""
+    if spec.name_or_path == TINY:
+        from calibrl.models.tiny import TinyModelConfig, build_tiny_model
+
+        tiny = dict(spec.tiny or {})
+        seed = int(tiny.pop("seed", 0))
+        model, tokenizer = build_tiny_model(config=TinyModelConfig(**tiny), seed=seed)
+        return model, tokenizer, {}
+    init_kwargs = dict(spec.init_kwargs)
+    if spec.dtype is not None:
+        init_kwargs["dtype"] = spec.dtype
+    tokenizer = None
+    if spec.tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer)
+    return spec.name_or_path, tokenizer, init_kwargs
+
+
+def _peft_config(peft: dict | None):
+    if not peft:
+        return None
+    from peft import LoraConfig
+
+    kwargs = dict(peft)
+    kwargs.setdefault("task_type", "CAUSAL_LM")
+    return LoraConfig(**kwargs)
+
+
+def build_trainer(recipe: Recipe, *, model=None, tokenizer=None, overrides: dict | None = None, callbacks=None):
+    """A ready :class:`~calibrl.trl.CalibratedGRPOTrainer` for ``recipe``.
+
+    Args:
+        recipe: from :func:`load_recipe`.
+        model, tokenizer: a stand-in model (e.g. the tiny model) used instead of the recipe's (both, or the model
+            alone when the recipe's tokenizer loads). Recipe tests build every recipe this way on CPU.
+        overrides: CalibratedGRPOConfig fields replacing the recipe's ``trainer`` values (e.g. ``max_steps``).
+        callbacks: extra ``transformers.TrainerCallback`` objects.
+    """
+    from calibrl.tasks.registry import get_reward
+    from calibrl.trl import CalibratedGRPOConfig, CalibratedGRPOTrainer
+
+    source = recipe.source
+    trainer_kwargs = dict(recipe.trainer)
+    trainer_kwargs.update(_check_trainer(overrides or {}, source, "overrides"))
+    trainer_kwargs.setdefault("output_dir", str(Path("runs") / Path(source).stem))
+    trainer_kwargs.setdefault("report_to", "none")
+
+    if model is None:
+        model, recipe_tokenizer, init_kwargs = _load_model(recipe.model)
+        tokenizer = tokenizer if tokenizer is not None else recipe_tokenizer
+        if init_kwargs:
+            merged = dict(trainer_kwargs.get("model_init_kwargs") or {})
+            merged.update(init_kwargs)
+            trainer_kwargs["model_init_kwargs"] = merged
+    weights = [r.weight for r in recipe.rewards]
+    if any(w != 1.0 for w in weights) and "reward_weights" not in trainer_kwargs:
+        trainer_kwargs["reward_weights"] = weights
+    try:
+        args = CalibratedGRPOConfig(**trainer_kwargs)
+    except (TypeError, ValueError) as exc:
+        raise RecipeError(f"{source}: section 'trainer': {exc}") from exc
+
+    reward_funcs = []
+    for spec in recipe.rewards:
+        try:
+            reward_funcs.append(get_reward(spec.name))
+        except KeyError as exc:
+            raise RecipeError(f"{source}: rewards: {exc.args[0]}") from None
+    train_dataset = _load_dataset(recipe.dataset, "dataset", source)
+    eval_dataset = _load_dataset(recipe.eval_dataset, "eval_dataset", source) if recipe.eval_dataset else None
+
+    return CalibratedGRPOTrainer(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        peft_config=_peft_config(recipe.model.peft),
+        callbacks=callbacks,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Running
+# ----------------------------------------------------------------------------------------------------------------
+
+_SUMMARY_KEYS = (
+    ("reward", "reward"),
+    ("accuracy", "calibration/accuracy"),
+    ("AUROC (pooled)", "calibration/auroc"),
+    ("AUROC (per prompt)", "calibration/auroc_per_prompt"),
+    ("confidence right", "calibration/confidence_correct"),
+    ("confidence wrong", "calibration/confidence_wrong"),
+    ("masked fraction", "calibration/estimator/mask_fraction"),
+    ("decision ECE", "calibration/decision_ece"),
+    ("decision p>0.99", "calibration/decision_frac_above_099"),
+    ("entropy", "entropy"),
+)
+
+
+def _progress_callback(console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from transformers import TrainerCallback
+
+    class RichProgress(TrainerCallback):
+        """Rich progress bar with the latest reward and AUROC (main process only)."""
+
+        def __init__(self):
+            self.progress = None
+            self.task = None
+            self.last: dict[str, float] = {}
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if not state.is_world_process_zero:
+                return
+            self.progress = Progress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console, transient=False,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task("train", total=state.max_steps, completed=state.global_step, info="")
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs:
+                self.last.update({k: v for k, v in logs.items() if isinstance(v, (int, float))})
+            if self.progress is not None:
+                parts = []
+                for label, key in (("reward", "reward"), ("auroc", "calibration/auroc")):
+                    value = self.last.get(key)
+                    if value is not None and not (isinstance(value, float) and math.isnan(value)):
+                        parts.append(f"{label} {value:.3f}")
+                self.progress.update(self.task, info="  ".join(parts))
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.progress is not None:
+                self.progress.update(self.task, completed=state.global_step)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if self.progress is not None:
+                self.progress.update(self.task, completed=state.global_step)
+                self.progress.stop()
+                self.progress = None
+
+    return RichProgress()
+
+
+def summarize(log_history: list[dict], *, last_n: int = 5) -> dict[str, dict[str, float]]:
+    """First and last (mean of the last ``last_n`` logged values) of the summary metrics, and final eval values."""
+    out: dict[str, dict[str, float]] = {}
+    for label, key in _SUMMARY_KEYS:
+        values = [h[key] for h in log_history if isinstance(h.get(key), (int, float)) and not math.isnan(h[key])]
+        evals = [h[f"eval_{key}"] for h in log_history
+                 if isinstance(h.get(f"eval_{key}"), (int, float)) and not math.isnan(h[f"eval_{key}"])]
+        if not values and not evals:
+            continue
+        row = {}
+        if values:
+            row["first"] = float(values[0])
+            tail = values[-last_n:]
+            row["last"] = float(sum(tail) / len(tail))
+        if evals:
+            row["eval"] = float(evals[-1])
+        out[label] = row
+    return out
+
+
+def _print_summary(console, summary: dict, trainer) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"calibrl train: {trainer.args.advantage_estimator} ({trainer.state.global_step} steps)")
+    table.add_column("metric")
+    table.add_column("first", justify="right")
+    table.add_column("last (mean of 5)", justify="right")
+    table.add_column("eval", justify="right")
+    fmt = lambda row, k: f"{row[k]:.4f}" if k in row else "-"  # noqa: E731
+    for label, row in summary.items():
+        table.add_row(label, fmt(row, "first"), fmt(row, "last"), fmt(row, "eval"))
+    console.print(table)
+    console.print(f"output: {trainer.args.output_dir}")
+
+
+def last_checkpoint(output_dir: str | Path) -> str | None:
+    """The newest ``checkpoint-N`` folder in ``output_dir`` (None if there is none)."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return None
+    return get_last_checkpoint(str(output_dir))
+
+
+def train(recipe: Recipe, resume: bool = False, *, overrides: dict | None = None, model=None, tokenizer=None,
+          progress: bool = True, console=None) -> dict[str, Any]:
+    """Train ``recipe``; with ``resume`` continue from the last checkpoint in its output_dir.
+
+    Returns ``{"output_dir", "global_step", "resumed_from", "summary", "log_history"}``; saves the final model
+    in ``output_dir`` and prints a rich summary table (main process).
+    """
+    from rich.console import Console
+
+    console = console or Console()
+    overrides = dict(overrides or {})
+    callbacks = []
+    if progress:
+        overrides.setdefault("disable_tqdm", True)
+        callbacks.append(_progress_callback(console))
+    trainer = build_trainer(recipe, model=model, tokenizer=tokenizer, overrides=overrides, callbacks=callbacks)
+    if progress:
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # the rich bar replaces the printed log dicts
+    checkpoint = last_checkpoint(trainer.args.output_dir) if resume else None
+    is_main = trainer.accelerator.is_main_process
+    if resume and checkpoint is None and is_main:
+        console.print(f"[yellow]--resume: no checkpoint in {trainer.args.output_dir}; starting from scratch")
+    elif checkpoint and is_main:
+        console.print(f"resuming from {checkpoint}")
+    trainer.train(resume_from_checkpoint=checkpoint)
+    if trainer.eval_dataset is not None:
+        trainer.evaluate()
+    trainer.save_model(trainer.args.output_dir)
+    summary = summarize(trainer.state.log_history)
+    if is_main:
+        _print_summary(console, summary, trainer)
+    return {
+        "output_dir": trainer.args.output_dir,
+        "global_step": trainer.state.global_step,
+        "resumed_from": checkpoint,
+        "summary": summary,
+        "log_history": trainer.state.log_history,
+    }
