@@ -90,5 +90,24 @@ def group_index(prompt_ids: Any, name: str = "prompt_ids") -> tuple[np.ndarray, 
         raise ValueError(f"{name} contains NaN")
     if arr.dtype == object:
         arr = arr.astype(str)
+    if arr.dtype.kind in "iub" and arr.size:
+        # integer ids spanning a modest range: O(N) relabelling with bincount instead of a sort
+        lo, hi = int(arr.min()), int(arr.max())
+        if hi - lo <= 4 * arr.size + 1024:
+            shifted = arr.astype(np.int64) - lo
+            present = np.bincount(shifted, minlength=hi - lo + 1) > 0
+            dense = np.cumsum(present) - 1
+            return dense[shifted].astype(np.intp, copy=False), int(present.sum())
     uniq, inv = np.unique(arr, return_inverse=True)
     return inv.reshape(-1).astype(np.intp, copy=False), len(uniq)
+
+
+def stable_argsort_small_ints(keys: np.ndarray) -> np.ndarray:
+    """Stable argsort of non-negative integers < 2**32 via two 16-bit radix passes (numpy radix-sorts uint16)."""
+    keys = keys.astype(np.int64, copy=False)
+    if keys.size and int(keys.max()) < 1 << 16:
+        return np.argsort(keys.astype(np.uint16), kind="stable")
+    if keys.size and int(keys.max()) >= 1 << 32:
+        return np.argsort(keys, kind="stable")
+    order = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
+    return order[np.argsort((keys[order] >> 16).astype(np.uint16), kind="stable")]

@@ -23,18 +23,23 @@ __all__ = ["aurc", "precision_at_coverage", "precision_coverage", "DEFAULT_COVER
 DEFAULT_COVERAGES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
-def _sorted_runs(confidence: Any, correct: Any):
-    """Descending sort; returns (cum_correct [N], run_end [R] inclusive 0-based end of each tie run, N)."""
+def _threshold_steps(confidence: Any, correct: Any):
+    """One step per distinct confidence, highest first.
+
+    Returns ``(answered [R], answered_correct [R], thresholds [R], N)``: step j answers every sample with
+    confidence >= thresholds[j]. Uses value sorts (no argsort): the sorted scores give the tie runs, the sorted
+    scores of the correct samples give the correct counts via ``searchsorted``.
+    """
     s = as_scores(confidence)
     y = as_correct(correct)
     n = check_same_length(confidence=s, correct=y)
-    order = np.argsort(-s, kind="stable")
-    s_sorted = s[order]
-    cum_correct = np.cumsum(y[order], dtype=np.float64)
-    last_of_run = np.empty(n, dtype=bool)
-    last_of_run[-1] = True
-    np.not_equal(s_sorted[:-1], s_sorted[1:], out=last_of_run[:-1])
-    return cum_correct, np.flatnonzero(last_of_run), n, s_sorted
+    asc = np.sort(s)
+    asc_pos = np.sort(s[y])
+    run_start = np.flatnonzero(np.concatenate(([True], asc[1:] != asc[:-1])))[::-1]  # highest value first
+    thresholds = asc[run_start]
+    answered = n - run_start
+    answered_correct = asc_pos.size - np.searchsorted(asc_pos, thresholds, side="left")
+    return answered.astype(np.float64), answered_correct.astype(np.float64), thresholds, n
 
 
 def precision_coverage(confidence: Any, correct: Any, *, return_thresholds: bool = False):
@@ -45,12 +50,11 @@ def precision_coverage(confidence: Any, correct: Any, *, return_thresholds: bool
     with coverage increasing to 1 (``(coverage, precision, thresholds)`` with ``return_thresholds=True``).
     ``confidence`` may be any real score (log-probabilities work).
     """
-    cum_correct, run_end, n, s_sorted = _sorted_runs(confidence, correct)
-    answered = run_end + 1.0
+    answered, answered_correct, thresholds, n = _threshold_steps(confidence, correct)
     coverage = answered / n
-    precision = cum_correct[run_end] / answered
+    precision = answered_correct / answered
     if return_thresholds:
-        return coverage, precision, s_sorted[run_end]
+        return coverage, precision, thresholds
     return coverage, precision
 
 
@@ -81,12 +85,11 @@ def precision_at_coverage(
         return {}
     if np.isnan(cov).any() or cov.min() <= 0.0 or cov.max() > 1.0:
         raise ValueError(f"coverages must lie in (0, 1], got {cov.tolist()}")
-    cum_correct, run_end, n, _ = _sorted_runs(confidence, correct)
-    m = np.clip(np.ceil(cov * n - 1e-9), 1, n).astype(np.int64)  # number answered
-    r = np.searchsorted(run_end, m - 1, side="left")  # tie run holding the m-th sample
-    end = run_end[r]
-    start = np.where(r > 0, run_end[np.maximum(r - 1, 0)] + 1, 0)
-    before = np.where(start > 0, cum_correct[np.maximum(start - 1, 0)], 0.0)
-    run_acc = (cum_correct[end] - before) / (end - start + 1)
-    precision = (before + (m - start) * run_acc) / m
+    answered, answered_correct, _, n = _threshold_steps(confidence, correct)
+    m = np.clip(np.ceil(cov * n - 1e-9), 1, n)  # number of samples answered
+    r = np.searchsorted(answered, m, side="left")  # first step answering at least m: its tie run holds the m-th
+    before_n = np.where(r > 0, answered[np.maximum(r - 1, 0)], 0.0)
+    before_c = np.where(r > 0, answered_correct[np.maximum(r - 1, 0)], 0.0)
+    run_acc = (answered_correct[r] - before_c) / (answered[r] - before_n)
+    precision = (before_c + (m - before_n) * run_acc) / m
     return {float(c): float(p) for c, p in zip(cov, precision)}

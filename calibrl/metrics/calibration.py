@@ -21,7 +21,15 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from calibrl.metrics._arrays import as_correct, as_prob, as_scores, check_same_length, group_index, to_numpy
+from calibrl.metrics._arrays import (
+    as_correct,
+    as_prob,
+    as_scores,
+    check_same_length,
+    group_index,
+    stable_argsort_small_ints,
+    to_numpy,
+)
 
 __all__ = [
     "PerPromptAUROC",
@@ -42,46 +50,53 @@ Strategy = Literal["uniform", "quantile"]
 
 
 # ---------------------------------------------------------------------------------------------------- AUROC
-def _grouped_auroc(score: np.ndarray, y: np.ndarray, group: np.ndarray | None, n_groups: int):
+def _pooled_auroc(score: np.ndarray, y: np.ndarray) -> float:
+    """Mann-Whitney AUROC: ``(#{pos > neg} + 0.5 #{pos == neg}) / (n_pos n_neg)`` over all (pos, neg) pairs.
+
+    Sorts the positives' and the negatives' scores separately and counts, for every positive, the negatives
+    strictly below and equal to it with two ``searchsorted`` calls -- exact with ties, as sklearn's
+    ``roc_auc_score``.
+    """
+    pos = np.sort(score[y])
+    neg = np.sort(score[~y])
+    if pos.size == 0 or neg.size == 0:
+        return float("nan")
+    below = np.searchsorted(neg, pos, side="left")
+    below_or_equal = np.searchsorted(neg, pos, side="right")
+    u = below.sum(dtype=np.float64) + 0.5 * (below_or_equal - below).sum(dtype=np.float64)
+    return float(u / (float(pos.size) * float(neg.size)))
+
+
+def _grouped_auroc(score: np.ndarray, y: np.ndarray, group: np.ndarray, n_groups: int):
     """Mann-Whitney AUROC per group in one pass. Returns (auc [G] with nan where undefined, n_pos, n_neg).
 
-    Samples are sorted by (group, score); a run of equal (group, score) is a tie and every member gets the
-    run's average within-group rank (1-based). Then ``AUC_g = (R_pos - n_pos (n_pos + 1) / 2) / (n_pos n_neg)``
-    with ``R_pos`` the sum of the positives' ranks -- equal to the probability that a random positive outscores a
-    random negative, ties counting 1/2, as ``sklearn.metrics.roc_auc_score``.
+    Samples are sorted by (group, score) -- an argsort of the scores, then a stable radix sort by group -- and
+    a run of equal (group, score) is a tie whose members all get the run's average within-group rank
+    (1-based). Then ``AUC_g = (R_pos - n_pos (n_pos + 1) / 2) / (n_pos n_neg)`` with ``R_pos`` the sum of the
+    positives' ranks: the probability that a random positive outscores a random negative of the same group,
+    ties counting 1/2, as ``sklearn.metrics.roc_auc_score``.
     """
     n = score.shape[0]
-    if group is None:
-        order = np.argsort(score, kind="stable")
-        g_sorted = None
-    else:
-        order = np.lexsort((score, group))
-        g_sorted = group[order]
+    by_score = np.argsort(score)  # order inside a tie run is irrelevant: ranks are averaged over the run
+    order = by_score[stable_argsort_small_ints(group[by_score])]
     s_sorted = score[order]
     y_sorted = y[order]
+    g_sorted = group[order]
 
-    # start of each tie run: a new score or a new group
-    new_run = np.empty(n, dtype=bool)
+    new_run = np.empty(n, dtype=bool)  # start of a tie run: new score or new group
     new_run[0] = True
     np.not_equal(s_sorted[1:], s_sorted[:-1], out=new_run[1:])
-    if g_sorted is not None:
-        new_run[1:] |= g_sorted[1:] != g_sorted[:-1]
+    new_run[1:] |= g_sorted[1:] != g_sorted[:-1]
     run_id = np.cumsum(new_run) - 1
     run_first = np.flatnonzero(new_run).astype(np.float64)
     run_last = np.append(run_first[1:] - 1.0, n - 1.0)
     avg_pos = 0.5 * (run_first + run_last)[run_id]  # average 0-based global position of the tie run
 
-    if g_sorted is None:
-        rank = avg_pos + 1.0
-        n_pos = np.array([y.sum()], dtype=np.float64)
-        n_tot = np.array([n], dtype=np.float64)
-        r_pos = np.array([rank[y_sorted].sum()])
-    else:
-        n_tot = np.bincount(g_sorted, minlength=n_groups).astype(np.float64)
-        g_start = np.concatenate(([0.0], np.cumsum(n_tot)[:-1]))
-        rank = avg_pos - g_start[g_sorted] + 1.0
-        n_pos = np.bincount(g_sorted, weights=y_sorted, minlength=n_groups)
-        r_pos = np.bincount(g_sorted, weights=np.where(y_sorted, rank, 0.0), minlength=n_groups)
+    n_tot = np.bincount(g_sorted, minlength=n_groups).astype(np.float64)
+    g_start = np.concatenate(([0.0], np.cumsum(n_tot)[:-1]))
+    rank = avg_pos - g_start[g_sorted] + 1.0
+    n_pos = np.bincount(g_sorted, weights=y_sorted, minlength=n_groups)
+    r_pos = np.bincount(g_sorted, weights=np.where(y_sorted, rank, 0.0), minlength=n_groups)
     n_neg = n_tot - n_pos
     denom = n_pos * n_neg
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -95,13 +110,12 @@ def auroc(confidence: Any, correct: Any) -> float:
 
     The probability that a random correct sample has a higher confidence than a random wrong one, ties counting
     1/2 -- the value of ``sklearn.metrics.roc_auc_score(correct, confidence)``. Returns ``nan`` when only one
-    class is present. Computed from average ranks (one sort), so it is exact with ties.
+    class is present. Exact with ties (sorted positives and negatives, counted with ``searchsorted``).
     """
     s = as_scores(confidence)
     y = as_correct(correct)
     check_same_length(confidence=s, correct=y)
-    auc, _, _ = _grouped_auroc(s, y, None, 1)
-    return float(auc[0])
+    return _pooled_auroc(s, y)
 
 
 def roc_curve(confidence: Any, correct: Any, *, drop_intermediate: bool = True):
@@ -125,7 +139,7 @@ def per_prompt_auroc(confidence: Any, correct: Any, prompt_ids: Any, *, return_v
     """AUROC computed within each prompt's samples, averaged over prompts having both outcomes.
 
     This asks whether the model can tell its right answers from its wrong ones *on the same question* (pooled
-    AUROC also rewards knowing which questions are hard). One vectorised pass: a single lexsort by
+    AUROC also rewards knowing which questions are hard). One vectorised pass: a single sort by
     (prompt, confidence), average ranks for ties within a prompt, Mann-Whitney U per prompt via bincount.
 
     Returns ``PerPromptAUROC(mean, n_prompts)``; ``mean`` is ``nan`` and ``n_prompts`` 0 when no prompt has both
