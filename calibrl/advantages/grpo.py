@@ -1,13 +1,22 @@
 """GRPO, Dr.GRPO and RLOO: the reward-only group baselines every calibration method is compared with.
 
-Shapes: every function takes flat per-completion vectors [N] and a dense group index [N] (see ``_groups``).
+Formulas (per group g of n_g completions of one prompt, rewards r):
+    grpo     A_i = (r_i - mean_g(r)) / (std_g(r) + eps)      Shao et al. 2024 (DeepSeekMath); std with Bessel's
+                                                            correction and eps = 1e-4, exactly as TRL's GRPOTrainer
+    dr_grpo  A_i = r_i - mean_g(r)                           Liu et al. 2025 ("Understanding R1-Zero-like training")
+    rloo     A_i = r_i - (1/(n_g - 1)) * sum_{j != i} r_j    Ahmadian et al. 2024 (leave-one-out baseline);
+                                                            0 for a group of size 1 (no other sample to compare with).
+                                                            Equivalently A_i = n_g/(n_g - 1) * (r_i - mean_g(r)).
+
+Shapes: every function takes flat per-completion vectors [N] and a dense group index [N] (see ``_groups``);
+groups may differ in size and need not be contiguous. Output dtype = rewards dtype.
 """
 
 from __future__ import annotations
 
 import torch
 
-from calibrl.advantages._groups import dense_group_index, group_mean, group_std
+from calibrl.advantages._groups import dense_group_index, group_count, group_mean, group_std
 from calibrl.advantages.registry import register_estimator
 from calibrl.batch import RolloutBatch
 
@@ -28,6 +37,18 @@ def grpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
     return centred / (std[group_index] + eps)
 
 
+def rloo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """RLOO: A_i = r_i - mean of the other n_g - 1 rewards of its group; 0 in groups of size 1.
+
+    rewards [N] float, group_index [N] long -> [N] (rewards dtype).
+    """
+    count = group_count(group_index, n_groups, rewards.dtype)  # [G]
+    total = torch.zeros(n_groups, dtype=rewards.dtype, device=rewards.device).index_add_(0, group_index, rewards)
+    n = count[group_index]  # [N]
+    others = (total[group_index] - rewards) / (n - 1.0).clamp_min(1.0)
+    return torch.where(n > 1.0, rewards - others, torch.zeros_like(rewards))
+
+
 @register_estimator("grpo")
 def grpo(batch: RolloutBatch, *, eps: float = 1e-4) -> torch.Tensor:
     """Registered ``grpo``: group-normalised advantage (see :func:`grpo_advantages`)."""
@@ -40,3 +61,10 @@ def dr_grpo(batch: RolloutBatch) -> torch.Tensor:
     """Registered ``dr_grpo`` (Liu et al. 2025, "Understanding R1-Zero-like training"): A_i = r_i - mean_g(r)."""
     index, n_groups = dense_group_index(batch.group_ids)
     return grpo_advantages(rewards=batch.rewards, group_index=index, n_groups=n_groups, scale=False)
+
+
+@register_estimator("rloo")
+def rloo(batch: RolloutBatch) -> torch.Tensor:
+    """Registered ``rloo``: leave-one-out baseline (see :func:`rloo_advantages`)."""
+    index, n_groups = dense_group_index(batch.group_ids)
+    return rloo_advantages(rewards=batch.rewards, group_index=index, n_groups=n_groups)

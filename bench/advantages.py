@@ -1,0 +1,100 @@
+"""Benchmark every advantage estimator on one large batch: 4096 groups x G = 16 (N = 65,536 completions).
+
+Prints each estimator's median wall time over repeats and its ratio to grpo measured in the same run
+(goal: every estimator <= 3x grpo). gcpo runs with D = 64 embeddings; capo with and without the noise mask.
+
+    python bench/advantages.py [--groups 4096] [--group-size 16] [--dim 64] [--repeats 30] [--device cpu]
+                               [--threads 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from calibrl import RolloutBatch, compute_advantages
+
+CASES: list[tuple[str, str, dict]] = [
+    ("grpo", "grpo", {}),
+    ("dr_grpo", "dr_grpo", {}),
+    ("rloo", "rloo", {}),
+    ("capo", "capo", {}),
+    ("capo mask=fixed", "capo", {"mask": "fixed"}),
+    ("capo mask=quantile", "capo", {"mask": "quantile"}),
+    ("seed_grpo", "seed_grpo", {}),
+    ("gcpo cosine", "gcpo", {"measure": "cosine"}),
+    ("gcpo barycentric", "gcpo", {"measure": "barycentric"}),
+    ("codapo", "codapo", {}),
+    ("cde", "cde", {}),
+]
+
+
+def make_batch(n_groups: int, group_size: int, dim: int, device: str, seed: int = 0) -> RolloutBatch:
+    g = torch.Generator().manual_seed(seed)
+    n = n_groups * group_size
+    group_ids = torch.arange(n_groups).repeat_interleave(group_size)
+    group_ids = group_ids[torch.randperm(n, generator=g)]  # shuffled: estimators must not assume contiguity
+    p = torch.rand(n_groups, generator=g)[group_ids]
+    rewards = (torch.rand(n, generator=g) < p).float()
+    logprob_mean = -torch.rand(n, generator=g) * 2.0
+    ref_logprob_mean = -torch.rand(n, generator=g) * 1.5
+    embeddings = torch.randn(n, dim, generator=g)
+    answer_ids = torch.randint(0, 4, (n,), generator=g)
+    return RolloutBatch(rewards=rewards, group_ids=group_ids, logprob_mean=logprob_mean,
+                        ref_logprob_mean=ref_logprob_mean, embeddings=embeddings, answer_ids=answer_ids).to(device)
+
+
+def time_cases(batch: RolloutBatch, repeats: int, device: str) -> dict[str, float]:
+    """Median seconds per case. Cases run round-robin (one call of each per repeat), so a load spike on a shared
+    machine hits every estimator alike and the ratios to grpo stay meaningful."""
+
+    def run(name: str, params: dict) -> float:
+        t0 = time.perf_counter()
+        compute_advantages(batch, name, **params)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    for _ in range(2):  # warm-up
+        for _label, name, params in CASES:
+            run(name, params)
+    times: dict[str, list[float]] = {label: [] for label, _, _ in CASES}
+    for _ in range(repeats):
+        for label, name, params in CASES:
+            times[label].append(run(name, params))
+    return {label: statistics.median(ts) for label, ts in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--groups", type=int, default=4096)
+    parser.add_argument("--group-size", type=int, default=16)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    batch = make_batch(args.groups, args.group_size, args.dim, args.device)
+    print(f"# advantage estimators: {args.groups} groups x G={args.group_size} (N={len(batch)}), D={args.dim}, "
+          f"device={args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"median of {args.repeats}")
+    results = time_cases(batch, args.repeats, args.device)
+    base = results["grpo"]
+    print()
+    print("| estimator | median ms | x grpo |")
+    print("|---|---:|---:|")
+    for label, seconds in results.items():
+        print(f"| {label} | {seconds * 1e3:.2f} | {seconds / base:.2f} |")
+    worst = max(results, key=lambda k: results[k] / base)
+    status = "OK" if results[worst] / base <= 3.0 else "OVER GOAL"
+    print(f"\nslowest relative to grpo: {worst} ({results[worst] / base:.2f}x; goal <= 3x): {status}")
+
+
+if __name__ == "__main__":
+    main()

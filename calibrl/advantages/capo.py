@@ -1,0 +1,211 @@
+"""CAPO: Calibration-Aware Policy Optimization (ACL 2026, arXiv 2604.12632).
+
+The paper's argument: GRPO's reward-only advantage is the gradient of the pairwise ranking surrogate phi(t) = -t,
+which is not AUC-consistent, so RL raises accuracy while the AUROC of the model's own confidence (perplexity)
+against correctness falls. CAPO swaps in the logistic surrogate phi_tau(t) = log(1 + exp(-t / tau)), whose
+derivative phi_tau'(t) = -(1/tau) * sigmoid(-t / tau) weights every (correct, incorrect) pair of a group by how
+badly the pair is ranked. As written (per group of G samples with binary reward, lpm = mean token log-prob):
+
+    correct i:    A_i = (1/tau) * sum_{incorrect j} sigmoid((lpm_j - lpm_i) / tau)
+    incorrect j:  A_j = -(1/tau) * sum_{correct i} sigmoid((lpm_j - lpm_i) / tau)
+    all-correct or all-wrong group: A = 0 (no pairs)
+
+then multiplied by a noise mask m from the frozen reference model, PPL_ref(o) = exp(-mean token log-prob under
+the reference): m = 1[PPL_ref <= ref_high] for correct samples ("lucky guesses" dropped) and m = 1[PPL_ref >=
+ref_low] for incorrect ones ("near misses" dropped); ref_high = 2.5, ref_low = 1.05 for Qwen2.5-Math, described as
+the quartiles of the reference perplexity distribution.
+
+Our readings (documented, configurable):
+- lpm is the token-MEAN log-probability under the rollout (old) policy, detached (``RolloutBatch.logprob_mean``);
+  -lpm is the log-perplexity. This is the definition under which the GRPO pairwise identity below holds.
+- The normaliser is not published. ``normalize="group"`` (default) divides by tau * G (G = that group's size),
+  so that replacing sigmoid(.) by 1/2 (tau -> infinity) gives exactly A_i * 2 * tau = r_i - mean_g(r), i.e.
+  Dr.GRPO; ``"pairs"`` divides by tau * n_correct * n_wrong; ``"none"`` by tau only.
+- "Correct" means reward > ``threshold`` (0.5), so 0/1 rewards and rewards in [0, 1] both work.
+- Masked samples get advantage 0 but still count as the opponents of the other samples in their group (the mask
+  multiplies the final advantage, as in the paper: m(o_i) * A_i).
+- ``mask="quantile"``: ref_high / ref_low are the batch's PPL_ref quantiles (``ref_high_quantile`` = 0.75,
+  ``ref_low_quantile`` = 0.25) over all samples of the batch. Quantiles are taken on log-PPL_ref = -ref_lpm
+  (torch.quantile, linear interpolation) and exponentiated, so they equal the PPL quantiles exactly at sample
+  points and interpolate geometrically between neighbouring samples; all comparisons are done in log space,
+  so no exp() can overflow.
+
+Shapes: rewards, logprob_mean, ref_logprob_mean, group_index [N]; output [N] in the rewards dtype.
+Vectorised: samples are scattered into a padded [n_groups, G_max] layout (groups of any size, in any order) and
+the pairwise sigmoids are a [n_groups, G_max, G_max] tensor, processed in blocks of groups so memory stays below
+``_MAX_PAIR_ELEMENTS``; there is no Python loop over groups.
+Numerics: computed in the promoted dtype of logprob_mean and float32 (float64 inputs stay float64);
+torch.sigmoid saturates cleanly, so log-probs of +-1e4 give finite advantages.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from calibrl.advantages._groups import dense_group_index
+from calibrl.advantages.registry import register_estimator
+from calibrl.batch import RolloutBatch, RolloutBatchError
+
+_NORMALIZE = ("group", "pairs", "none")
+_MASKS = ("none", "fixed", "quantile")
+_MAX_PAIR_ELEMENTS = 1 << 24  # per block of the [groups, G_max, G_max] pairwise tensor
+
+
+def padded_layout(group_index: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Where each flat sample sits in a padded [n_groups, G_max] grid (groups of any size, ids in any order).
+
+    Returns (slot, counts, g_max): sample i sits at ``grid.view(-1)[slot[i]]`` (row = its group, column = its
+    rank among its group's samples in batch order); ``counts`` [n_groups] are the group sizes.
+    Scatter with ``grid.view(-1)[slot] = x``, gather back with ``grid.view(-1)[slot]``.
+    """
+    counts = torch.bincount(group_index, minlength=n_groups)
+    g_max = int(counts.max().item()) if counts.numel() else 0
+    order = torch.argsort(group_index, stable=True)
+    rows = group_index[order]
+    starts = torch.cumsum(counts, 0) - counts
+    cols = torch.arange(group_index.numel(), device=group_index.device) - starts[rows]
+    slot = torch.empty_like(group_index)
+    slot[order] = rows * g_max + cols
+    return slot, counts, g_max
+
+
+def _pairwise_sums(lpm_grid: torch.Tensor, correct_grid: torch.Tensor, wrong_grid: torch.Tensor,
+                   tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each padded group: pos[g, a] = sum_b wrong[g, b] * s(g, a, b), neg[g, b] = sum_a correct[g, a] * s(g, a, b),
+    with s(g, a, b) = sigmoid((lpm[g, b] - lpm[g, a]) / tau). Blocks over groups to bound memory."""
+    n_groups, g_max = lpm_grid.shape
+    pos = torch.zeros_like(lpm_grid)
+    neg = torch.zeros_like(lpm_grid)
+    block = max(1, _MAX_PAIR_ELEMENTS // max(1, g_max * g_max))
+    for start in range(0, n_groups, block):  # one iteration unless the batch is huge: blocks of groups, not groups
+        sl = slice(start, start + block)
+        lpm = lpm_grid[sl]
+        s = torch.sigmoid((lpm.unsqueeze(1) - lpm.unsqueeze(2)) / tau)  # [g, a, b]: (lpm_b - lpm_a)/tau
+        pos[sl] = torch.bmm(s, wrong_grid[sl].unsqueeze(-1)).squeeze(-1)
+        neg[sl] = torch.bmm(correct_grid[sl].unsqueeze(1), s).squeeze(1)
+    return pos, neg
+
+
+def capo_noise_mask(*, correct: torch.Tensor, ref_logprob_mean: torch.Tensor, mask: str = "fixed",
+                    ref_high: float = 2.5, ref_low: float = 1.05, ref_high_quantile: float = 0.75,
+                    ref_low_quantile: float = 0.25) -> tuple[torch.Tensor, float, float]:
+    """CAPO's reference-perplexity noise mask: True where the sample's advantage is zeroed.
+
+    Zeroed: correct samples with PPL_ref > ref_high (lucky guesses), incorrect samples with PPL_ref < ref_low
+    (near misses). ``mask="quantile"`` replaces ref_high / ref_low by the batch quantiles of PPL_ref.
+    correct [N] bool, ref_logprob_mean [N] -> (masked [N] bool, ref_high used, ref_low used).
+    """
+    log_ppl = -ref_logprob_mean.to(torch.promote_types(ref_logprob_mean.dtype, torch.float32))
+    if mask == "quantile":
+        q = torch.tensor([ref_high_quantile, ref_low_quantile], dtype=log_ppl.dtype, device=log_ppl.device)
+        log_hi_t, log_lo_t = torch.quantile(log_ppl, q)
+        log_hi, log_lo = float(log_hi_t), float(log_lo_t)
+    elif mask == "fixed":
+        log_hi, log_lo = math.log(ref_high), math.log(ref_low)
+    else:
+        raise ValueError(f"capo_noise_mask: mask must be 'fixed' or 'quantile', got {mask!r}")
+    masked = (correct & (log_ppl > log_hi)) | (~correct & (log_ppl < log_lo))
+    return masked, _safe_exp(log_hi), _safe_exp(log_lo)
+
+
+def _safe_exp(x: float) -> float:
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
+def _check_params(tau: float, normalize: str, mask: str, ref_high: float, ref_low: float,
+                  ref_high_quantile: float, ref_low_quantile: float) -> None:
+    if not (tau > 0 and math.isfinite(tau)):
+        raise ValueError(f"capo: tau must be a positive finite number, got {tau!r}")
+    if normalize not in _NORMALIZE:
+        raise ValueError(f"capo: normalize must be one of {_NORMALIZE}, got {normalize!r}")
+    if mask not in _MASKS:
+        raise ValueError(f"capo: mask must be one of {_MASKS}, got {mask!r}")
+    if mask == "fixed" and not (ref_high > 0 and ref_low > 0):
+        raise ValueError(f"capo: ref_high and ref_low are perplexities and must be > 0, got {ref_high!r}, {ref_low!r}")
+    if mask == "quantile" and not (0.0 <= ref_low_quantile <= 1.0 and 0.0 <= ref_high_quantile <= 1.0):
+        raise ValueError("capo: ref_high_quantile and ref_low_quantile must lie in [0, 1], got "
+                         f"{ref_high_quantile!r}, {ref_low_quantile!r}")
+
+
+def capo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_groups: int, logprob_mean: torch.Tensor,
+                    ref_logprob_mean: torch.Tensor | None = None, tau: float = 0.6, normalize: str = "group",
+                    mask: str = "none", ref_high: float = 2.5, ref_low: float = 1.05, ref_high_quantile: float = 0.75,
+                    ref_low_quantile: float = 0.25, threshold: float = 0.5) -> tuple[torch.Tensor, dict[str, Any]]:
+    """CAPO advantage (see the module docstring for the formula and our readings).
+
+    rewards, logprob_mean, group_index [N]; ref_logprob_mean [N] (needed when mask != "none").
+    Returns (advantages [N] in the rewards dtype, info) with info = {"mask_fraction", "mixed_group_fraction",
+    and, when masking, "ref_high", "ref_low"} (ref_* are the perplexity thresholds actually used).
+    """
+    _check_params(tau, normalize, mask, ref_high, ref_low, ref_high_quantile, ref_low_quantile)
+    if mask != "none" and ref_logprob_mean is None:
+        raise RolloutBatchError(_MISSING_REF_MESSAGE.format(mask=mask))
+    work = torch.promote_types(logprob_mean.dtype, torch.float32)
+    correct = rewards > threshold  # [N] bool
+
+    slot, counts, g_max = padded_layout(group_index, n_groups)
+    lpm_grid = torch.zeros((n_groups, g_max), dtype=work, device=rewards.device)
+    lpm_grid.view(-1)[slot] = logprob_mean.to(work)
+    correct_grid = torch.zeros_like(lpm_grid)
+    wrong_grid = torch.zeros_like(lpm_grid)
+    correct_grid.view(-1)[slot] = correct.to(work)
+    wrong_grid.view(-1)[slot] = (~correct).to(work)
+
+    pos, neg = _pairwise_sums(lpm_grid, correct_grid, wrong_grid, tau)
+    raw = torch.where(correct, pos.view(-1)[slot], -neg.view(-1)[slot])  # [N]
+
+    n_correct = correct_grid.sum(1)  # [n_groups]
+    n_wrong = wrong_grid.sum(1)
+    if normalize == "group":
+        denom = tau * counts.to(work)
+    elif normalize == "pairs":
+        denom = tau * (n_correct * n_wrong).clamp_min(1.0)
+    else:
+        denom = torch.full((n_groups,), tau, dtype=work, device=rewards.device)
+    advantages = raw / denom[group_index]
+
+    info: dict[str, Any] = {
+        "mixed_group_fraction": float(((n_correct > 0) & (n_wrong > 0)).to(work).mean()) if n_groups else 0.0,
+        "mask_fraction": 0.0,
+    }
+    if mask != "none":
+        assert ref_logprob_mean is not None
+        masked, used_high, used_low = capo_noise_mask(
+            correct=correct, ref_logprob_mean=ref_logprob_mean, mask=mask, ref_high=ref_high, ref_low=ref_low,
+            ref_high_quantile=ref_high_quantile, ref_low_quantile=ref_low_quantile)
+        advantages = torch.where(masked, torch.zeros_like(advantages), advantages)
+        info.update(mask_fraction=float(masked.to(work).mean()), ref_high=used_high, ref_low=used_low)
+    return advantages.to(rewards.dtype), info
+
+
+_MISSING_REF_MESSAGE = (
+    "estimator 'capo' with mask={mask!r} needs RolloutBatch.ref_logprob_mean (the mean token log-prob of each "
+    "completion under the frozen reference model), to compute the reference perplexity PPL_ref = "
+    "exp(-ref_logprob_mean). Pass ref_logprob_mean when building the RolloutBatch: with TRL, set beta > 0 (TRL "
+    "then loads the reference model) or set capo_mask on CalibratedGRPOConfig (the trainer loads the reference "
+    "for the mask); with verl, enable the reference policy (ref_log_prob). Or use mask='none'."
+)
+
+
+@register_estimator("capo")
+def capo(batch: RolloutBatch, *, tau: float = 0.6, normalize: str = "group", mask: str = "none",
+         ref_high: float = 2.5, ref_low: float = 1.05, ref_high_quantile: float = 0.75, ref_low_quantile: float = 0.25,
+         threshold: float = 0.5) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Registered ``capo``: logistic pairwise advantage + optional reference-perplexity noise mask.
+
+    Needs ``logprob_mean``; ``mask="fixed"`` or ``"quantile"`` also needs ``ref_logprob_mean``.
+    """
+    batch.require("logprob_mean", estimator="capo")
+    if mask != "none" and mask in _MASKS and batch.ref_logprob_mean is None:
+        raise RolloutBatchError(_MISSING_REF_MESSAGE.format(mask=mask))
+    index, n_groups = dense_group_index(batch.group_ids)
+    return capo_advantages(
+        rewards=batch.rewards, group_index=index, n_groups=n_groups, logprob_mean=batch.logprob_mean,
+        ref_logprob_mean=batch.ref_logprob_mean, tau=tau, normalize=normalize, mask=mask, ref_high=ref_high,
+        ref_low=ref_low, ref_high_quantile=ref_high_quantile, ref_low_quantile=ref_low_quantile, threshold=threshold)

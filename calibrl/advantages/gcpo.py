@@ -1,0 +1,180 @@
+"""GCPO (geometry-aware calibrated policy optimisation, arXiv 2605.21801) and SEED-GRPO (arXiv 2505.12346).
+
+Both scale each prompt group's GRPO advantages by a function of how much the group's responses disagree.
+
+SEED-GRPO, as written: A_i' = A_i * f(alpha * SE(q) / SE_max(q)), SE = semantic entropy of the group's responses
+(clusters = equivalent final answers, p(c) = sum of the members' sequence probabilities, normalised over the
+group), SE_max = log G. A public reimplementation uses f(x) = 1 / (1 + x), i.e. A_i / (1 + alpha/log G * SE).
+Our readings:
+- sequence probability = exp(lpm), lpm = mean token log-prob (``RolloutBatch.logprob_mean``): the only
+  per-sequence score a RolloutBatch carries, and the length-normalised likelihood semantic entropy uses (Kuhn et
+  al. 2023); exp(sum of token log-probs) would make every long response's mass vanish next to short ones. So
+  p(c) = sum_{i in c} exp(lpm_i) / sum_{i in group} exp(lpm_i) (a softmax of lpm over the group).
+- without ``logprob_mean`` every response counts 1 (p(c) = |c| / G: the "discrete semantic entropy" of Farquhar
+  et al. 2024).
+- ``f="inverse"`` (default, the reimplementation's 1/(1 + x)), ``"linear"`` (max(0, 1 - x)), ``"exp"`` (exp(-x)).
+  alpha = 1.0 by default (scale 1 for unanimous groups down to 1/2 for maximal entropy with "inverse").
+- groups of size 1 have SE = SE_max = 0: scale 1.
+
+GCPO, what is public: semantic entropy has an anisotropic gap (it ignores how far apart and in which directions
+responses disagree) and a calibration gap (uncertainty is not aligned with how much learnable signal the rewards
+carry); GCPO measures disagreement geometrically (Cosine Dispersion, Barycentric Transport over response
+embeddings), calibrates it with Reward Dispersion, and modulates each group's update. The exact formulas are not
+public to us; OUR READING, per group of G responses with embeddings e_i [D]:
+- u_i = e_i / ||e_i|| (optionally after subtracting the batch-mean embedding, ``center=True``, which removes the
+  common direction mean-pooled hidden states share; only meaningful with many prompts per batch).
+- CD = 1 - || (1/G) sum_i u_i ||                                              in [0, 1]
+- BoT = sum_i w_i || u_i - b ||^2, b = sum_i w_i u_i, w = softmax over the group of lpm (uniform without
+  ``logprob_mean``)                                                           in [0, 1] (= 1 - ||b||^2)
+- RD = population std of the group's rewards, rd = clamp(RD / rd_scale, 0, 1); rd_scale = 0.5 is the largest
+  std a {0, 1} reward can have, so rd = 1 for a half-right group.
+- D = CD (``measure="cosine"``) or BoT (``measure="barycentric"``), clamped to [0, 1].
+- scale = 1 - strength * D * (1 - rd) in [1 - strength, 1]: monotone non-increasing in D, non-decreasing in RD;
+  high disagreement with high reward dispersion is informative and kept (scale -> 1), high disagreement with
+  little reward signal is noise and damped (scale -> 1 - strength), low disagreement leaves GRPO unchanged.
+- A_i' = scale_g * A_i(grpo).
+
+Shapes: rewards, group_index, logprob_mean, answer_ids [N]; embeddings [N, D]; outputs [N] in the rewards dtype.
+Vectorised with segment sums (``_groups``); no Python loop over groups.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from calibrl.advantages._groups import dense_group_index, group_count, group_std, segment_sum
+from calibrl.advantages.grpo import grpo_advantages
+from calibrl.advantages.registry import register_estimator
+from calibrl.batch import RolloutBatch
+
+_SEED_F = ("inverse", "linear", "exp")
+_MEASURES = ("cosine", "barycentric")
+
+
+def group_softmax(scores: torch.Tensor, group_index: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """Softmax of ``scores`` [N] within each group -> [N] (sums to 1 per group); stable for scores of +-1e4."""
+    gmax = torch.full((n_groups,), -math.inf, dtype=scores.dtype, device=scores.device)
+    gmax = gmax.scatter_reduce(0, group_index, scores, reduce="amax", include_self=True)
+    w = torch.exp(scores - gmax[group_index])
+    return w / segment_sum(w, group_index, n_groups)[group_index]
+
+
+def semantic_entropy(*, group_index: torch.Tensor, n_groups: int, answer_ids: torch.Tensor,
+                     logprob_mean: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Semantic entropy per group -> [n_groups]: SE = -sum_c p(c) log p(c), clusters = equal answer_ids within
+    a group, p(c) = softmax-of-lpm mass of the cluster (count share without logprob_mean)."""
+    if logprob_mean is not None:
+        w = group_softmax(logprob_mean.to(dtype), group_index, n_groups)
+    else:
+        count = group_count(group_index, n_groups, dtype)
+        w = 1.0 / count[group_index]
+    lo, hi = int(answer_ids.min()), int(answer_ids.max())
+    if (hi - lo + 1) * max(n_groups, 1) < 2**62:  # offset the ids: one sort instead of two
+        answer_dense, n_answers = answer_ids - lo, hi - lo + 1
+    else:  # ids spread too wide (e.g. hashes): make them dense first
+        _, answer_dense = torch.unique(answer_ids, return_inverse=True)
+        n_answers = int(answer_dense.max().item()) + 1
+    keys, cluster = torch.unique(group_index * n_answers + answer_dense, return_inverse=True)
+    cluster_group = torch.div(keys, n_answers, rounding_mode="floor")
+    p = segment_sum(w, cluster, keys.numel())  # [n_clusters], sums to 1 per group
+    return -segment_sum(torch.special.xlogy(p, p), cluster_group, n_groups)
+
+
+def seed_grpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_groups: int,
+                         answer_ids: torch.Tensor, logprob_mean: torch.Tensor | None = None, alpha: float = 1.0,
+                         f: str = "inverse", eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, Any]]:
+    """SEED-GRPO: GRPO advantage * f(alpha * SE / log G) (see the module docstring). -> (advantages [N], info)."""
+    if f not in _SEED_F:
+        raise ValueError(f"seed_grpo: f must be one of {_SEED_F}, got {f!r}")
+    if not (alpha >= 0 and math.isfinite(alpha)):
+        raise ValueError(f"seed_grpo: alpha must be a non-negative finite number, got {alpha!r}")
+    work = torch.promote_types(rewards.dtype, torch.float32)
+    se = semantic_entropy(group_index=group_index, n_groups=n_groups, answer_ids=answer_ids,
+                          logprob_mean=logprob_mean, dtype=work)  # [n_groups]
+    se_max = torch.log(group_count(group_index, n_groups, work))  # log G; 0 for singletons
+    x = alpha * torch.where(se_max > 0, se / se_max.clamp_min(1e-12), torch.zeros_like(se))
+    if f == "inverse":
+        scale = 1.0 / (1.0 + x)
+    elif f == "linear":
+        scale = (1.0 - x).clamp_min(0.0)
+    else:
+        scale = torch.exp(-x)
+    base = grpo_advantages(rewards=rewards.to(work), group_index=group_index, n_groups=n_groups, eps=eps)
+    advantages = (base * scale[group_index]).to(rewards.dtype)
+    info = {"semantic_entropy_mean": float(se.mean()), "scale_mean": float(scale.mean())}
+    return advantages, info
+
+
+def gcpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_groups: int, embeddings: torch.Tensor,
+                    logprob_mean: torch.Tensor | None = None, measure: str = "cosine", strength: float = 0.5,
+                    rd_scale: float = 0.5, center: bool = False, eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, Any]]:
+    """GCPO (our reading, see the module docstring): GRPO advantage * (1 - strength * D * (1 - rd)).
+
+    -> (advantages [N], info with mean CD, BoT, RD and scale over groups).
+    """
+    if measure not in _MEASURES:
+        raise ValueError(f"gcpo: measure must be one of {_MEASURES}, got {measure!r}")
+    if not (0.0 <= strength <= 1.0):
+        raise ValueError(f"gcpo: strength must lie in [0, 1] (the scale stays in [1 - strength, 1]), got {strength!r}")
+    if not rd_scale > 0:
+        raise ValueError(f"gcpo: rd_scale must be > 0, got {rd_scale!r}")
+    work = torch.promote_types(torch.promote_types(rewards.dtype, embeddings.dtype), torch.float32)
+    emb = embeddings.to(work)
+    if center:
+        emb = emb - emb.mean(0, keepdim=True)
+    norm = torch.linalg.vector_norm(emb, dim=1)  # [N]
+    nonzero = norm > 0
+    inv_norm = torch.where(nonzero, 1.0 / norm.clamp_min(torch.finfo(work).tiny), torch.zeros_like(norm))
+    count = group_count(group_index, n_groups, work)  # [n_groups]
+    if logprob_mean is not None:
+        w = group_softmax(logprob_mean.to(work), group_index, n_groups)
+    else:
+        w = 1.0 / count[group_index]
+
+    # Both per-group sums of unit vectors, sum_i u_i / G and b = sum_i w_i u_i, in ONE pass over the [N, D]
+    # embeddings: a sparse [2 * n_groups, N] coefficient matrix (u_i = e_i / ||e_i||) times the embeddings.
+    n = emb.shape[0]
+    cols = torch.arange(n, device=emb.device)
+    coef = torch.sparse_coo_tensor(
+        torch.stack([torch.cat([group_index, group_index + n_groups]), torch.cat([cols, cols])]),
+        torch.cat([inv_norm / count[group_index], w * inv_norm]), (2 * n_groups, n), check_invariants=False)
+    sums = torch.sparse.mm(coef, emb)  # [2 * n_groups, D]
+    mean_unit, bary = sums[:n_groups], sums[n_groups:]
+    cd = (1.0 - torch.linalg.vector_norm(mean_unit, dim=1)).clamp(0.0, 1.0)
+    # sum_i w_i ||u_i - b||^2 = sum_i w_i ||u_i||^2 - ||b||^2 (weights sum to 1); ||u_i||^2 is 1, or 0 for e_i = 0
+    bot = (segment_sum(w * nonzero.to(work), group_index, n_groups) - (bary * bary).sum(1)).clamp(0.0, 1.0)
+
+    rd = group_std(rewards.to(work), group_index, n_groups, unbiased=False)
+    rd_n = (rd / rd_scale).clamp(0.0, 1.0)
+    disagreement = cd if measure == "cosine" else bot
+    scale = 1.0 - strength * disagreement * (1.0 - rd_n)
+
+    base = grpo_advantages(rewards=rewards.to(work), group_index=group_index, n_groups=n_groups, eps=eps)
+    advantages = (base * scale[group_index]).to(rewards.dtype)
+    info = {"cd_mean": float(cd.mean()), "bot_mean": float(bot.mean()), "rd_mean": float(rd.mean()),
+            "scale_mean": float(scale.mean())}
+    return advantages, info
+
+
+@register_estimator("seed_grpo")
+def seed_grpo(batch: RolloutBatch, *, alpha: float = 1.0, f: str = "inverse",
+              eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Registered ``seed_grpo``. Needs ``answer_ids``; uses ``logprob_mean`` when present (count-based otherwise)."""
+    batch.require("answer_ids", estimator="seed_grpo")
+    index, n_groups = dense_group_index(batch.group_ids)
+    return seed_grpo_advantages(rewards=batch.rewards, group_index=index, n_groups=n_groups,
+                                answer_ids=batch.answer_ids, logprob_mean=batch.logprob_mean, alpha=alpha, f=f, eps=eps)
+
+
+@register_estimator("gcpo")
+def gcpo(batch: RolloutBatch, *, measure: str = "cosine", strength: float = 0.5, rd_scale: float = 0.5,
+         center: bool = False, eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Registered ``gcpo``. Needs ``embeddings``; uses ``logprob_mean`` for the barycentre weights when present."""
+    batch.require("embeddings", estimator="gcpo")
+    index, n_groups = dense_group_index(batch.group_ids)
+    return gcpo_advantages(rewards=batch.rewards, group_index=index, n_groups=n_groups, embeddings=batch.embeddings,
+                           logprob_mean=batch.logprob_mean, measure=measure, strength=strength, rd_scale=rd_scale,
+                           center=center, eps=eps)

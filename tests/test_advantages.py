@@ -1,0 +1,385 @@
+"""Advantage estimators: hand-worked values, properties (hypothesis), numerics, and error messages."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from calibrl import RolloutBatch, RolloutBatchError, available_estimators, compute_advantages
+from calibrl.advantages import capo as capo_module
+
+SETTINGS = settings(max_examples=25, deadline=None)
+LN3 = math.log(3.0)
+ALL = ["grpo", "dr_grpo", "rloo", "capo", "seed_grpo", "gcpo", "codapo", "cde"]
+
+
+def full_batch(rewards, group_ids, lpm=None, ref=None, emb=None, answers=None, dtype=torch.float64) -> RolloutBatch:
+    n = len(rewards)
+    g = torch.Generator().manual_seed(n)
+    return RolloutBatch(
+        rewards=torch.as_tensor(rewards, dtype=dtype),
+        group_ids=torch.as_tensor(group_ids),
+        logprob_mean=torch.as_tensor(lpm, dtype=dtype) if lpm is not None else -torch.rand(n, generator=g, dtype=dtype),
+        ref_logprob_mean=torch.as_tensor(ref, dtype=dtype) if ref is not None else -torch.rand(n, generator=g, dtype=dtype),
+        embeddings=torch.as_tensor(emb, dtype=dtype) if emb is not None else torch.randn(n, 5, generator=g, dtype=dtype),
+        answer_ids=torch.as_tensor(answers) if answers is not None else torch.randint(0, 3, (n,), generator=g),
+    )
+
+
+def adv(batch, name, **params):
+    return compute_advantages(batch, name, **params)
+
+
+# ----------------------------------------------------------------------------------------------- registry
+
+
+def test_all_estimators_registered():
+    assert set(ALL) <= set(available_estimators())
+
+
+# ------------------------------------------------------------------------------------ hand-worked values
+
+
+def test_grpo_dr_grpo_rloo_hand_values():
+    b = full_batch([1, 0, 0, 1, 1, 0, 0, 1], [0, 0, 0, 1, 1, 1, 1, 2])
+    # group 0 = [1, 0, 0]: mean 1/3, unbiased std sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sqrt(1/3)
+    s = math.sqrt(1 / 3) + 1e-4
+    torch.testing.assert_close(adv(b, "grpo")[:3], torch.tensor([2 / 3 / s, -1 / 3 / s, -1 / 3 / s], dtype=torch.float64))
+    torch.testing.assert_close(adv(b, "dr_grpo")[:3], torch.tensor([2 / 3, -1 / 3, -1 / 3], dtype=torch.float64))
+    # rloo: [1, 0, 0] -> 1 - 0, 0 - (1 + 0)/2; [1, 1, 0, 0] -> 1 - 1/3, 0 - 2/3; a lone sample -> 0
+    expected = torch.tensor([1, -0.5, -0.5, 2 / 3, 2 / 3, -2 / 3, -2 / 3, 0], dtype=torch.float64)
+    torch.testing.assert_close(adv(b, "rloo"), expected)
+    # grpo: the lone sample of group 2 gets 0 (std 0, centred 0)
+    assert adv(b, "grpo")[7] == 0
+
+
+def test_capo_hand_values_and_normalisers():
+    # one correct (lpm -1) vs wrong at -1 + ln3 (more confident: misranked) and -1 - ln3 (well ranked), tau = 1:
+    # s(correct, wrong1) = sigmoid(ln3) = 3/4, s(correct, wrong2) = sigmoid(-ln3) = 1/4
+    b = full_batch([1, 0, 0], [5, 5, 5], lpm=[-1.0, -1.0 + LN3, -1.0 - LN3])
+    # group: divide by tau * G = 3 -> correct (3/4 + 1/4)/3 = 1/3; wrong1 -(3/4)/3 = -1/4; wrong2 -(1/4)/3 = -1/12
+    torch.testing.assert_close(adv(b, "capo", tau=1.0), torch.tensor([1 / 3, -1 / 4, -1 / 12], dtype=torch.float64))
+    # pairs: divide by n_correct * n_wrong = 2
+    torch.testing.assert_close(adv(b, "capo", tau=1.0, normalize="pairs"),
+                               torch.tensor([1 / 2, -3 / 8, -1 / 8], dtype=torch.float64))
+    # none: divide by tau only; tau = 0.5 doubles the argument: sigmoid(2 ln3) = 9/10, sigmoid(-2 ln3) = 1/10
+    torch.testing.assert_close(adv(b, "capo", tau=0.5, normalize="none"),
+                               torch.tensor([2.0, -1.8, -0.2], dtype=torch.float64))
+
+
+def test_capo_mask_hand_values_masked_samples_stay_opponents():
+    # correct sample 0 has PPL_ref = 3 > 2.5 (lucky guess); wrong sample 2 has PPL_ref = 1 < 1.05 (near miss)
+    b = full_batch([1, 0, 0], [0, 0, 0], lpm=[-1.0, -1.0 + LN3, -1.0 - LN3], ref=[-LN3, -1.0, 0.0])
+    a, info = compute_advantages(b, "capo", tau=1.0, mask="fixed", return_info=True)
+    # sample 0 and 2 zeroed; sample 1 keeps -1/4: the masked correct sample is still its opponent
+    torch.testing.assert_close(a, torch.tensor([0.0, -1 / 4, 0.0], dtype=torch.float64))
+    assert info["mask_fraction"] == pytest.approx(2 / 3)
+    assert info["ref_high"] == 2.5 and info["ref_low"] == 1.05
+    assert info["mixed_group_fraction"] == 1.0
+
+
+def test_capo_quantile_mask_thresholds_are_batch_quantiles():
+    ref = torch.tensor([-0.1, -0.5, -0.9, -1.3, -0.2, -0.7, -1.1, -0.4], dtype=torch.float64)
+    b = full_batch([1, 0, 1, 0, 1, 1, 0, 0], [0, 0, 0, 0, 1, 1, 1, 1], ref=ref)
+    a, info = compute_advantages(b, "capo", mask="quantile", return_info=True)
+    log_ppl = -ref
+    hi = math.exp(float(torch.quantile(log_ppl, 0.75)))
+    lo = math.exp(float(torch.quantile(log_ppl, 0.25)))
+    assert info["ref_high"] == pytest.approx(hi) and info["ref_low"] == pytest.approx(lo)
+    ppl = torch.exp(log_ppl)
+    correct = b.rewards > 0.5
+    masked = (correct & (ppl > hi)) | (~correct & (ppl < lo))
+    unmasked = adv(b, "capo")
+    torch.testing.assert_close(a, torch.where(masked, torch.zeros_like(unmasked), unmasked))
+    assert info["mask_fraction"] == pytest.approx(float(masked.double().mean()))
+
+
+def test_seed_grpo_hand_values():
+    # answers [a, a, b, c], count-based p = [1/2, 1/4, 1/4]: SE = 1.5 ln 2, SE_max = ln 4 -> x = 0.75
+    b = RolloutBatch(rewards=[1.0, 1.0, 0.0, 0.0], group_ids=[0, 0, 0, 0], answer_ids=[7, 7, 8, 9])
+    g = 0.5 / (math.sqrt(1 / 3) + 1e-4)  # GRPO: mean 1/2, unbiased std sqrt(1/3)
+    expected = torch.tensor([g, g, -g, -g]) / 1.75  # f = 1 / (1 + x)
+    a, info = compute_advantages(b, "seed_grpo", return_info=True)
+    torch.testing.assert_close(a, expected)
+    assert info["semantic_entropy_mean"] == pytest.approx(1.5 * math.log(2), rel=1e-5)
+    torch.testing.assert_close(adv(b, "seed_grpo", f="linear"), torch.tensor([g, g, -g, -g]) * 0.25)
+    torch.testing.assert_close(adv(b, "seed_grpo", f="exp", alpha=2.0), torch.tensor([g, g, -g, -g]) * math.exp(-1.5))
+    # probability-weighted: exp(lpm) = [.5, .5, .25, .75] / 2 -> p(a) = 1/2, p(b) = 1/8, p(c) = 3/8
+    lpm = torch.log(torch.tensor([0.5, 0.5, 0.25, 0.75], dtype=torch.float64))
+    b2 = full_batch([1, 1, 0, 0], [0, 0, 0, 0], lpm=lpm, answers=[7, 7, 8, 9])
+    se = -(0.5 * math.log(0.5) + 0.125 * math.log(0.125) + 0.375 * math.log(0.375))
+    expected2 = torch.tensor([g, g, -g, -g], dtype=torch.float64) / (1 + se / math.log(4))
+    torch.testing.assert_close(adv(b2, "seed_grpo"), expected2)
+    # unanimous group: SE = 0, plain GRPO
+    b3 = RolloutBatch(rewards=[1.0, 0.0], group_ids=[0, 0], answer_ids=[3, 3])
+    torch.testing.assert_close(adv(b3, "seed_grpo"), adv(b3, "grpo"))
+
+
+def test_gcpo_hand_values():
+    e1, e2 = [1.0, 0.0], [0.0, 2.0]  # orthogonal; norms do not matter
+    # group of 4, rewards [1, 0, 0, 0], embeddings e1 e2 e1 e2 (uniform weights: no logprob_mean)
+    b = RolloutBatch(rewards=[1.0, 0.0, 0.0, 0.0], group_ids=[0] * 4, embeddings=[e1, e2, e1, e2])
+    cd = 1 - math.sqrt(0.5)  # 1 - ||(1/2, 1/2)||
+    rd = math.sqrt(0.25 * 0.75) / 0.5  # population std / 0.5
+    grpo = adv(b, "grpo")
+    a, info = compute_advantages(b, "gcpo", return_info=True)
+    torch.testing.assert_close(a, grpo * (1 - 0.5 * cd * (1 - rd)))
+    assert info["cd_mean"] == pytest.approx(cd, rel=1e-5)
+    assert info["bot_mean"] == pytest.approx(0.5, rel=1e-5)  # 1 - ||b||^2 = 1 - 1/2
+    assert info["rd_mean"] == pytest.approx(math.sqrt(0.25 * 0.75), rel=1e-5)
+    torch.testing.assert_close(adv(b, "gcpo", measure="barycentric"), grpo * (1 - 0.5 * 0.5 * (1 - rd)))
+    # half-right group: rd = 1, scale 1 however much the responses disagree
+    b2 = RolloutBatch(rewards=[1.0, 0.0], group_ids=[0, 0], embeddings=[e1, e2])
+    torch.testing.assert_close(adv(b2, "gcpo"), adv(b2, "grpo"))
+    # probability-weighted barycentre: softmax(lpm) = [3/4, 1/4] -> b = (3/4, 1/4), BoT = 1 - 10/16 = 3/8
+    b3 = RolloutBatch(rewards=[1.0, 0.0, 0.0], group_ids=[0, 0, 0], embeddings=[e1, e2, e2],
+                      logprob_mean=[math.log(0.75), math.log(0.125), math.log(0.125)])
+    _, info3 = compute_advantages(b3, "gcpo", measure="barycentric", return_info=True)
+    assert info3["bot_mean"] == pytest.approx(1 - (0.75**2 + 0.25**2), rel=1e-5)
+
+
+def test_codapo_hand_values():
+    # rewards [1, 0, 0, 0], lpm all ln(1/2): c = 1/2, accuracy 1/4, d = 3/4, d_w = 1 - 4 (1/4)^2 = 3/4
+    # w = 1/2 * 3/4 + 0.1 = 0.475; GRPO (eps 1e-6): mean 1/4, unbiased std 1/2
+    b = full_batch([1, 0, 0, 0], [0, 0, 0, 0], lpm=[math.log(0.5)] * 4)
+    expected = torch.tensor([0.75, -0.25, -0.25, -0.25], dtype=torch.float64) / (0.5 + 1e-6) * 0.475
+    a, info = compute_advantages(b, "codapo", return_info=True)
+    torch.testing.assert_close(a, expected)
+    assert info["weight_mean"] == pytest.approx(0.475)
+    # half-right group: d_w = 1 -> w = c + 0.1
+    b2 = full_batch([1, 0], [0, 0], lpm=[math.log(0.8)] * 2)
+    torch.testing.assert_close(adv(b2, "codapo"), adv(b2, "grpo", eps=1e-6) * 0.9)
+
+
+def test_cde_hand_values():
+    # r' = r + min(|r| / 2, -lpm): [1 + min(0.5, 0.2), 0 + min(0, 3)] = [1.2, 0]
+    b = full_batch([1, 0], [0, 0], lpm=[-0.2, -3.0])
+    s = math.sqrt(2 * 0.6**2) + 1e-4  # unbiased std of [1.2, 0]
+    a, info = compute_advantages(b, "cde", return_info=True)
+    torch.testing.assert_close(a, torch.tensor([0.6 / s, -0.6 / s], dtype=torch.float64))
+    assert info["bonus_mean"] == pytest.approx(0.1)
+    # bonus capped at |r| / kappa: lpm -3 -> min(0.5, 3) = 0.5; with {-1, 1} rewards wrong answers get it too
+    b2 = full_batch([1, -1], [0, 0], lpm=[-3.0, -0.1])
+    torch.testing.assert_close(adv(b2, "cde", scale=False), torch.tensor([1.2, -1.2], dtype=torch.float64))
+
+
+# ------------------------------------------------------------------------------------------- properties
+
+
+@st.composite
+def batches(draw, min_groups=1, max_groups=5, max_size=6, uniform=False):
+    n_groups = draw(st.integers(min_groups, max_groups))
+    sizes = [draw(st.integers(1, max_size)) for _ in range(n_groups)]
+    rewards, gids = [], []
+    for g, size in enumerate(sizes):
+        if uniform:
+            value = draw(st.sampled_from([0.0, 1.0]))
+            rewards += [value] * size
+        else:
+            rewards += [float(draw(st.integers(0, 1))) for _ in range(size)]
+        gids += [g] * size
+    n = len(rewards)
+    floats = st.floats(-5.0, 0.0, allow_nan=False)
+    lpm = draw(st.lists(floats, min_size=n, max_size=n))
+    ref = draw(st.lists(floats, min_size=n, max_size=n))
+    emb = draw(st.lists(st.lists(st.floats(-2, 2, allow_nan=False), min_size=3, max_size=3), min_size=n, max_size=n))
+    answers = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    return full_batch(rewards, gids, lpm=lpm, ref=ref, emb=emb, answers=answers)
+
+
+ZERO_ON_UNIFORM = [("grpo", {}), ("dr_grpo", {}), ("rloo", {}), ("capo", {}), ("capo", {"normalize": "pairs"}),
+                   ("capo", {"mask": "quantile"}), ("seed_grpo", {}), ("gcpo", {}), ("gcpo", {"measure": "barycentric"}),
+                   ("codapo", {})]
+
+
+@SETTINGS
+@given(batches(uniform=True))
+def test_uniform_reward_groups_get_zero_advantage(b):
+    for name, params in ZERO_ON_UNIFORM:
+        a = adv(b, name, **params)
+        assert torch.all(a == 0), (name, params, a)
+    # cde shapes rewards with a confidence bonus, so only all-zero groups (no bonus: |r| = 0) stay at zero
+    zero_groups = adv(b, "cde")[b.rewards == 0]
+    assert torch.all(zero_groups == 0)
+
+
+@SETTINGS
+@given(batches())
+def test_capo_huge_tau_is_dr_grpo(b):
+    tau = 1e7
+    torch.testing.assert_close(2 * tau * adv(b, "capo", tau=tau), adv(b, "dr_grpo"), atol=1e-5, rtol=0)
+
+
+@SETTINGS
+@given(st.lists(st.floats(-5.0, 0.0), min_size=4, max_size=8, unique=True), st.floats(0.2, 2.0), st.data())
+def test_capo_misranked_samples_get_larger_weight(lpms, tau, data):
+    lpms = sorted(lpms)
+    if min(b - a for a, b in zip(lpms, lpms[1:])) < 1e-3:
+        return
+    n = len(lpms)
+    n_correct = data.draw(st.integers(1, n - 1))
+    perm = data.draw(st.permutations(range(n)))
+    rewards = [1.0 if perm[i] < n_correct else 0.0 for i in range(n)]
+    b = full_batch(rewards, [0] * n, lpm=lpms)
+    a = adv(b, "capo", tau=tau)
+    correct = [i for i in range(n) if rewards[i] == 1.0]
+    wrong = [i for i in range(n) if rewards[i] == 0.0]
+    # lpms ascend with the index: among correct samples the LESS confident gets the larger advantage,
+    # among wrong samples the MORE confident gets the larger |advantage|
+    for i, j in zip(correct, correct[1:]):
+        assert a[i] > a[j] > 0
+    for i, j in zip(wrong, wrong[1:]):
+        assert -a[j] > -a[i] > 0
+    # and a pair: misranked (correct less confident than wrong) beats well ranked in |A|
+    b2 = full_batch([1, 0, 1, 0], [0, 0, 1, 1], lpm=[lpms[0], lpms[-1], lpms[-1], lpms[0]])
+    a2 = adv(b2, "capo", tau=tau)
+    assert a2[0] > a2[2] > 0 and -a2[1] > -a2[3] > 0
+
+
+@pytest.mark.parametrize("name,params", [(n, {}) for n in ALL] + [("capo", {"mask": "fixed"}),
+                                                                   ("capo", {"mask": "quantile", "tau": 0.01}),
+                                                                   ("gcpo", {"measure": "barycentric"})])
+def test_finite_for_extreme_logprobs(name, params):
+    n = 4096
+    g = torch.Generator().manual_seed(1)
+    b = RolloutBatch(
+        rewards=(torch.rand(n, generator=g) < 0.5).float(),
+        group_ids=torch.arange(n) // 16,
+        logprob_mean=torch.where(torch.rand(n, generator=g) < 0.5, torch.tensor(-1e4), torch.tensor(1e4)),
+        ref_logprob_mean=torch.where(torch.rand(n, generator=g) < 0.5, torch.tensor(-1e4), torch.tensor(1e4)),
+        embeddings=torch.randn(n, 8, generator=g) * 1e4,
+        answer_ids=torch.randint(0, 5, (n,), generator=g),
+    )
+    a = adv(b, name, **params)
+    assert a.dtype == torch.float32 and a.shape == (n,)
+    assert torch.isfinite(a).all()
+
+
+EQUIVARIANT = [("grpo", {}), ("dr_grpo", {}), ("rloo", {}), ("capo", {}), ("capo", {"normalize": "pairs"}),
+               ("capo", {"mask": "fixed"}), ("capo", {"mask": "quantile"}), ("seed_grpo", {}), ("gcpo", {}),
+               ("gcpo", {"measure": "barycentric", "center": True}), ("codapo", {}), ("cde", {})]
+
+
+@SETTINGS
+@given(batches(max_groups=4), st.data())
+def test_equivariance_under_permutation_and_relabelling(b, data):
+    n = len(b)
+    perm = torch.tensor(data.draw(st.permutations(range(n))))
+    n_groups = int(b.group_ids.max()) + 1
+    new_ids = torch.tensor(data.draw(st.lists(st.integers(-10**9, 10**9), min_size=n_groups, max_size=n_groups,
+                                              unique=True)))
+    permuted = RolloutBatch(rewards=b.rewards[perm], group_ids=new_ids[b.group_ids][perm],
+                            logprob_mean=b.logprob_mean[perm], ref_logprob_mean=b.ref_logprob_mean[perm],
+                            embeddings=b.embeddings[perm], answer_ids=b.answer_ids[perm] * 3 - 5)
+    for name, params in EQUIVARIANT:
+        torch.testing.assert_close(adv(permuted, name, **params), adv(b, name, **params)[perm], msg=name)
+
+
+def test_grpo_equals_trl_formula():
+    g = torch.Generator().manual_seed(0)
+    n_groups, size = 32, 8
+    rewards = torch.rand(n_groups * size, generator=g).round() * torch.rand(n_groups * size, generator=g)
+    b = RolloutBatch(rewards=rewards, group_ids=torch.arange(n_groups).repeat_interleave(size))
+    # TRL GRPOTrainer (scale_rewards="group"): view(-1, G), mean / std (Bessel), (r - mean) / (std + 1e-4)
+    mean = rewards.view(-1, size).mean(dim=1).repeat_interleave(size)
+    std = rewards.view(-1, size).std(dim=1).repeat_interleave(size)
+    torch.testing.assert_close(adv(b, "grpo"), (rewards - mean) / (std + 1e-4))
+    torch.testing.assert_close(adv(b, "dr_grpo"), rewards - mean)
+
+
+def capo_reference(rewards, group_ids, lpm, tau, normalize):
+    """Plain-Python CAPO, group by group, as the paper writes it (test oracle)."""
+    out = [0.0] * len(rewards)
+    for g in set(group_ids):
+        idx = [i for i, x in enumerate(group_ids) if x == g]
+        correct = [i for i in idx if rewards[i] > 0.5]
+        wrong = [i for i in idx if rewards[i] <= 0.5]
+        denom = {"group": tau * len(idx), "pairs": tau * max(1, len(correct) * len(wrong)), "none": tau}[normalize]
+        sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+        for i in correct:
+            out[i] = sum(sig((lpm[j] - lpm[i]) / tau) for j in wrong) / denom
+        for j in wrong:
+            out[j] = -sum(sig((lpm[j] - lpm[i]) / tau) for i in correct) / denom
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@SETTINGS
+@given(batches(max_groups=6, max_size=9), st.sampled_from(["group", "pairs", "none"]), st.floats(0.1, 3.0))
+def test_capo_unequal_group_sizes_match_reference(b, normalize, tau):
+    expected = capo_reference(b.rewards.tolist(), b.group_ids.tolist(), b.logprob_mean.tolist(), tau, normalize)
+    torch.testing.assert_close(adv(b, "capo", tau=tau, normalize=normalize), expected)
+
+
+def test_capo_blocks_over_groups_give_same_result(monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    gids = torch.randint(0, 50, (400,), generator=g)
+    b = full_batch((torch.rand(400, generator=g) < 0.4).double(), gids)
+    whole = adv(b, "capo")
+    monkeypatch.setattr(capo_module, "_MAX_PAIR_ELEMENTS", 7)  # forces one group per block
+    torch.testing.assert_close(adv(b, "capo"), whole)
+
+
+def test_capo_mask_zeroes_only_masked_samples():
+    g = torch.Generator().manual_seed(4)
+    n = 64
+    b = full_batch((torch.rand(n, generator=g) < 0.5).double(), torch.arange(n) // 8,
+                   ref=-torch.rand(n, generator=g, dtype=torch.float64) * 2)
+    masked_adv = adv(b, "capo", mask="fixed", ref_high=2.0, ref_low=1.5)
+    plain = adv(b, "capo")
+    ppl = torch.exp(-b.ref_logprob_mean)
+    correct = b.rewards > 0.5
+    masked = (correct & (ppl > 2.0)) | (~correct & (ppl < 1.5))
+    assert masked.any() and (~masked).any()
+    assert torch.all(masked_adv[masked] == 0)
+    torch.testing.assert_close(masked_adv[~masked], plain[~masked])
+
+
+def test_capo_mask_without_reference_explains_fix():
+    b = RolloutBatch(rewards=[1.0, 0.0], group_ids=[0, 0], logprob_mean=[-0.1, -0.2])
+    for mask in ("fixed", "quantile"):
+        with pytest.raises(RolloutBatchError) as err:
+            compute_advantages(b, "capo", mask=mask)
+        message = str(err.value)
+        assert "ref_logprob_mean" in message and "beta > 0" in message and "capo_mask" in message
+    compute_advantages(b, "capo")  # no mask: fine
+
+
+@pytest.mark.parametrize("name,field", [("capo", "logprob_mean"), ("codapo", "logprob_mean"), ("cde", "logprob_mean"),
+                                        ("gcpo", "embeddings"), ("seed_grpo", "answer_ids")])
+def test_missing_field_names_it(name, field):
+    b = RolloutBatch(rewards=[1.0, 0.0], group_ids=[0, 0])
+    with pytest.raises(RolloutBatchError, match=field):
+        compute_advantages(b, name)
+
+
+@pytest.mark.parametrize("name,params", [("capo", {"tau": 0.0}), ("capo", {"normalize": "mean"}),
+                                         ("capo", {"mask": "yes"}), ("gcpo", {"measure": "l2"}),
+                                         ("gcpo", {"strength": 2.0}), ("seed_grpo", {"f": "log"}),
+                                         ("cde", {"kappa": 0.0})])
+def test_bad_parameters_raise(name, params):
+    b = full_batch([1, 0], [0, 0])
+    with pytest.raises(ValueError):
+        compute_advantages(b, name, **params)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_output_dtype_follows_rewards(name):
+    b = full_batch([1, 0, 0, 1], [0, 0, 1, 1], dtype=torch.float64)
+    assert adv(b, name).dtype == torch.float64
+    b32 = RolloutBatch(rewards=b.rewards.float(), group_ids=b.group_ids, logprob_mean=b.logprob_mean,
+                       embeddings=b.embeddings.float(), answer_ids=b.answer_ids)
+    assert adv(b32, name).dtype == torch.float32
+
+
+def test_info_keys():
+    b = full_batch([1, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1])
+    _, info = compute_advantages(b, "capo", mask="quantile", return_info=True)
+    assert {"mask_fraction", "mixed_group_fraction", "ref_high", "ref_low"} <= set(info)
+    assert info["mixed_group_fraction"] == 0.5
+    _, info = compute_advantages(b, "gcpo", return_info=True)
+    assert {"cd_mean", "bot_mean", "rd_mean", "scale_mean"} <= set(info)
+    assert all(isinstance(v, float) for v in info.values())
