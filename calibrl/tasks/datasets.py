@@ -1,0 +1,343 @@
+r"""Real benchmarks as calibrl datasets: math reasoning (DeepScaleR, MATH500, AIME24/25, AMC23, Minerva math,
+OlympiadBench) and multiple-choice decisions (CommonsenseQA, OpenBookQA).
+
+Each loader is registered with :func:`calibrl.tasks.registry.register_dataset` and has the signature
+``loader(split=<default>, *, path=None, limit=None, template=<default>, hub_id=None, **load_kwargs)``:
+
+* without ``path`` it calls ``datasets.load_dataset(<hub id>, ...)`` (needs the network or a warm HF cache);
+* with ``path`` it reads a local JSON / JSONL / Parquet file (or a directory of them) holding the SAME columns as
+  the hub dataset (e.g. a file saved with ``ds.to_json(...)`` on a machine that has the network), so air-gapped
+  clusters work;
+* ``limit`` keeps the first ``limit`` usable rows (after dropping rows without a gold answer).
+
+Every loader returns a ``datasets.Dataset`` with calibrl's columns:
+
+* ``prompt``: the problem in the papers' template (below);
+* math: ``answer`` (gold answer string; read by the ``"math"`` reward);
+* decisions: ``classes`` (option letters, e.g. ``["A", ..., "E"]``) and ``label`` (the gold letter), read by the
+  ``"decision"`` reward and by ``calibrl generate``'s class probabilities;
+* ``benchmark`` (short name, e.g. ``"aime24"``) and ``prompt_id`` (string, unique within the benchmark: the
+  dataset's own id where it has one, else ``"<benchmark>-<row index>"``).
+
+Math templates (``template=``):
+
+* ``"qwen-math"`` (default): ``"{problem}\nPlease reason step by step, and put your final answer within
+  \boxed{}."``, the instruction of Qwen2.5-Math's chain-of-thought evaluation, as plain text (for base models such
+  as Qwen2.5-Math-1.5B, the CAPO setting);
+* ``"qwen-math-chat"``: the same instruction as the system message of Qwen's chat markup
+  (``<|im_start|>system ... <|im_start|>assistant\n``), the exact Qwen2.5-Math "qwen25-math-cot" prompt;
+* ``"chat"``: a conversational prompt ``[{"role": "user", "content": "{problem}\nPlease reason ..."}]`` that TRL
+  and ``calibrl generate`` render with the tokenizer's own chat template;
+* ``"none"``: the bare problem.
+
+Decision templates:
+
+* ``"direct"`` (default): the question, the lettered options, the instruction to answer with the letter, and
+  ``"Answer: "`` last, so the NEXT token is the decision letter (the trailing space keeps the letter a token of
+  its own: ``"A"``, not ``" A"``, for BPE and char tokenizers alike);
+* ``"reasoning"``: the same, asking the model to think step by step first and to end with ``"Answer: <letter>"``;
+  the decision token is then the last class letter of the completion (arXiv 2601.13284's setting);
+* ``"chat"``: the ``"reasoning"`` text as a conversational user message.
+
+Hub ids and columns (checked against the dataset cards; ``hub_id=`` overrides the id, e.g. for a mirror):
+
+=============  =========================================  =======  ============================================
+name           hub id                                     split    columns used
+=============  =========================================  =======  ============================================
+deepscaler     agentica-org/DeepScaleR-Preview-Dataset    train    problem, answer (, solution); 40.3k rows, a
+                                                                   few with an empty answer (dropped)
+math500        HuggingFaceH4/MATH-500                     test     problem, answer, unique_id (, solution,
+                                                                   subject, level)
+aime24         HuggingFaceH4/aime_2024                    train    id, problem, answer (, solution, url, year);
+                                                                   30 rows
+aime25         math-ai/aime25                             test     id, problem, answer; 30 rows
+amc23          math-ai/amc23                              test     id, question, answer (, url); 40 rows
+minerva        math-ai/minervamath                        test     question, answer; 272 rows
+olympiadbench  math-ai/olympiadbench                      test     id, question, final_answer (list of
+                                                                   strings, ``$``-wrapped) (, solution, ...)
+commonsenseqa  tau/commonsense_qa                         train,   id, question, choices {label: [A..E],
+                                                          valid.,  text: [...]}, answerKey (empty on the
+                                                          test     unlabelled test split: rows dropped)
+openbookqa     allenai/openbookqa (config "main")         train,   id, question_stem, choices {text, label:
+                                                          valid.,  [A..D]}, answerKey
+                                                          test
+=============  =========================================  =======  ============================================
+
+Loaders accept the common variants of these columns (``problem`` or ``question``; ``answer``, ``final_answer``
+or ``gt``; ``answerKey`` or ``label``), so files from other mirrors of the same benchmark load too.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+from calibrl.tasks.registry import register_dataset
+
+logger = logging.getLogger(__name__)
+
+MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+MATH_TEMPLATES = ("qwen-math", "qwen-math-chat", "chat", "none")
+DECISION_TEMPLATES = ("direct", "reasoning", "chat")
+
+__all__ = [
+    "MATH_INSTRUCTION",
+    "math_prompt",
+    "decision_prompt",
+    "load_table",
+    "HUB",
+]
+
+# name -> (hub id, hub config, default split)
+HUB: dict[str, tuple[str, str | None, str]] = {
+    "deepscaler": ("agentica-org/DeepScaleR-Preview-Dataset", None, "train"),
+    "math500": ("HuggingFaceH4/MATH-500", None, "test"),
+    "aime24": ("HuggingFaceH4/aime_2024", None, "train"),
+    "aime25": ("math-ai/aime25", None, "test"),
+    "amc23": ("math-ai/amc23", None, "test"),
+    "minerva": ("math-ai/minervamath", None, "test"),
+    "olympiadbench": ("math-ai/olympiadbench", None, "test"),
+    "commonsenseqa": ("tau/commonsense_qa", None, "validation"),
+    "openbookqa": ("allenai/openbookqa", "main", "test"),
+}
+
+
+# --------------------------------------------------------------------------------------------------- templates
+
+
+def math_prompt(problem: str, template: str = "qwen-math"):
+    """The prompt for one math problem in ``template`` (see the module docstring)."""
+    problem = problem.strip()
+    if template == "qwen-math":
+        return f"{problem}\n{MATH_INSTRUCTION}"
+    if template == "qwen-math-chat":
+        return (
+            f"<|im_start|>system\n{MATH_INSTRUCTION}<|im_end|>\n"
+            f"<|im_start|>user\n{problem}<|im_end|>\n<|im_start|>assistant\n"
+        )
+    if template == "chat":
+        return [{"role": "user", "content": f"{problem}\n{MATH_INSTRUCTION}"}]
+    if template == "none":
+        return problem
+    raise ValueError(f"unknown math template {template!r}; choose one of {', '.join(MATH_TEMPLATES)}")
+
+
+def decision_prompt(question: str, options: list[str], classes: list[str], template: str = "direct"):
+    """The multiple-choice prompt: question, lettered options, instruction; see the module docstring."""
+    lines = [f"Question: {question.strip()}", "Options:"]
+    lines += [f"{c}. {o.strip()}" for c, o in zip(classes, options)]
+    letters = ", ".join(classes[:-1]) + f" or {classes[-1]}" if len(classes) > 1 else classes[0]
+    if template == "direct":
+        lines.append(f"Reply with the letter of the correct option ({letters}).")
+        return "\n".join(lines) + "\nAnswer: "
+    text = "\n".join(
+        lines
+        + [
+            "Think step by step, then give the letter of the correct option "
+            f"({letters}) on the last line as \"Answer: <letter>\"."
+        ]
+    )
+    if template == "reasoning":
+        return text + "\n"
+    if template == "chat":
+        return [{"role": "user", "content": text}]
+    raise ValueError(f"unknown decision template {template!r}; choose one of {', '.join(DECISION_TEMPLATES)}")
+
+
+# --------------------------------------------------------------------------------------------------- loading
+
+
+def _read_rows(file: Path) -> list[dict]:
+    import json
+
+    suffix = file.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(file).to_pylist()
+    text = file.read_text(encoding="utf-8")
+    stripped = text.lstrip()
+    if suffix == ".json" and stripped.startswith(("[", "{")):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None  # JSON lines saved with a .json suffix (datasets' to_json default)
+        if isinstance(data, list):
+            return data
+        if isinstance(data, dict):
+            for key in ("data", "rows", "examples"):
+                if isinstance(data.get(key), list):
+                    return data[key]
+            return [data]
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{file}:{number}: not valid JSON ({exc.msg})") from None
+    return rows
+
+
+def load_table(path: str | Path) -> list[dict]:
+    """The rows of a local JSON / JSONL / Parquet file, or of every such file in a directory (sorted by name).
+
+    JSON may be a list of records, ``{"data": [...]}``, or JSON lines (what ``Dataset.to_json`` writes).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"dataset file {path} does not exist")
+    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    files = [p for p in files if p.suffix.lower() in {".json", ".jsonl", ".parquet"}]
+    if not files:
+        raise ValueError(f"{path}: expected .json, .jsonl or .parquet files")
+    rows: list[dict] = []
+    for file in files:
+        rows.extend(_read_rows(file))
+    return rows
+
+
+def _load_raw(name: str, split: str | None, path, hub_id: str | None, load_kwargs: dict):
+    if path is not None:
+        return load_table(path)
+    import datasets
+
+    default_id, config, default_split = HUB[name]
+    hub_id = hub_id or default_id
+    split = split or default_split
+    args = (hub_id, config) if (config and hub_id == default_id) else (hub_id,)
+    try:
+        return datasets.load_dataset(*args, split=split, **load_kwargs)
+    except Exception as exc:  # no network, unknown split, gated dataset...
+        raise RuntimeError(
+            f"could not load {name} from the Hugging Face hub ({hub_id}, split {split!r}): {exc}\n"
+            f"Download it where the network is available (datasets.load_dataset({hub_id!r}, split={split!r})"
+            f".to_json('{name}.jsonl')) and pass path='{name}.jsonl' (CLI: --path)."
+        ) from exc
+
+
+def _first(row: dict, names: tuple[str, ...]) -> Any:
+    for n in names:
+        if n in row and row[n] is not None:
+            return row[n]
+    return None
+
+
+def _gold_text(value: Any) -> str | None:
+    """Gold answers as text: lists (OlympiadBench final_answer) joined, ``$`` wrappers removed, numbers kept
+    exact (``5.0`` -> ``"5"``)."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        parts = [p for p in (_gold_text(v) for v in value) if p]
+        return ", ".join(parts) if parts else None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = str(value).strip()
+    text = re.sub(r"(?<!\\)\$", "", text).strip()  # "$2$, $-2$" -> "2, -2"; an escaped \$ stays
+    return text or None
+
+
+def _finish(rows: list[dict], name: str, n_total: int, dropped: int, limit: int | None):
+    import datasets
+
+    if dropped:
+        logger.warning("%s: dropped %d of %d rows without a gold answer", name, dropped, n_total)
+    if limit is not None:
+        rows = rows[: int(limit)]
+    if not rows:
+        raise ValueError(f"{name}: no usable rows (every row lacks a problem or a gold answer)")
+    ids = [r["prompt_id"] for r in rows]
+    if len(set(ids)) != len(ids):  # hub ids are unique; a hand-made file may repeat them
+        for i, r in enumerate(rows):
+            r["prompt_id"] = f"{r['prompt_id']}#{i}"
+    return datasets.Dataset.from_list(rows)
+
+
+def _math_loader(name: str, id_columns: tuple[str, ...] = ("unique_id", "id")) -> Callable:
+    default_split = HUB[name][2]
+
+    def loader(split: str | None = default_split, *, path=None, limit: int | None = None,
+               template: str = "qwen-math", hub_id: str | None = None, **load_kwargs):
+        if template not in MATH_TEMPLATES:
+            raise ValueError(f"unknown math template {template!r}; choose one of {', '.join(MATH_TEMPLATES)}")
+        raw = _load_raw(name, split, path, hub_id, load_kwargs)
+        rows, dropped = [], 0
+        for i, row in enumerate(raw):
+            problem = _first(row, ("problem", "question", "Problem", "Question"))
+            gold = _gold_text(_first(row, ("answer", "final_answer", "gt", "Answer")))
+            if not problem or gold is None:
+                dropped += 1
+                continue
+            pid = _first(row, id_columns)
+            rows.append({
+                "prompt": math_prompt(str(problem), template),
+                "answer": gold,
+                "benchmark": name,
+                "prompt_id": str(pid) if pid is not None else f"{name}-{i}",
+            })
+        return _finish(rows, name, len(raw), dropped, limit)
+
+    loader.__name__ = f"load_{name}"
+    loader.__doc__ = (
+        f"{name}: {HUB[name][0]} (default split {default_split!r}) or a local file in its format; "
+        "columns prompt, answer, benchmark, prompt_id. See calibrl.tasks.datasets."
+    )
+    return loader
+
+
+def _choices(row: dict) -> tuple[list[str], list[str]]:
+    choices = row.get("choices")
+    if isinstance(choices, dict):
+        return [str(x) for x in choices.get("label", [])], [str(x) for x in choices.get("text", [])]
+    if isinstance(choices, list):  # list of {"label", "text"} records or of plain option texts
+        if choices and isinstance(choices[0], dict):
+            return [str(c["label"]) for c in choices], [str(c["text"]) for c in choices]
+        return [chr(ord("A") + i) for i in range(len(choices))], [str(c) for c in choices]
+    raise ValueError(f"row {row.get('id')!r} has no 'choices' column")
+
+
+def _decision_loader(name: str, question_columns: tuple[str, ...]) -> Callable:
+    default_split = HUB[name][2]
+
+    def loader(split: str | None = default_split, *, path=None, limit: int | None = None,
+               template: str = "direct", hub_id: str | None = None, **load_kwargs):
+        if template not in DECISION_TEMPLATES:
+            raise ValueError(f"unknown decision template {template!r}; choose one of {', '.join(DECISION_TEMPLATES)}")
+        raw = _load_raw(name, split, path, hub_id, load_kwargs)
+        rows, dropped = [], 0
+        for i, row in enumerate(raw):
+            question = _first(row, question_columns)
+            labels, texts = _choices(row)
+            raw_key = _first(row, ("answerKey", "label"))
+            if isinstance(raw_key, int) and not isinstance(raw_key, bool):  # label given as an option index
+                key = labels[raw_key] if 0 <= raw_key < len(labels) else ""
+            else:
+                key = str(raw_key).strip() if raw_key is not None else ""
+            if not question or key not in labels:
+                dropped += 1
+                continue
+            pid = row.get("id")
+            rows.append({
+                "prompt": decision_prompt(str(question), texts, labels, template),
+                "classes": labels,
+                "label": key,
+                "benchmark": name,
+                "prompt_id": str(pid) if pid is not None else f"{name}-{i}",
+            })
+        return _finish(rows, name, len(raw), dropped, limit)
+
+    loader.__name__ = f"load_{name}"
+    loader.__doc__ = (
+        f"{name}: {HUB[name][0]} (default split {default_split!r}) or a local file in its format; columns prompt, "
+        "classes, label, benchmark, prompt_id. See calibrl.tasks.datasets."
+    )
+    return loader
+
+
+for _name in ("deepscaler", "math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench"):
+    register_dataset(_name)(_math_loader(_name))
+register_dataset("commonsenseqa")(_decision_loader("commonsenseqa", ("question",)))
+register_dataset("openbookqa")(_decision_loader("openbookqa", ("question_stem", "question")))

@@ -1,0 +1,318 @@
+r"""Verifiable rewards for real workloads: math (``\boxed{}`` + math-verify), format, and multiple-choice decisions.
+
+Every reward has TRL's signature ``fn(prompts, completions, **columns) -> list[float | None]``: ``completions`` are
+strings, or conversational lists of ``{"role", "content"}`` messages (the assistant's text is read); dataset columns
+(``answer``, ``classes``, ``label``) arrive as keyword lists aligned with the completions. ``None`` means "this reward
+does not apply to this row" (TRL then ignores it in the weighted sum), used only where the row has no gold.
+
+Registered names (:mod:`calibrl.tasks.registry`):
+
+* ``"math"``: 1.0 when the LAST ``\boxed{...}`` (or ``\fbox{...}``) of the completion is mathematically equal to
+  the ``answer`` column, checked with math-verify (``parse`` + ``verify``, each under a time limit); 0.0 when it
+  differs, when there is no ``\boxed{}``, when it cannot be parsed, or when the check times out.
+* ``"format"``: 1.0 when the completion contains a non-empty ``\boxed{}``, else 0.0 (optional shaping term).
+* ``"decision"``: 1.0 when the decision (the LAST standalone class string of the completion, from the ``classes``
+  column) equals ``label`` (index into ``classes`` or the class string), else 0.0.
+
+verl: :func:`verl_compute_score` (and the per-task ``verl_math_score`` / ``verl_decision_score``) follow verl's
+``custom_reward_function`` hook, ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``::
+
+    custom_reward_function:
+      path: <site-packages>/calibrl/tasks/rewards.py   # python -c "import calibrl.tasks.rewards as r; print(r.__file__)"
+      name: verl_compute_score
+
+(the two keys live under the top-level ``custom_reward_function`` section of verl's PPO trainer config, e.g.
+``custom_reward_function.path=... custom_reward_function.name=verl_compute_score`` on the command line). The
+dispatcher reads the task from ``extra_info["task"]`` (``"math"`` or ``"decision"``) when present, else treats a
+``data_source`` containing ``commonsense``/``openbookqa``/``decision`` as a decision task and everything else as
+math. For decisions ``ground_truth`` is the label (class string or index) and ``extra_info["classes"]`` the class
+list (default ``A``-``E``).
+
+Time limits: math-verify enforces them with ``signal.alarm``, which only works in a process's main thread. In the
+main thread (TRL, ``calibrl generate``, verl's reward workers) each parse and each verify is limited to
+``timeout`` seconds (default 5); from another thread the limit cannot be enforced and is switched off (math-verify
+would otherwise raise), so run rewards in the main thread or in processes when inputs may be adversarial.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import threading
+from typing import Any, Sequence
+
+from calibrl.tasks.registry import register_reward
+
+logger = logging.getLogger(__name__)
+
+MATH_TIMEOUT_SECONDS = 5
+DEFAULT_CLASSES = ("A", "B", "C", "D", "E")
+
+__all__ = [
+    "completion_text",
+    "last_boxed",
+    "math_equal",
+    "check_math",
+    "extract_decision",
+    "label_to_class",
+    "math_reward",
+    "format_reward",
+    "decision_reward",
+    "verl_compute_score",
+    "verl_math_score",
+    "verl_decision_score",
+]
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+
+
+def completion_text(completion: Any) -> str:
+    """The text of one completion: a string as is; for a conversational list of messages, the content of the
+    assistant messages joined (TRL passes ``[{"role": "assistant", "content": ...}]``)."""
+    if completion is None:
+        return ""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        return str(completion.get("content", ""))
+    if isinstance(completion, (list, tuple)):
+        parts = []
+        for message in completion:
+            if isinstance(message, dict):
+                if message.get("role", "assistant") == "assistant":
+                    content = message.get("content", "")
+                    if isinstance(content, list):  # multimodal-style [{"type": "text", "text": ...}]
+                        content = "".join(c.get("text", "") for c in content if isinstance(c, dict))
+                    parts.append(str(content))
+            else:
+                parts.append(str(message))
+        return "\n".join(parts)
+    return str(completion)
+
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
+
+
+def last_boxed(text: str) -> str | None:
+    r"""The content of the LAST ``\boxed{...}`` / ``\fbox{...}`` in ``text`` (nested braces matched), or None.
+
+    Also accepts the brace-less form ``\boxed 5`` (content up to the next whitespace or ``$``). An unclosed final
+    ``\boxed{`` (a truncated completion) yields None for that occurrence and the previous one is used.
+    """
+    for match in reversed(list(_BOXED.finditer(text))):
+        start = match.end()
+        if start < len(text) and text[start] == "{":
+            depth = 0
+            for i in range(start, len(text)):
+                ch = text[i]
+                if ch == "{":
+                    depth += 1
+                elif ch == "}":
+                    depth -= 1
+                    if depth == 0:
+                        return text[start + 1 : i].strip()
+            continue  # unclosed: try an earlier one
+        m = re.match(r"[^\s${}]+", text[start:])
+        if m:
+            return m.group(0).strip()
+    return None
+
+
+def _normalise(s: str) -> str:
+    s = s.strip().strip("$").strip()
+    s = re.sub(r"\\(?:left|right|displaystyle|!|,|;|:)", "", s)
+    s = re.sub(r"\\text\{\s*([^{}]*)\}", r"\1", s)
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = re.sub(r"\s+", "", s)
+    return s.rstrip(".")
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@functools.lru_cache(maxsize=65536)
+def _parse(expr: str, timeout: int | None):
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
+    return parse(
+        "\\boxed{" + expr + "}",
+        extraction_config=[LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()],
+        parsing_timeout=timeout,
+    )
+
+
+@functools.lru_cache(maxsize=65536)
+def _math_equal_cached(pred: str, gold: str, timeout: int | None) -> bool:
+    if _normalise(pred) == _normalise(gold):
+        return True
+    from math_verify import verify
+
+    try:
+        gold_parsed = _parse(gold, timeout)
+        pred_parsed = _parse(pred, timeout)
+    except Exception as exc:  # math-verify swallows most errors itself; be safe
+        logger.debug("math-verify parse failed for %r / %r: %s", pred, gold, exc)
+        return False
+    if not gold_parsed or not pred_parsed:
+        return False
+    try:
+        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout))
+    except Exception as exc:
+        logger.debug("math-verify verify failed for %r / %r: %s", pred, gold, exc)
+        return False
+
+
+def math_equal(pred: str | None, gold: Any, *, timeout: int | None = MATH_TIMEOUT_SECONDS) -> bool:
+    """True when answer string ``pred`` equals ``gold`` (math-verify, normalised-string shortcut first).
+
+    ``gold`` may be a string, a number, or a list of acceptable answers (OlympiadBench ``final_answer``); a gold
+    given with its own ``\\boxed{}`` or ``$...$`` is unwrapped. Results are cached per (pred, gold).
+    """
+    if pred is None or gold is None:
+        return False
+    if isinstance(gold, (list, tuple)):
+        return any(math_equal(pred, g, timeout=timeout) for g in gold)
+    gold = str(gold)
+    boxed = last_boxed(gold)
+    if boxed is not None:
+        gold = boxed
+    gold = gold.strip().strip("$").strip()
+    pred = pred.strip().strip("$").strip()
+    if not pred or not gold:
+        return False
+    effective = timeout if (timeout and _in_main_thread()) else None
+    return _math_equal_cached(pred, gold, effective)
+
+
+def check_math(completion: Any, gold: Any, *, timeout: int | None = MATH_TIMEOUT_SECONDS) -> tuple[str | None, bool]:
+    r"""``(extracted answer, correct)`` for one completion: the last ``\boxed{}`` content vs ``gold``."""
+    pred = last_boxed(completion_text(completion))
+    return pred, (pred is not None and math_equal(pred, gold, timeout=timeout))
+
+
+def label_to_class(label: Any, classes: Sequence[str]) -> str | None:
+    """The class string a ``label`` denotes: an index into ``classes`` or the class string itself (None if
+    missing/invalid)."""
+    if label is None:
+        return None
+    if isinstance(label, bool):
+        raise TypeError("label must be a class index or class string, not a bool")
+    if isinstance(label, int) or (isinstance(label, float) and float(label).is_integer()):
+        index = int(label)
+        return classes[index] if 0 <= index < len(classes) else None
+    label = str(label).strip()
+    if label in classes:
+        return label
+    if label.isdigit() and 0 <= int(label) < len(classes):
+        return classes[int(label)]
+    return None
+
+
+def extract_decision(text: str, classes: Sequence[str]) -> tuple[str | None, int]:
+    """The decision in ``text``: the LAST occurrence of a class string that stands alone (not preceded or
+    followed by a letter or digit), and its character offset; ``(None, -1)`` when there is none.
+
+    "Answer: B" -> "B"; "Because A and B are wrong, C" -> "C"; "Bananas" -> no decision for classes A-E.
+    """
+    if not classes:
+        return None, -1
+    alternatives = "|".join(re.escape(c) for c in sorted(classes, key=len, reverse=True))
+    pattern = re.compile(rf"(?<![A-Za-z0-9])({alternatives})(?![A-Za-z0-9])")
+    last = None
+    for last in pattern.finditer(text):
+        pass
+    if last is None:
+        return None, -1
+    return last.group(1), last.start(1)
+
+
+def _column(columns: dict, name: str, n: int, default: Any = None) -> list:
+    value = columns.get(name)
+    if value is None:
+        return [default] * n
+    if len(value) != n:
+        raise ValueError(f"reward column {name!r} has {len(value)} entries for {n} completions")
+    return list(value)
+
+
+# --------------------------------------------------------------------------------------------------- rewards
+
+
+@register_reward("math")
+def math_reward(prompts, completions, answer=None, **columns) -> list[float | None]:
+    r"""1.0 if the last ``\boxed{}`` of each completion equals its ``answer`` (math-verify), else 0.0; None where
+    the row has no ``answer``. Extra keyword ``math_timeout`` (seconds per check) is honoured if given."""
+    n = len(completions)
+    golds = _column({"answer": answer}, "answer", n)
+    timeout = columns.get("math_timeout", MATH_TIMEOUT_SECONDS)
+    if isinstance(timeout, list):  # a dataset column of that name would arrive as a list
+        timeout = timeout[0] if timeout else MATH_TIMEOUT_SECONDS
+    out: list[float | None] = []
+    for completion, gold in zip(completions, golds):
+        if gold is None or (isinstance(gold, str) and not gold.strip()):
+            out.append(None)
+            continue
+        out.append(1.0 if check_math(completion, gold, timeout=timeout)[1] else 0.0)
+    return out
+
+
+@register_reward("format")
+def format_reward(prompts, completions, **columns) -> list[float]:
+    r"""1.0 when the completion contains a non-empty ``\boxed{}`` answer, else 0.0."""
+    return [1.0 if last_boxed(completion_text(c)) else 0.0 for c in completions]
+
+
+@register_reward("decision")
+def decision_reward(prompts, completions, classes=None, label=None, **columns) -> list[float | None]:
+    """1.0 when the completion's decision (last standalone class string) equals ``label``, else 0.0; None where
+    the row has no label. ``classes`` defaults to A-E when the dataset has no such column."""
+    n = len(completions)
+    all_classes = _column({"classes": classes}, "classes", n, DEFAULT_CLASSES)
+    labels = _column({"label": label}, "label", n)
+    out: list[float | None] = []
+    for completion, cls, lab in zip(completions, all_classes, labels):
+        cls = tuple(cls or DEFAULT_CLASSES)
+        gold = label_to_class(lab, cls)
+        if gold is None:
+            out.append(None)
+            continue
+        decision, _ = extract_decision(completion_text(completion), cls)
+        out.append(1.0 if decision == gold else 0.0)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- verl
+
+
+def verl_math_score(data_source, solution_str, ground_truth, extra_info=None) -> float:
+    """verl ``compute_score`` for math: 1.0 / 0.0 as the ``"math"`` reward."""
+    timeout = (extra_info or {}).get("math_timeout", MATH_TIMEOUT_SECONDS) if isinstance(extra_info, dict) else MATH_TIMEOUT_SECONDS
+    return 1.0 if check_math(solution_str, ground_truth, timeout=timeout)[1] else 0.0
+
+
+def verl_decision_score(data_source, solution_str, ground_truth, extra_info=None) -> float:
+    """verl ``compute_score`` for decisions: ``ground_truth`` is the label, ``extra_info["classes"]`` the
+    classes (default A-E)."""
+    classes = tuple((extra_info or {}).get("classes") or DEFAULT_CLASSES) if isinstance(extra_info, dict) else DEFAULT_CLASSES
+    gold = label_to_class(ground_truth, classes)
+    decision, _ = extract_decision(completion_text(solution_str), classes)
+    return 1.0 if gold is not None and decision == gold else 0.0
+
+
+_DECISION_SOURCES = ("commonsense", "openbookqa", "decision")
+
+
+def verl_compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float:
+    """verl ``custom_reward_function`` entry point dispatching on ``extra_info["task"]`` or ``data_source``."""
+    task = extra_info.get("task") if isinstance(extra_info, dict) else None
+    if task is None:
+        source = str(data_source or "").lower()
+        task = "decision" if any(s in source for s in _DECISION_SOURCES) else "math"
+    if task == "decision":
+        return verl_decision_score(data_source, solution_str, ground_truth, extra_info)
+    if task == "math":
+        return verl_math_score(data_source, solution_str, ground_truth, extra_info)
+    raise ValueError(f"verl_compute_score: unknown task {task!r} (expected 'math' or 'decision')")
