@@ -44,7 +44,9 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(delta) - delta - 1.0
 
 
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over the entries where ``mask`` is 1 (0 for an empty mask)."""
+    mask = mask.to(x.dtype)
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
@@ -61,7 +63,7 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "tok
     mask = mask.to(per_token.dtype)
     masked = per_token * mask
     if mode == "token-mean":
-        return masked.sum() / mask.sum().clamp(min=1.0)
+        return masked_mean(per_token, mask)
     if mode == "seq-mean-token-mean":
         return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     if mode == "seq-mean-token-sum":
@@ -115,6 +117,21 @@ def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: fl
     return per_token, low, high
 
 
+@torch.no_grad()
+def clip_metrics(loss: torch.Tensor, ratio: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
+                 mask: torch.Tensor) -> dict[str, float]:
+    """``policy_loss``, ``clip_fraction`` (= low + high), ``clip_fraction_low/high``, ``ratio_mean``: token means."""
+    low_frac = float(masked_mean(low.to(mask.dtype), mask))
+    high_frac = float(masked_mean(high.to(mask.dtype), mask))
+    return {
+        "policy_loss": float(loss),
+        "clip_fraction": low_frac + high_frac,
+        "clip_fraction_low": low_frac,
+        "clip_fraction_high": high_frac,
+        "ratio_mean": float(masked_mean(ratio, mask)),
+    }
+
+
 def policy_loss(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor | None, advantages: torch.Tensor,
                 completion_mask: torch.Tensor, eps_low: float = 0.2, eps_high: float | None = None,
                 ratio_level: str = "token", aggregation: str = "token-mean",
@@ -158,26 +175,17 @@ def policy_loss(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor | None, ad
     pg_loss = aggregate_loss(per_token, mask, aggregation, max_completion_length)
     loss = pg_loss
 
-    with torch.no_grad():
-        low_frac = float(_masked_mean(low.to(mask.dtype), mask))
-        high_frac = float(_masked_mean(high.to(mask.dtype), mask))
-        metrics: dict[str, float] = {
-            "policy_loss": float(pg_loss.detach()),
-            "clip_fraction": low_frac + high_frac,
-            "clip_fraction_low": low_frac,
-            "clip_fraction_high": high_frac,
-            "ratio_mean": float(_masked_mean(ratio.detach(), mask)),
-        }
+    metrics = clip_metrics(pg_loss, ratio, low, high, mask)
     if ref_logprobs is not None:
         _check_2d("ref_logprobs", ref_logprobs, shape)
         kl = kl_k3(logprobs, ref_logprobs)
         kl_agg = aggregate_loss(kl, mask, aggregation, max_completion_length)
         if kl_coef != 0.0:
             loss = loss + kl_coef * kl_agg
-        metrics["kl"] = float(_masked_mean(kl.detach(), mask))
+        metrics["kl"] = float(masked_mean(kl.detach(), mask))
     elif kl_coef != 0.0:
         raise ValueError("policy_loss: kl_coef != 0 needs ref_logprobs")
     if entropies is not None:
         _check_2d("entropies", entropies, shape)
-        metrics["entropy"] = float(_masked_mean(entropies.detach().to(mask.dtype), mask))
+        metrics["entropy"] = float(masked_mean(entropies.detach().to(mask.dtype), mask))
     return loss, metrics

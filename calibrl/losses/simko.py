@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from calibrl.losses.ppo import aggregate_loss, broadcast_advantages, clipped_surrogate
+from calibrl.losses.ppo import aggregate_loss, broadcast_advantages, clip_metrics, clipped_surrogate, masked_mean
 
 _SIMKO_EPS = 1e-8  # SimKO's epsilon in sg[r_t] / (sg[r_k] + eps)
 
@@ -141,22 +141,8 @@ def simko_policy_loss(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor | No
     per_token, low, high = clipped_surrogate(ratio, adv, eps_low, eps_high)
     loss = aggregate_loss(per_token, mask, aggregation, max_completion_length)
 
-    with torch.no_grad():
-        n_tok = mask.sum().clamp(min=1.0)
-
-        def frac(indicator: torch.Tensor) -> float:
-            return float((indicator.to(mask.dtype) * mask).sum() / n_tok)
-
-        low_frac, high_frac = frac(low), frac(high)
-        metrics = {
-            "policy_loss": float(loss.detach()),
-            "clip_fraction": low_frac + high_frac,
-            "clip_fraction_low": low_frac,
-            "clip_fraction_high": high_frac,
-            "ratio_mean": float((ratio.detach() * mask).sum() / n_tok),
-            "entropy": float((entropies.to(mask.dtype) * mask).sum() / n_tok),
-            "simko_frac_forking": frac(forking),
-            "simko_frac_topk_mixed": frac(mixed),
-            "simko_frac_neg_scaled": frac(scaled),
-        }
+    metrics = clip_metrics(loss, ratio, low, high, mask)
+    metrics["entropy"] = float(masked_mean(entropies.to(mask.dtype), mask))
+    for name, indicator in (("forking", forking), ("topk_mixed", mixed), ("neg_scaled", scaled)):
+        metrics[f"simko_frac_{name}"] = float(masked_mean(indicator.to(mask.dtype), mask))
     return loss, metrics
