@@ -61,9 +61,9 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "tok
     if per_token.shape != mask.shape:
         raise ValueError(f"aggregate_loss: per_token {tuple(per_token.shape)} and mask {tuple(mask.shape)} differ")
     mask = mask.to(per_token.dtype)
-    masked = per_token * mask
     if mode == "token-mean":
         return masked_mean(per_token, mask)
+    masked = per_token * mask
     if mode == "seq-mean-token-mean":
         return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     if mode == "seq-mean-token-sum":
