@@ -1,1 +1,62 @@
-"""calibrl generate (being written)."""
+"""``calibrl generate``: N sampled completions per problem with their confidence, as JSONL for ``calibrl eval``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from calibrl.cli.app import app
+
+
+@app.command("generate")
+def generate_command(
+    model: str = typer.Option(..., "--model", "-m", help="Hub id or local folder of a causal LM, or builtin:tiny."),
+    dataset: str = typer.Option(..., "--dataset", "-d", help="Registered dataset name (math500, aime24, commonsenseqa, ...)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output JSONL (appended to and resumed if it exists)."),
+    n: int = typer.Option(16, "--n", help="Completions per problem."),
+    path: Optional[str] = typer.Option(None, "--path", help="Local JSON/JSONL/Parquet file in the hub dataset's format."),
+    split: Optional[str] = typer.Option(None, "--split", help="Dataset split (default: the dataset's usual eval split)."),
+    max_new_tokens: int = typer.Option(1024, "--max-new-tokens", help="Maximum completion length in tokens."),
+    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature (0 = greedy). Log-probs are the sampling distribution's."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Problems per batch (each batch samples batch-size x n completions)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first LIMIT problems."),
+    template: Optional[str] = typer.Option(None, "--template", help="Prompt template (math: qwen-math, qwen-math-chat, chat, none; decisions: direct, reasoning, chat)."),
+    reward: Optional[str] = typer.Option(None, "--reward", help="Registered reward (default: math, or decision for multiple-choice datasets)."),
+    backend: str = typer.Option("auto", "--backend", help="auto (vLLM if installed and a GPU is present), vllm or transformers."),
+    seed: int = typer.Option(0, "--seed"),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on GPU, float32 on CPU), bfloat16, float16 or float32."),
+    device: Optional[str] = typer.Option(None, "--device", help="transformers backend device (default: cuda if available)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Start afresh instead of resuming an existing OUT."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+) -> None:
+    """Sample N completions per problem and record each one's answer, correctness and confidence.
+
+    Output rows: prompt_id, benchmark, completion, answer, correct, reward, logprob_mean, n_tokens (+ decision_prob,
+    class_probs, label, classes for multiple-choice datasets). A rerun resumes: finished problems are skipped.
+    """
+    from rich.console import Console
+
+    from calibrl.generate import GenerateConfig, GenerateError, generate
+
+    console = Console(stderr=True)
+    config = GenerateConfig(
+        model=model, dataset=dataset, out=out, n=n, path=path, split=split, max_new_tokens=max_new_tokens,
+        temperature=temperature, batch_size=batch_size, limit=limit, template=template, reward=reward,
+        backend=backend, seed=seed, dtype=dtype, device=device, overwrite=overwrite, progress=not quiet,
+    )
+    try:
+        summary = generate(config)
+    except (GenerateError, FileNotFoundError, ValueError, KeyError, RuntimeError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(code=2) from None
+    if summary["samples_written"]:
+        console.print(
+            f"wrote {summary['samples_written']} samples to {summary['out']} with {summary['backend']} "
+            f"({summary['samples_per_s']:.1f} samples/s, accuracy {summary['accuracy_new']:.3f}); "
+            f"{summary['problems_skipped']} of {summary['problems']} problems were already done"
+        )
+    else:
+        console.print(f"nothing to do: all {summary['problems']} problems are in {summary['out']}")
+    console.print(f"next: calibrl eval {summary['out']} --out <report dir>")

@@ -1,0 +1,216 @@
+"""``calibrl generate`` on the tiny model and local dataset files: log-probs of the sampling distribution,
+decision class probabilities, resumability, the CLI, and the vLLM result conversion (stubbed vLLM)."""
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from calibrl.generate import GenerateError, _decision_fields, _Sample, _TransformersBackend, generate, scan_existing
+from calibrl.models.tiny import TinyModelConfig, build_tiny_model, save_tiny_model
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", TinyModelConfig(max_position_embeddings=512))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_tiny_model(config=TinyModelConfig(max_position_embeddings=512), seed=0)
+
+
+def _reference_logps(model, tokenizer, prompt, ids, temperature):
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1]
+    scale = temperature if temperature > 0 else 1.0
+    return torch.log_softmax(logits.float() / scale, -1).gather(1, torch.tensor(ids)[:, None]).squeeze(1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0, 0.0])
+def test_recorded_logprobs_are_the_sampling_distribution(tiny, temperature):
+    model, tokenizer = tiny
+    backend = _TransformersBackend(model, tokenizer, temperature=temperature, max_new_tokens=10, class_ids=None)
+    prompts = ["What is 2+3?", "Hi"]  # different lengths: left padding must not shift anything
+    groups = backend.generate(prompts, 3, seed=1)
+    assert [len(g) for g in groups] == [3, 3]
+    for prompt, group in zip(prompts, groups):
+        for sample in group:
+            expected = _reference_logps(model, tokenizer, prompt, sample.ids, temperature)
+            assert torch.allclose(torch.tensor(sample.logps), expected, atol=1e-4)
+            if sample.ended:
+                assert sample.ids[-1] == tokenizer.eos_token_id
+
+
+def test_generate_math_rows_and_resume(tiny_dir, tmp_path):
+    out = tmp_path / "samples.jsonl"
+    kw = dict(model=str(tiny_dir), dataset="deepscaler", path=str(FIXTURES / "deepscaler.jsonl"), n=3,
+              max_new_tokens=8, template="none", batch_size=2, progress=False, out=out)
+    first = generate(limit=2, **kw)
+    assert first["samples_written"] == 6 and first["backend"] == "transformers"
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["prompt_id"] for r in rows] == ["deepscaler-0"] * 3 + ["deepscaler-1"] * 3
+    for r in rows:
+        assert {"prompt_id", "benchmark", "completion", "answer", "correct", "reward", "logprob_mean", "n_tokens"} <= set(r)
+        assert r["benchmark"] == "deepscaler" and r["logprob_mean"] <= 0 and r["n_tokens"] >= 1
+        assert r["correct"] == (r["reward"] > 0.5)
+    assert json.loads((tmp_path / "samples.jsonl.meta.json").read_text())["n"] == 3
+
+    # a rerun skips finished problems and only adds the new one
+    before = out.read_text()
+    again = generate(**kw)
+    assert again["problems_skipped"] == 2 and again["samples_written"] == 3
+    assert out.read_text().startswith(before)
+
+    # a killed run: torn last line and an unfinished problem -> dropped, regenerated
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(lines[:-2]) + lines[-2][:15])
+    resumed = generate(**kw)
+    assert resumed["problems_skipped"] == 2 and resumed["samples_written"] == 3
+    final = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(final) == 9 and sorted({r["prompt_id"] for r in final}) == ["deepscaler-0", "deepscaler-1", "deepscaler-3"]
+
+    # other settings on the same file: refused, unless overwrite
+    with pytest.raises(GenerateError, match="other settings"):
+        generate(**{**kw, "n": 4})
+    fresh = generate(**{**kw, "n": 2, "overwrite": True})
+    assert fresh["samples_written"] == 6
+
+
+def test_samples_load_in_calibrl_eval_format(tiny_dir, tmp_path):
+    samples_module = pytest.importorskip("calibrl.samples")
+    out = tmp_path / "s.jsonl"
+    generate(model=str(tiny_dir), dataset="aime25", path=str(FIXTURES / "aime25.jsonl"), n=2, max_new_tokens=6,
+             template="none", progress=False, out=out)
+    samples = samples_module.load_samples(out)
+    assert len(samples.correct) == 4 and samples.confidence_kind == "logprob_mean"
+
+
+def _bias_towards(model, tokenizer, letters, amount=12.0):
+    """Make the tiny model strongly prefer some letters (a forward hook on the output layer)."""
+    bias = torch.zeros(len(tokenizer))
+    for letter in letters:
+        bias[tokenizer.convert_tokens_to_ids(letter)] = amount
+    return model.lm_head.register_forward_hook(lambda module, inputs, output: output + bias)
+
+
+def test_decision_class_probs_at_the_decision_token(tiny, tmp_path):
+    model, tokenizer = tiny
+    handle = _bias_towards(model, tokenizer, ["B", "C"])
+    try:
+        out = tmp_path / "d.jsonl"
+        summary = generate(model="tiny", dataset="commonsenseqa", path=str(FIXTURES / "commonsenseqa.jsonl"), n=6,
+                           max_new_tokens=1, progress=False, out=out, hf_model=model, hf_tokenizer=tokenizer)
+        assert summary["samples_written"] == 12
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        prompts = {r["prompt_id"]: r["prompt"] for r in
+                   __import__("calibrl.tasks.registry", fromlist=["x"]).get_dataset_loader("commonsenseqa")(
+                       path=FIXTURES / "commonsenseqa.jsonl")}
+        for r in rows:
+            assert r["classes"] == ["A", "B", "C", "D", "E"] and r["label"] in r["classes"]
+            assert r["answer"] in ("B", "C") and r["completion"] == r["answer"]
+            assert r["correct"] == (r["answer"] == r["label"])
+            assert abs(sum(r["class_probs"]) - 1) < 1e-6
+            assert r["decision_prob"] == pytest.approx(r["class_probs"][r["classes"].index(r["answer"])])
+            # the recorded distribution is the model's next-token distribution after the prompt
+            ids = tokenizer(prompts[r["prompt_id"]], add_special_tokens=False)["input_ids"]
+            with torch.no_grad():
+                probs = torch.softmax(model(torch.tensor([ids])).logits[0, -1], -1)
+            class_ids = [tokenizer.convert_tokens_to_ids(c) for c in r["classes"]]
+            expected = probs[class_ids] / probs[class_ids].sum()
+            assert torch.allclose(torch.tensor(r["class_probs"]), expected, atol=1e-4)
+            assert r["class_mass"] == pytest.approx(probs[class_ids].sum().item(), abs=1e-4)
+        samples_module = pytest.importorskip("calibrl.samples")
+        loaded = samples_module.load_samples(out, confidence="class_probs")
+        assert len(loaded.correct) == 12
+    finally:
+        handle.remove()
+
+
+def test_decision_fields_rules():
+    classes = ["A", "B", "C"]
+    variants = ([10, 11, 12], [0, 1, 2])
+    table = {0: [0.0, -1.0, -2.0], 2: [-3.0, -0.1, -3.0]}
+    sample = _Sample(ids=[10, 5, 11], logps=[0.0, 0.0, 0.0], ended=False, class_logps=lambda p: table.get(p, [0.0] * 3))
+    decision, probs, prob, mass = _decision_fields(sample, "A x B", classes, variants)
+    assert decision == "B" and probs.index(max(probs)) == 1 and prob == probs[1]  # the LAST class token (pos 2)
+    decision, probs, prob, mass = _decision_fields(sample, "nothing", classes, variants)
+    assert decision is None and probs == [1 / 3] * 3 and mass == 0.0
+
+
+def test_cli_generate_and_bad_dataset(tiny_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from calibrl.cli import app
+
+    out = tmp_path / "cli.jsonl"
+    args = ["generate", "--model", str(tiny_dir), "--dataset", "math500", "--path", str(FIXTURES / "math500.jsonl"),
+            "--n", "2", "--max-new-tokens", "4", "--template", "none", "--out", str(out), "--quiet"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert len(out.read_text().splitlines()) == 4
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0 and "nothing to do" in result.output
+    bad = CliRunner().invoke(app, ["generate", "--model", str(tiny_dir), "--dataset", "nope", "--out", str(out)])
+    assert bad.exit_code == 2 and "unknown dataset" in bad.output
+
+
+def test_vllm_backend_conversion_with_a_stub(monkeypatch, tiny_dir, tmp_path):
+    """The vLLM path's result handling, with a stand-in ``vllm`` module (vLLM itself needs a GPU)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    seen = {}
+
+    class Logprob:
+        def __init__(self, logprob):
+            self.logprob = logprob
+
+    class LLM:
+        def __init__(self, model, seed, dtype, logprobs_mode=None, **kwargs):
+            seen["logprobs_mode"] = logprobs_mode
+
+        def get_tokenizer(self):
+            return tokenizer
+
+        def generate(self, requests, params, use_tqdm=False):
+            seen["params"] = params
+            outputs = []
+            for _ in requests:
+                ids = tokenizer.encode(r"\boxed{5}", add_special_tokens=False) + [tokenizer.eos_token_id]
+                logprobs = [{t: Logprob(-0.5)} for t in ids]
+                completion = types.SimpleNamespace(token_ids=ids, logprobs=logprobs, finish_reason="stop")
+                outputs.append(types.SimpleNamespace(outputs=[completion] * params.n))
+            return outputs
+
+    class SamplingParams:
+        def __init__(self, **kwargs):
+            self.__dict__.update(kwargs)
+
+    stub = types.ModuleType("vllm")
+    stub.LLM, stub.SamplingParams = LLM, SamplingParams
+    monkeypatch.setitem(sys.modules, "vllm", stub)
+    out = tmp_path / "v.jsonl"
+    summary = generate(model=str(tiny_dir), dataset="math500", path=str(FIXTURES / "math500.jsonl"), n=2,
+                       max_new_tokens=16, template="none", backend="vllm", progress=False, out=out)
+    assert summary["backend"] == "vllm" and seen["logprobs_mode"] == "processed_logprobs"
+    assert seen["params"].logprobs == 1 and seen["params"].top_p == 1.0 and seen["params"].temperature == 1.0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["correct"] for r in rows] == [True, True, False, False]  # gold 5, then 4
+    assert all(r["logprob_mean"] == pytest.approx(-0.5) and r["answer"] == "5" and not r["truncated"] for r in rows)
+
+
+def test_scan_existing_rejects_foreign_files(tmp_path):
+    f = tmp_path / "x.jsonl"
+    f.write_text('{"a": 1}\n')
+    with pytest.raises(GenerateError, match="prompt_id"):
+        scan_existing(f, 2)
+    f.write_text("garbage\n{}\n")
+    with pytest.raises(GenerateError, match="x.jsonl:1"):
+        scan_existing(f, 2)
