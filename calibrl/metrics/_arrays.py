@@ -62,10 +62,19 @@ def as_scores(x: Any, name: str = "confidence") -> np.ndarray:
     return arr
 
 
+PROB_TOLERANCE = 1e-6
+
+
 def as_prob(x: Any, name: str = "confidence") -> np.ndarray:
-    """A probability vector: float64 [N] with every value in [0, 1]."""
+    """A probability vector: float64 [N] with every value in [0, 1].
+
+    Values within ``PROB_TOLERANCE`` (1e-6) outside [0, 1] -- float32 softmax round-off -- are clipped;
+    anything further out raises ``ValueError``.
+    """
     arr = as_scores(x, name)
     if arr.size and (arr.min() < 0.0 or arr.max() > 1.0):
+        if arr.min() >= -PROB_TOLERANCE and arr.max() <= 1.0 + PROB_TOLERANCE:
+            return np.clip(arr, 0.0, 1.0)
         raise ValueError(
             f"{name} must lie in [0, 1] (got min {arr.min():.6g}, max {arr.max():.6g}); "
             "pass probabilities, e.g. exp(logprob_mean), not log-probabilities"
