@@ -355,3 +355,30 @@ def test_stable_argsort_small_ints_and_many_groups():
     expected[pid[0::2]] = np.where(c_pos > c_neg, 1.0, np.where(c_pos == c_neg, 0.5, 0.0))
     np.testing.assert_array_equal(values, expected)
     assert res.n_prompts == n_p and res.mean == pytest.approx(expected.mean())
+
+
+# ------------------------------------------------------------------------------------------------ properties
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 3), st.booleans()), min_size=1, max_size=40))
+def test_property_auroc_and_per_prompt_match_sklearn(rows):
+    pid = np.array([r[0] for r in rows])
+    conf = np.array([r[1] for r in rows], dtype=float) / 3  # heavy ties, values on bin edges
+    y = np.array([r[2] for r in rows])
+    if y.all() or not y.any():
+        assert np.isnan(M.auroc(conf, y))
+    else:
+        assert M.auroc(conf, y) == pytest.approx(roc_auc_score(y, conf), abs=1e-12)
+    vals = [roc_auc_score(y[pid == p], conf[pid == p]) for p in np.unique(pid)
+            if y[pid == p].any() and not y[pid == p].all()]
+    res = M.per_prompt_auroc(conf, y, pid)
+    assert res.n_prompts == len(vals)
+    if vals:
+        assert res.mean == pytest.approx(np.mean(vals), abs=1e-12)
+    # abstention: the last step answers everything; AURC lies in [0, 1]
+    cov, prec = M.precision_coverage(conf, y)
+    assert cov[-1] == 1.0 and prec[-1] == pytest.approx(y.mean())
+    assert 0.0 <= M.aurc(conf, y) <= 1.0
