@@ -322,30 +322,36 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         get_estimator(args.advantage_estimator)  # fail early with the list of registered names
         self._calibrl_params = args.estimator_params()
         self._calibrl_inputs = estimator_inputs(args.advantage_estimator, self._calibrl_params)
-        needs_ref = "ref_logprob_mean" in self._calibrl_inputs
+        needs_ref = "ref_logprob_mean" in self._calibrl_inputs  # (or beta > 0: TRL's KL term)
 
         own_ref = None
-        beta_hack = False
+        beta_during_init = None  # temporarily replaced args.beta while TRL's __init__ runs
         peft_config = kwargs.get("peft_config")
-        if needs_ref and args.beta == 0.0:
+        needs_ref = needs_ref or args.beta != 0.0
+        if needs_ref:
             from accelerate.utils import is_peft_model
             from transformers import PreTrainedModel
 
-            if isinstance(model, PreTrainedModel) and not is_peft_model(model) and peft_config is None:
-                # Copy of the initial model, taken before TRL patches the policy's forward.
+            plain_instance = isinstance(model, PreTrainedModel) and not is_peft_model(model) and peft_config is None
+            in_memory = plain_instance and not getattr(model.config, "_name_or_path", "")
+            if plain_instance and (args.beta == 0.0 or (in_memory and not args.sync_ref_model)):
+                # Copy of the initial model, taken before TRL patches the policy's forward. (TRL itself reloads
+                # the reference from the model's path, which a model built in memory does not have.)
                 own_ref = copy.deepcopy(model)
-            else:
+                if args.beta != 0.0:
+                    beta_during_init = 0.0
+            elif args.beta == 0.0:
                 # Let TRL build its reference (from the model path, or the PEFT adapter-disabled base / "ref"
                 # adapter) exactly as it does for beta > 0, then set beta back to 0 (no KL term).
-                beta_hack = True
-                args.beta = 1.0
+                beta_during_init = 1.0
+        real_beta = args.beta
+        if beta_during_init is not None:
+            args.beta = beta_during_init
         try:
             super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         finally:
-            if beta_hack:
-                args.beta = 0.0
-        if beta_hack:
-            self.beta = 0.0
+            args.beta = real_beta
+        self.beta = real_beta
         if own_ref is not None:
             self._install_own_ref(own_ref)
 

@@ -1,0 +1,305 @@
+"""CalibratedGRPOTrainer on the tiny char-level model: advantages, reference, decision term, telemetry, recipes.
+
+Every run is a few optimizer steps of a ~0.2M-parameter model with 8-token completions (about a second each).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from datasets import Dataset  # noqa: E402
+
+from calibrl import RolloutBatch, compute_advantages  # noqa: E402
+from calibrl.models.tiny import build_tiny_model  # noqa: E402
+from calibrl.telemetry import calibration_metrics  # noqa: E402
+from calibrl.trl import CalibratedGRPOConfig, CalibratedGRPOTrainer, extract_answer  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+DECISION_CLASSES = list("abcdefghij")
+
+
+def _dataset(n: int = 32) -> Dataset:
+    return Dataset.from_list([{"prompt": f"{i:02d}+{i % 7}=", "answer": str(i + i % 7)} for i in range(n)])
+
+
+def parity_reward(prompts, completions, **kwargs):
+    """1 when the completion's first character has an even code point: about half the samples of a random model."""
+    return [float(bool(c) and ord(c[0]) % 2 == 0) for c in completions]
+
+
+def decision_reward(prompts, completions, **kwargs):
+    """Decision = last of the classes in the completion; correct when it is in the first half of the classes."""
+    out = []
+    for c in completions:
+        positions = [(c.rfind(k), k) for k in DECISION_CLASSES if k in c]
+        out.append(float(bool(positions) and max(positions)[1] in DECISION_CLASSES[:5]))
+    return out
+
+
+def _config(tmp_path, **kw) -> CalibratedGRPOConfig:
+    base = dict(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4, max_completion_length=8,
+        max_steps=2, logging_steps=1, report_to="none", use_cpu=True, learning_rate=1e-3, save_strategy="no",
+        seed=0, disable_tqdm=True,
+    )
+    base.update(kw)
+    return CalibratedGRPOConfig(**base)
+
+
+class Recorder(CalibratedGRPOTrainer):
+    """Records, at every advantage step, the raw generation output and an INDEPENDENT recomputation of each
+    completion's mean token log-prob (plain model forward + log_softmax, not TRL's fused helper)."""
+
+    def _calibrl_replace_advantages(self, output):
+        record = {"output": {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in output.items()}}
+        with torch.no_grad():
+            ids = torch.cat([output["prompt_ids"], output["completion_ids"]], 1)
+            att = torch.cat([output["prompt_mask"], output["completion_mask"]], 1)
+            logits = self.model(input_ids=ids, attention_mask=att).logits.float()
+            p, c = output["prompt_ids"].size(1), output["completion_ids"].size(1)
+            logp = torch.log_softmax(logits[:, p - 1 : p + c - 1] / self.temperature, -1)
+            tok = logp.gather(-1, output["completion_ids"].unsqueeze(-1)).squeeze(-1)
+            m = output["completion_mask"].float()
+            record["lpm"] = (tok * m).sum(1) / m.sum(1).clamp(min=1)
+        record["completions"] = list(self._calibrl_completions)
+        out = super()._calibrl_replace_advantages(output)
+        record["rollout"] = self.last_rollout
+        record["advantages_out"] = out["advantages"].clone()
+        record["final"] = {k: v for k, v in out.items() if k.startswith("calibrl_")}
+        self.records.append(record)
+        return out
+
+    def __init__(self, *a, **k):
+        self.records = []
+        super().__init__(*a, **k)
+
+
+def _trainer(tmp_path, cls=Recorder, reward=parity_reward, dataset=None, eval_dataset=None, **kw):
+    model, tok = build_tiny_model(seed=0)
+    return cls(model=model, reward_funcs=reward, args=_config(tmp_path, **kw), train_dataset=dataset or _dataset(),
+               eval_dataset=eval_dataset, processing_class=tok)
+
+
+def _logged(trainer, key):
+    return [h[key] for h in trainer.state.log_history if key in h]
+
+
+# ---------------------------------------------------------------------------------------------------- estimators
+
+
+@pytest.mark.parametrize("estimator", ["capo", "grpo"])
+def test_advantages_equal_compute_advantages_on_independent_inputs(tmp_path, estimator):
+    trainer = _trainer(tmp_path, advantage_estimator=estimator)
+    trainer.train()
+    assert trainer.state.global_step == 2 and len(trainer.records) == 2
+    for rec in trainer.records:
+        rewards = torch.tensor(parity_reward(None, rec["completions"]))
+        lpm = rec["lpm"]
+        batch = rec["rollout"]["batch"]
+        torch.testing.assert_close(batch.rewards, rewards)
+        torch.testing.assert_close(batch.logprob_mean, lpm, atol=1e-5, rtol=1e-5)
+        independent = RolloutBatch(rewards=rewards, group_ids=torch.arange(len(rewards)) // 4, logprob_mean=lpm)
+        expected = compute_advantages(independent, estimator, **trainer.args.estimator_params())
+        torch.testing.assert_close(rec["advantages_out"], expected, atol=1e-5, rtol=1e-5)
+        assert rec["advantages_out"].abs().sum() > 0  # the parity reward gives mixed groups
+    # the default telemetry is logged through TRL's metrics
+    for key in ("calibration/auroc", "calibration/auroc_per_prompt", "calibration/accuracy",
+                "calibration/confidence_correct", "calibration/advantage_std"):
+        assert _logged(trainer, key), key
+
+
+def test_grpo_reproduces_stock_grpo_trainer(tmp_path):
+    from trl import GRPOConfig, GRPOTrainer
+
+    calibrated = _trainer(tmp_path / "c", advantage_estimator="grpo", max_steps=3)
+    calibrated.train()
+    for rec in calibrated.records:  # same step: TRL's own advantages vs calibrl's grpo
+        torch.testing.assert_close(rec["advantages_out"], rec["rollout"]["trl_advantages"], atol=1e-5, rtol=1e-5)
+
+    model, tok = build_tiny_model(seed=0)
+    stock_args = GRPOConfig(
+        output_dir=str(tmp_path / "s"), per_device_train_batch_size=8, num_generations=4, max_completion_length=8,
+        max_steps=3, logging_steps=1, report_to="none", use_cpu=True, learning_rate=1e-3, save_strategy="no", seed=0,
+        disable_tqdm=True,
+    )
+    stock = GRPOTrainer(model=model, reward_funcs=parity_reward, args=stock_args, train_dataset=_dataset(),
+                        processing_class=tok)
+    stock.train()
+    for key in ("loss", "reward", "grad_norm", "completions/mean_length"):
+        a, b = _logged(calibrated, key), _logged(stock, key)
+        assert len(a) == len(b) == 3
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-6), key
+
+
+def test_unscorable_completions_get_zero_advantage(tmp_path):
+    def sometimes_none(prompts, completions, **kw):
+        return [None if i % 3 == 0 else float(bool(c) and ord(c[0]) % 2 == 0) for i, c in enumerate(completions)]
+
+    trainer = _trainer(tmp_path, reward=sometimes_none, advantage_estimator="capo", max_steps=1)
+    trainer.train()
+    adv = trainer.records[0]["advantages_out"]
+    assert torch.all(adv[::3] == 0)
+    assert torch.isfinite(adv).all()
+
+
+@pytest.mark.parametrize("extra", [
+    {"importance_sampling_level": "sequence", "loss_type": "grpo"},  # GSPO
+    {"loss_type": "dr_grpo", "advantage_estimator": "gcpo"},
+    {"loss_type": "bnpo", "advantage_estimator": "seed_grpo", "steps_per_generation": 2, "num_iterations": 2},
+    {"beta": 0.1, "advantage_estimator": "codapo"},
+])
+def test_trl_options_keep_working(tmp_path, extra):
+    trainer = _trainer(tmp_path, max_steps=2, **extra)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    losses = _logged(trainer, "loss")
+    assert losses and all(math.isfinite(x) for x in losses)
+    if extra.get("beta"):
+        assert _logged(trainer, "kl")
+        assert trainer.last_rollout["batch"].ref_logprob_mean is not None
+    if extra.get("advantage_estimator") == "gcpo":
+        batch = trainer.last_rollout["batch"]
+        assert batch.embeddings is not None and batch.embeddings.shape == (8, 64)
+    if extra.get("advantage_estimator") == "seed_grpo":
+        assert trainer.last_rollout["batch"].answer_ids is not None
+
+
+def test_old_logprobs_used_when_generation_is_out_of_step(tmp_path):
+    # steps_per_generation=2 with one accumulation step: TRL keeps old_per_token_logps; calibrl must read them.
+    trainer = _trainer(tmp_path, advantage_estimator="capo", steps_per_generation=2, max_steps=2)
+    trainer.train()
+    rec = trainer.records[0]
+    assert "old_per_token_logps" in rec["output"]
+    old = rec["output"]["old_per_token_logps"]
+    m = rec["output"]["completion_mask"].float()
+    torch.testing.assert_close(rec["rollout"]["batch"].logprob_mean, (old * m).sum(1) / m.sum(1).clamp(min=1))
+
+
+# ---------------------------------------------------------------------------------------------------- reference
+
+
+def test_capo_mask_loads_reference_with_beta_zero(tmp_path):
+    trainer = _trainer(tmp_path, advantage_estimator="capo", capo_mask="quantile", beta=0.0, max_steps=3,
+                       learning_rate=5e-3)
+    assert trainer.beta == 0.0 and trainer.args.beta == 0.0
+    assert trainer.ref_model is not None
+    assert not any(p.requires_grad for p in trainer.ref_model.parameters())
+    trainer.train()
+    first, last = trainer.records[0]["rollout"]["batch"], trainer.records[-1]["rollout"]["batch"]
+    # step 1: the policy IS the reference; later the policy moved and the frozen reference did not
+    torch.testing.assert_close(first.ref_logprob_mean, first.logprob_mean, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(last.ref_logprob_mean, last.logprob_mean, atol=1e-4)
+    assert not _logged(trainer, "kl")  # beta stays 0: no KL term
+    assert _logged(trainer, "calibration/estimator/mask_fraction")
+    # the mask zeroed some advantages that plain capo would not
+    rec = trainer.records[-1]
+    plain = compute_advantages(rec["rollout"]["batch"], "capo", tau=0.6)
+    masked = rec["advantages_out"]
+    assert ((masked == 0) & (plain != 0)).any()
+
+
+def test_capo_mask_with_peft_uses_adapter_disabled_base(tmp_path):
+    pytest.importorskip("peft")
+    from peft import LoraConfig
+
+    model, tok = build_tiny_model(seed=0)
+    trainer = Recorder(
+        model=model, reward_funcs=parity_reward, train_dataset=_dataset(), processing_class=tok,
+        args=_config(tmp_path, advantage_estimator="capo", capo_mask="fixed", capo_ref_high=1e9, capo_ref_low=1e-9,
+                     max_steps=1),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"),
+    )
+    assert trainer.beta == 0.0 and trainer.ref_model is None
+    trainer.train()
+    batch = trainer.records[0]["rollout"]["batch"]
+    # a fresh LoRA adapter is zero-initialised: the base and the policy agree at step 1
+    torch.testing.assert_close(batch.ref_logprob_mean, batch.logprob_mean, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------- decision
+
+
+def test_decision_term_zeroes_advantage_and_changes_loss(tmp_path):
+    losses = {}
+    for coef in (0.0, 1.0):
+        trainer = _trainer(tmp_path / str(coef), reward=decision_reward, advantage_estimator="grpo",
+                           decision_classes=DECISION_CLASSES, decision_loss_coef=coef, max_steps=1)
+        trainer.train()
+        rec = trainer.records[0]
+        adv = rec["advantages_out"]
+        positions = rec["final"].get("calibrl_decision_positions")
+        assert adv.dim() == 2 and positions is not None
+        assert (positions >= 0).any(), "the test needs completions with a decision token"
+        rows = (positions >= 0).nonzero(as_tuple=True)[0]
+        assert torch.all(adv[rows, positions[rows]] == 0)
+        flat = rec["rollout"]["advantages"][rec["rollout"]["process_slice"]]
+        other = torch.ones_like(adv, dtype=torch.bool)
+        other[rows, positions[rows]] = False
+        torch.testing.assert_close(adv[other], flat.unsqueeze(1).expand_as(adv)[other])
+        losses[coef] = _logged(trainer, "loss")[0]
+        assert _logged(trainer, "calibration/decision_ece")
+        assert _logged(trainer, "decision/decision_prob_mean")
+    assert losses[1.0] != pytest.approx(losses[0.0], abs=1e-6)
+
+
+def test_decision_classes_must_be_single_tokens(tmp_path):
+    with pytest.raises(ValueError, match="single token"):
+        _trainer(tmp_path, decision_classes=["yes", "no"])
+
+
+# ---------------------------------------------------------------------------------------------------- eval + misc
+
+
+def test_eval_dataset_logs_eval_calibration_metrics(tmp_path):
+    trainer = _trainer(tmp_path, advantage_estimator="capo", max_steps=2, eval_strategy="steps", eval_steps=2,
+                       per_device_eval_batch_size=8, num_generations_eval=4, eval_dataset=_dataset(8))
+    trainer.train()
+    assert _logged(trainer, "eval_calibration/auroc") or _logged(trainer, "eval_calibration/accuracy")
+
+
+def test_unknown_estimator_and_wrong_config_fail_clearly(tmp_path):
+    with pytest.raises(KeyError, match="registered"):
+        _trainer(tmp_path, advantage_estimator="nope")
+    from trl import GRPOConfig
+
+    model, tok = build_tiny_model()
+    with pytest.raises(TypeError, match="CalibratedGRPOConfig"):
+        CalibratedGRPOTrainer(model=model, reward_funcs=parity_reward, args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True),
+                              train_dataset=_dataset(), processing_class=tok)
+    with pytest.raises(ValueError, match="capo_mask"):
+        _config(tmp_path, capo_mask="sometimes")
+
+
+def test_extract_answer():
+    assert extract_answer(r"so \boxed{1} then \boxed{\frac{1}{2}}.") == r"\frac{1}{2}"
+    assert extract_answer("reasoning...\nAnswer: B", ["A", "B", "C"]) == "B"
+    assert extract_answer("first\n  42  \n\n") == "42"
+    assert extract_answer("") == ""
+
+
+def test_calibration_metrics_hand_values():
+    batch = RolloutBatch(
+        rewards=[1.0, 0.0, 1.0, 0.0, 1.0, 1.0], group_ids=[0, 0, 0, 0, 1, 1],
+        logprob_mean=[-0.1, -0.5, -0.3, -0.2, -0.4, -0.6],
+    )
+    m = calibration_metrics(batch, advantages=torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 0.0]),
+                            info={"mask_fraction": 0.25, "note": "text"})
+    # pooled: correct {-.1,-.3,-.4,-.6} vs wrong {-.5,-.2}: pairs won = (2 + 1 + 1 + 0) / 8
+    assert m["auroc"] == pytest.approx(4 / 8)
+    # group 0 only (group 1 has no wrong sample): correct {-.1,-.3} vs wrong {-.5,-.2}: (2 + 1) / 4
+    assert m["auroc_per_prompt"] == pytest.approx(3 / 4) and m["auroc_n_prompts"] == 1
+    assert m["accuracy"] == pytest.approx(4 / 6)
+    assert m["mixed_group_fraction"] == pytest.approx(0.5)
+    assert m["confidence_correct"] == pytest.approx(sum(math.exp(x) for x in (-0.1, -0.3, -0.4, -0.6)) / 4)
+    assert m["estimator/mask_fraction"] == 0.25 and "estimator/note" not in m
+    assert m["advantage_max"] == 1.0
+    d = calibration_metrics(batch, decision_probs=[0.9, 0.8, float("nan"), 0.6, 0.99, 0.995])
+    assert d["decision_frac_above_099"] == pytest.approx(1 / 5)
+    assert 0.0 <= d["decision_ece"] <= 1.0
