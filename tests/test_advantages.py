@@ -383,3 +383,12 @@ def test_info_keys():
     _, info = compute_advantages(b, "gcpo", return_info=True)
     assert {"cd_mean", "bot_mean", "rd_mean", "scale_mean"} <= set(info)
     assert all(isinstance(v, float) for v in info.values())
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 100])
+def test_selection_quantiles_equal_torch_quantile(n):
+    x = torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
+    qs = (0.0, 0.25, 0.333, 0.75, 1.0)
+    got = capo_module._quantiles(x, qs)
+    for q, value in zip(qs, got):
+        assert value == pytest.approx(float(torch.quantile(x, q)), abs=1e-12)

@@ -56,7 +56,9 @@ def codapo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_gro
     weight = confidence * d_w + weight_offset  # [n_groups]
     base = grpo_advantages(rewards=rewards.to(work), group_index=group_index, n_groups=n_groups, scale=scale, eps=eps)
     advantages = (base * weight[group_index]).to(rewards.dtype)
-    return advantages, {"weight_mean": float(weight.mean()), "confidence_mean": float(confidence.mean())}
+    present = ~torch.isnan(accuracy)  # a caller-provided n_groups may include empty groups
+    return advantages, {"weight_mean": float(weight[present].mean()),
+                        "confidence_mean": float(confidence[present].mean())}
 
 
 def cde_rewards(*, rewards: torch.Tensor, logprob_mean: torch.Tensor, omega: float = 1.0, kappa: float = 2.0,

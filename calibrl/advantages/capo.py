@@ -26,9 +26,9 @@ Our readings (documented, configurable):
   multiplies the final advantage, as in the paper: m(o_i) * A_i).
 - ``mask="quantile"``: ref_high / ref_low are the batch's PPL_ref quantiles (``ref_high_quantile`` = 0.75,
   ``ref_low_quantile`` = 0.25) over all samples of the batch. Quantiles are taken on log-PPL_ref = -ref_lpm
-  (torch.quantile, linear interpolation) and exponentiated, so they equal the PPL quantiles exactly at sample
-  points and interpolate geometrically between neighbouring samples; all comparisons are done in log space,
-  so no exp() can overflow.
+  (torch.quantile's linear interpolation, computed by selection) and exponentiated, so they equal the PPL
+  quantiles exactly at sample points and interpolate geometrically between neighbouring samples; all
+  comparisons are done in log space, so no exp() can overflow.
 
 Shapes: rewards, logprob_mean, ref_logprob_mean, group_index [N]; output [N] in the rewards dtype.
 Vectorised: samples are scattered into a padded [n_groups, G_max] layout (groups of any size, in any order) and
@@ -43,9 +43,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
-from calibrl.advantages._groups import dense_group_index
 from calibrl.advantages.registry import register_estimator
 from calibrl.batch import RolloutBatch, RolloutBatchError
 
@@ -54,38 +54,60 @@ _MASKS = ("none", "fixed", "quantile")
 _MAX_PAIR_ELEMENTS = 1 << 24  # per block of the [groups, G_max, G_max] pairwise tensor
 
 
-def padded_layout(group_index: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Where each flat sample sits in a padded [n_groups, G_max] grid (groups of any size, ids in any order).
+def group_layout(group_ids: torch.Tensor) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor, int]:
+    """Dense group index AND padded-grid layout from raw group ids, with a single sort.
 
-    Returns (slot, counts, g_max): sample i sits at ``grid.view(-1)[slot[i]]`` (row = its group, column = its
-    rank among its group's samples in batch order); ``counts`` [n_groups] are the group sizes.
+    Returns (group_index, n_groups, slot, counts, g_max): ``group_index`` [N] is the dense id 0..n_groups-1 (the
+    same as ``dense_group_index``); sample i sits at ``grid.view(-1)[slot[i]]`` of a [n_groups, G_max] grid
+    (row = its group, column = some rank within the group); ``counts`` [n_groups] are the group sizes.
     Scatter with ``grid.view(-1)[slot] = x``, gather back with ``grid.view(-1)[slot]``.
     """
-    counts = torch.bincount(group_index, minlength=n_groups)
-    g_max = int(counts.max().item()) if counts.numel() else 0
-    order = torch.argsort(group_index, stable=True)
-    rows = group_index[order]
+    n = group_ids.numel()
+    sorted_ids, order = torch.sort(group_ids)
+    starts_mask = torch.ones(n, dtype=torch.bool, device=group_ids.device)
+    starts_mask[1:] = sorted_ids[1:] != sorted_ids[:-1]
+    rows = torch.cumsum(starts_mask, 0) - 1  # dense group of each sorted sample
+    n_groups = int(rows[-1].item()) + 1 if n else 0
+    counts = torch.bincount(rows, minlength=n_groups)
+    g_max = int(counts.max().item()) if n else 0
     starts = torch.cumsum(counts, 0) - counts
-    cols = torch.arange(group_index.numel(), device=group_index.device) - starts[rows]
-    slot = torch.empty_like(group_index)
+    cols = torch.arange(n, device=group_ids.device) - starts[rows]
+    group_index = torch.empty_like(rows)
+    group_index[order] = rows
+    slot = torch.empty_like(rows)
     slot[order] = rows * g_max + cols
+    return group_index, n_groups, slot, counts, g_max
+
+
+def padded_layout(group_index: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(slot, counts, g_max) of :func:`group_layout` for an already dense ``group_index``."""
+    _, _, slot, counts, g_max = group_layout(group_index)
+    if counts.numel() != n_groups:  # empty groups in a caller-provided index: keep their rows (all padding)
+        counts = torch.bincount(group_index, minlength=n_groups)
+        g_max = int(counts.max().item())
+        order = torch.argsort(group_index)
+        rows = group_index[order]
+        cols = torch.arange(group_index.numel(), device=group_index.device) - (torch.cumsum(counts, 0) - counts)[rows]
+        slot = torch.empty_like(group_index)
+        slot[order] = rows * g_max + cols
     return slot, counts, g_max
 
 
-def _pairwise_sums(lpm_grid: torch.Tensor, correct_grid: torch.Tensor, wrong_grid: torch.Tensor,
-                   tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _pairwise_sums(scaled_grid: torch.Tensor, correct_grid: torch.Tensor,
+                   wrong_grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """For each padded group: pos[g, a] = sum_b wrong[g, b] * s(g, a, b), neg[g, b] = sum_a correct[g, a] * s(g, a, b),
-    with s(g, a, b) = sigmoid((lpm[g, b] - lpm[g, a]) / tau). Blocks over groups to bound memory."""
-    n_groups, g_max = lpm_grid.shape
-    pos = torch.zeros_like(lpm_grid)
-    neg = torch.zeros_like(lpm_grid)
+    with s(g, a, b) = sigmoid(x[g, b] - x[g, a]), x = lpm / tau (``scaled_grid``). Blocks over groups to bound
+    memory."""
+    n_groups, g_max = scaled_grid.shape
+    pos = torch.zeros_like(scaled_grid)
+    neg = torch.zeros_like(scaled_grid)
     block = max(1, _MAX_PAIR_ELEMENTS // max(1, g_max * g_max))
     for start in range(0, n_groups, block):  # one iteration unless the batch is huge: blocks of groups, not groups
         sl = slice(start, start + block)
-        lpm = lpm_grid[sl]
-        s = torch.sigmoid((lpm.unsqueeze(1) - lpm.unsqueeze(2)) / tau)  # [g, a, b]: (lpm_b - lpm_a)/tau
-        pos[sl] = torch.bmm(s, wrong_grid[sl].unsqueeze(-1)).squeeze(-1)
-        neg[sl] = torch.bmm(correct_grid[sl].unsqueeze(1), s).squeeze(1)
+        x = scaled_grid[sl]
+        s = torch.sigmoid(x.unsqueeze(1) - x.unsqueeze(2))  # [g, a, b]: (lpm_b - lpm_a) / tau
+        pos[sl] = (s * wrong_grid[sl].unsqueeze(1)).sum(-1)  # multiply-and-sum beats thousands of tiny bmm's
+        neg[sl] = (s * correct_grid[sl].unsqueeze(2)).sum(1)
     return pos, neg
 
 
@@ -100,15 +122,32 @@ def capo_noise_mask(*, correct: torch.Tensor, ref_logprob_mean: torch.Tensor, ma
     """
     log_ppl = -ref_logprob_mean.to(torch.promote_types(ref_logprob_mean.dtype, torch.float32))
     if mask == "quantile":
-        q = torch.tensor([ref_high_quantile, ref_low_quantile], dtype=log_ppl.dtype, device=log_ppl.device)
-        log_hi_t, log_lo_t = torch.quantile(log_ppl, q)
-        log_hi, log_lo = float(log_hi_t), float(log_lo_t)
+        log_hi, log_lo = _quantiles(log_ppl, (ref_high_quantile, ref_low_quantile))
     elif mask == "fixed":
         log_hi, log_lo = math.log(ref_high), math.log(ref_low)
     else:
         raise ValueError(f"capo_noise_mask: mask must be 'fixed' or 'quantile', got {mask!r}")
     masked = (correct & (log_ppl > log_hi)) | (~correct & (log_ppl < log_lo))
     return masked, _safe_exp(log_hi), _safe_exp(log_lo)
+
+
+def _quantiles(x: torch.Tensor, qs: tuple[float, ...]) -> list[float]:
+    """Exactly torch.quantile(x, q) (linear interpolation) for each q, by selection instead of a full sort (a float
+    sort costs far more): one numpy partition on CPU, torch.kthvalue elsewhere."""
+    n = x.numel()
+    positions = [q * (n - 1) for q in qs]
+    ks = sorted({k for p in positions for k in (int(math.floor(p)), min(int(math.floor(p)) + 1, n - 1))})
+    if x.device.type == "cpu":
+        part = np.partition(x.detach().numpy(), ks)
+        order_stat = {k: float(part[k]) for k in ks}
+    else:
+        order_stat = {k: float(torch.kthvalue(x, k + 1).values) for k in ks}
+    out = []
+    for p in positions:
+        k = int(math.floor(p))
+        low, high = order_stat[k], order_stat[min(k + 1, n - 1)]
+        out.append(low + (p - k) * (high - low))
+    return out
 
 
 def _safe_exp(x: float) -> float:
@@ -136,8 +175,12 @@ def _check_params(tau: float, normalize: str, mask: str, ref_high: float, ref_lo
 def capo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_groups: int, logprob_mean: torch.Tensor,
                     ref_logprob_mean: torch.Tensor | None = None, tau: float = 0.6, normalize: str = "group",
                     mask: str = "none", ref_high: float = 2.5, ref_low: float = 1.05, ref_high_quantile: float = 0.75,
-                    ref_low_quantile: float = 0.25, threshold: float = 0.5) -> tuple[torch.Tensor, dict[str, Any]]:
+                    ref_low_quantile: float = 0.25, threshold: float = 0.5,
+                    layout: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """CAPO advantage (see the module docstring for the formula and our readings).
+
+    ``layout`` = (slot, counts, g_max) from :func:`group_layout` / :func:`padded_layout`, when the caller has it
+    (saves a sort); computed from ``group_index`` otherwise.
 
     rewards, logprob_mean, group_index [N]; ref_logprob_mean [N] (needed when mask != "none").
     Returns (advantages [N] in the rewards dtype, info) with info = {"mask_fraction", "mixed_group_fraction",
@@ -149,16 +192,28 @@ def capo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
     work = torch.promote_types(logprob_mean.dtype, torch.float32)
     correct = rewards > threshold  # [N] bool
 
-    slot, counts, g_max = padded_layout(group_index, n_groups)
-    lpm_grid = torch.zeros((n_groups, g_max), dtype=work, device=rewards.device)
-    lpm_grid.view(-1)[slot] = logprob_mean.to(work)
-    correct_grid = torch.zeros_like(lpm_grid)
-    wrong_grid = torch.zeros_like(lpm_grid)
-    correct_grid.view(-1)[slot] = correct.to(work)
-    wrong_grid.view(-1)[slot] = (~correct).to(work)
+    slot, counts, g_max = layout if layout is not None else padded_layout(group_index, n_groups)
+    n = rewards.numel()
+    # a batch that already holds its groups contiguously with equal sizes (TRL, verl) IS the grid: views, no copies
+    contiguous = n == n_groups * g_max and torch.equal(slot, torch.arange(n, device=slot.device))
 
-    pos, neg = _pairwise_sums(lpm_grid, correct_grid, wrong_grid, tau)
-    raw = torch.where(correct, pos.view(-1)[slot], -neg.view(-1)[slot])  # [N]
+    def to_grid(x: torch.Tensor) -> torch.Tensor:
+        if contiguous:
+            return x.reshape(n_groups, g_max)
+        grid = torch.zeros(n_groups * g_max, dtype=work, device=x.device)
+        grid[slot] = x
+        return grid.view(n_groups, g_max)
+
+    def from_grid(grid: torch.Tensor) -> torch.Tensor:
+        return grid.reshape(-1) if contiguous else grid.reshape(-1)[slot]
+
+    correct_w = correct.to(work)
+    scaled_grid = to_grid(logprob_mean.to(work) / tau)
+    correct_grid = to_grid(correct_w)
+    wrong_grid = to_grid(1.0 - correct_w)
+
+    pos, neg = _pairwise_sums(scaled_grid, correct_grid, wrong_grid)
+    raw = torch.where(correct, from_grid(pos), -from_grid(neg))  # [N]
 
     n_correct = correct_grid.sum(1)  # [n_groups]
     n_wrong = wrong_grid.sum(1)
@@ -171,7 +226,7 @@ def capo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
     advantages = raw / denom[group_index]
 
     info: dict[str, Any] = {
-        "mixed_group_fraction": float(((n_correct > 0) & (n_wrong > 0)).to(work).mean()) if n_groups else 0.0,
+        "mixed_group_fraction": float(((n_correct > 0) & (n_wrong > 0)).sum() / (counts > 0).sum()),
         "mask_fraction": 0.0,
     }
     if mask != "none":
@@ -204,8 +259,9 @@ def capo(batch: RolloutBatch, *, tau: float = 0.6, normalize: str = "group", mas
     batch.require("logprob_mean", estimator="capo")
     if mask != "none" and mask in _MASKS and batch.ref_logprob_mean is None:
         raise RolloutBatchError(_MISSING_REF_MESSAGE.format(mask=mask))
-    index, n_groups = dense_group_index(batch.group_ids)
+    index, n_groups, slot, counts, g_max = group_layout(batch.group_ids)
     return capo_advantages(
         rewards=batch.rewards, group_index=index, n_groups=n_groups, logprob_mean=batch.logprob_mean,
+        layout=(slot, counts, g_max),
         ref_logprob_mean=batch.ref_logprob_mean, tau=tau, normalize=normalize, mask=mask, ref_high=ref_high,
         ref_low=ref_low, ref_high_quantile=ref_high_quantile, ref_low_quantile=ref_low_quantile, threshold=threshold)

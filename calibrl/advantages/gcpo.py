@@ -35,7 +35,8 @@ public to us; OUR READING, per group of G responses with embeddings e_i [D]:
 - A_i' = scale_g * A_i(grpo).
 
 Shapes: rewards, group_index, logprob_mean, answer_ids [N]; embeddings [N, D]; outputs [N] in the rewards dtype.
-Vectorised with segment sums (``_groups``); no Python loop over groups.
+Vectorised with segment sums (``_groups``) and, for gcpo, one batched matmul over a padded [groups, G_max, D]
+layout of the embeddings; no Python loop over groups.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ from typing import Any
 
 import torch
 
-from calibrl.advantages._groups import dense_group_index, group_count, group_std, segment_sum
+from calibrl.advantages._groups import dense_group_index, group_count, segment_sum
+from calibrl.advantages.capo import group_layout, padded_layout
 from calibrl.advantages.grpo import grpo_advantages
 from calibrl.advantages.registry import register_estimator
 from calibrl.batch import RolloutBatch
@@ -104,14 +106,18 @@ def seed_grpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_
         scale = torch.exp(-x)
     base = grpo_advantages(rewards=rewards.to(work), group_index=group_index, n_groups=n_groups, eps=eps)
     advantages = (base * scale[group_index]).to(rewards.dtype)
-    info = {"semantic_entropy_mean": float(se.mean()), "scale_mean": float(scale.mean())}
+    present = se_max >= 0  # log(count) is -inf for empty groups
+    info = {"semantic_entropy_mean": float(se[present].mean()), "scale_mean": float(scale[present].mean())}
     return advantages, info
 
 
 def gcpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_groups: int, embeddings: torch.Tensor,
                     logprob_mean: torch.Tensor | None = None, measure: str = "cosine", strength: float = 0.5,
-                    rd_scale: float = 0.5, center: bool = False, eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, Any]]:
+                    rd_scale: float = 0.5, center: bool = False, eps: float = 1e-4,
+                    layout: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """GCPO (our reading, see the module docstring): GRPO advantage * (1 - strength * D * (1 - rd)).
+
+    ``layout`` = (slot, counts, g_max) from :func:`calibrl.advantages.capo.group_layout` (saves a sort).
 
     -> (advantages [N], info with mean CD, BoT, RD and scale over groups).
     """
@@ -128,34 +134,46 @@ def gcpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
     norm = torch.linalg.vector_norm(emb, dim=1)  # [N]
     nonzero = norm > 0
     inv_norm = torch.where(nonzero, 1.0 / norm.clamp_min(torch.finfo(work).tiny), torch.zeros_like(norm))
-    count = group_count(group_index, n_groups, work)  # [n_groups]
+    slot, counts, g_max = layout if layout is not None else padded_layout(group_index, n_groups)
+    count = counts.to(work)  # [n_groups]
     if logprob_mean is not None:
         w = group_softmax(logprob_mean.to(work), group_index, n_groups)
     else:
         w = 1.0 / count[group_index]
 
-    # Both per-group sums of unit vectors, sum_i u_i / G and b = sum_i w_i u_i, in ONE pass over the [N, D]
-    # embeddings: a sparse [2 * n_groups, N] coefficient matrix (u_i = e_i / ||e_i||) times the embeddings.
-    n = emb.shape[0]
-    cols = torch.arange(n, device=emb.device)
-    coef = torch.sparse_coo_tensor(
-        torch.stack([torch.cat([group_index, group_index + n_groups]), torch.cat([cols, cols])]),
-        torch.cat([inv_norm / count[group_index], w * inv_norm]), (2 * n_groups, n), check_invariants=False)
-    sums = torch.sparse.mm(coef, emb)  # [2 * n_groups, D]
-    mean_unit, bary = sums[:n_groups], sums[n_groups:]
+    # Both per-group sums of unit vectors, sum_i u_i / G and b = sum_i w_i u_i, in one batched matmul over the
+    # embeddings laid out as a padded [n_groups, G_max, D] grid (a view, no copy, when the batch already holds
+    # its groups contiguously with equal sizes, as TRL and verl do).
+    n, dim = emb.shape
+    coef = torch.stack([inv_norm / count[group_index], w * inv_norm], 1)  # [N, 2]
+    contiguous = n == n_groups * g_max and torch.equal(slot, torch.arange(n, device=slot.device))
+    if contiguous:
+        grid, coef_grid = emb.view(n_groups, g_max, dim), coef.view(n_groups, g_max, 2)
+    else:
+        grid = emb.new_zeros(n_groups * g_max, dim).index_copy_(0, slot, emb).view(n_groups, g_max, dim)
+        coef_grid = coef.new_zeros(n_groups * g_max, 2).index_copy_(0, slot, coef).view(n_groups, g_max, 2)
+    sums = torch.bmm(coef_grid.transpose(1, 2).contiguous(), grid)  # [n_groups, 2, D]
+    mean_unit, bary = sums[:, 0], sums[:, 1]
     cd = (1.0 - torch.linalg.vector_norm(mean_unit, dim=1)).clamp(0.0, 1.0)
     # sum_i w_i ||u_i - b||^2 = sum_i w_i ||u_i||^2 - ||b||^2 (weights sum to 1); ||u_i||^2 is 1, or 0 for e_i = 0
     bot = (segment_sum(w * nonzero.to(work), group_index, n_groups) - (bary * bary).sum(1)).clamp(0.0, 1.0)
 
-    rd = group_std(rewards.to(work), group_index, n_groups, unbiased=False)
+    # GRPO advantage and RD share one pass: same arithmetic as grpo_advantages (Bessel std, + eps)
+    r = rewards.to(work)
+    mean = segment_sum(r, group_index, n_groups) / count
+    centred = r - mean[group_index]
+    sq = segment_sum(centred * centred, group_index, n_groups)
+    rd = (sq / count).clamp_min(0.0).sqrt()  # population std
+    std = (sq / (count - 1.0).clamp_min(1.0)).clamp_min(0.0).sqrt()
+    base = centred / (std[group_index] + eps)
     rd_n = (rd / rd_scale).clamp(0.0, 1.0)
     disagreement = cd if measure == "cosine" else bot
     scale = 1.0 - strength * disagreement * (1.0 - rd_n)
 
-    base = grpo_advantages(rewards=rewards.to(work), group_index=group_index, n_groups=n_groups, eps=eps)
     advantages = (base * scale[group_index]).to(rewards.dtype)
-    info = {"cd_mean": float(cd.mean()), "bot_mean": float(bot.mean()), "rd_mean": float(rd.mean()),
-            "scale_mean": float(scale.mean())}
+    present = count > 0  # a caller-provided n_groups may include empty groups
+    info = {"cd_mean": float(cd[present].mean()), "bot_mean": float(bot[present].mean()),
+            "rd_mean": float(rd[present].mean()), "scale_mean": float(scale[present].mean())}
     return advantages, info
 
 
@@ -174,7 +192,7 @@ def gcpo(batch: RolloutBatch, *, measure: str = "cosine", strength: float = 0.5,
          center: bool = False, eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, Any]]:
     """Registered ``gcpo``. Needs ``embeddings``; uses ``logprob_mean`` for the barycentre weights when present."""
     batch.require("embeddings", estimator="gcpo")
-    index, n_groups = dense_group_index(batch.group_ids)
+    index, n_groups, slot, counts, g_max = group_layout(batch.group_ids)
     return gcpo_advantages(rewards=batch.rewards, group_index=index, n_groups=n_groups, embeddings=batch.embeddings,
                            logprob_mean=batch.logprob_mean, measure=measure, strength=strength, rd_scale=rd_scale,
-                           center=center, eps=eps)
+                           center=center, eps=eps, layout=(slot, counts, g_max))
