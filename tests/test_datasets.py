@@ -125,3 +125,22 @@ def test_hub_failure_message_points_to_local_files(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(RuntimeError, match="--path"):
         get_dataset_loader("aime25")()
+
+
+def test_verl_export_round_trips_through_verl_compute_score(tmp_path):
+    import pyarrow.parquet as pq
+
+    from calibrl.tasks.datasets import _main, to_verl_rows
+    from calibrl.tasks.rewards import verl_compute_score
+
+    math_rows = to_verl_rows(get_dataset_loader("aime24")(path=FIXTURES / "aime24.jsonl"))
+    assert math_rows[0]["prompt"][0]["role"] == "user" and math_rows[0]["reward_model"]["ground_truth"] == "21"
+    assert verl_compute_score(math_rows[0]["data_source"], r"\boxed{21}", "21", math_rows[0]["extra_info"]) == 1.0
+    out = tmp_path / "csqa.parquet"
+    _main(["commonsenseqa", str(out), "--path", str(FIXTURES / "commonsenseqa.jsonl")])
+    rows = pq.read_table(out).to_pylist()
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["B", "A"]
+    assert all(r["ability"] == "decision" and r["extra_info"]["classes"] == list("ABCDE") for r in rows)
+    r = rows[0]
+    assert verl_compute_score(r["data_source"], "so... Answer: B", r["reward_model"]["ground_truth"], r["extra_info"]) == 1.0
+    assert verl_compute_score(r["data_source"], "so... Answer: C", r["reward_model"]["ground_truth"], r["extra_info"]) == 0.0

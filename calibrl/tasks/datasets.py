@@ -88,6 +88,8 @@ __all__ = [
     "decision_prompt",
     "load_table",
     "HUB",
+    "to_verl_rows",
+    "to_verl_parquet",
 ]
 
 # name -> (hub id, hub config, default split)
@@ -337,7 +339,81 @@ def _decision_loader(name: str, question_columns: tuple[str, ...]) -> Callable:
     return loader
 
 
-for _name in ("deepscaler", "math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench"):
-    register_dataset(_name)(_math_loader(_name))
-register_dataset("commonsenseqa")(_decision_loader("commonsenseqa", ("question",)))
-register_dataset("openbookqa")(_decision_loader("openbookqa", ("question_stem", "question")))
+def _register_all() -> None:
+    for name in ("deepscaler", "math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench"):
+        register_dataset(name)(_math_loader(name))
+    register_dataset("commonsenseqa")(_decision_loader("commonsenseqa", ("question",)))
+    register_dataset("openbookqa")(_decision_loader("openbookqa", ("question_stem", "question")))
+
+
+if __name__ != "__main__":  # run as a script, the registry imports (and registers) the package module itself
+    _register_all()
+
+
+# --------------------------------------------------------------------------------------------------- verl export
+
+
+def to_verl_rows(dataset) -> list[dict]:
+    """Rows in verl's RL-dataset format for a calibrl dataset (math or decision), to be saved as Parquet.
+
+    Each row: ``data_source`` (the benchmark), ``prompt`` (chat messages; a text prompt becomes one user
+    message, which verl renders with the tokenizer's chat template), ``ability`` (``"math"`` or ``"decision"``),
+    ``reward_model`` ``{"style": "rule", "ground_truth": answer or label}`` and ``extra_info`` ``{"task",
+    "prompt_id", "index"[, "classes"]}``, the keys :func:`calibrl.tasks.rewards.verl_compute_score` reads.
+    """
+    rows = []
+    for index, row in enumerate(dataset):
+        decision = "classes" in row and row.get("classes") is not None
+        prompt = row["prompt"]
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        extra = {"task": "decision" if decision else "math", "prompt_id": str(row.get("prompt_id", index)),
+                 "index": index}
+        if decision:
+            extra["classes"] = list(row["classes"])
+        rows.append({
+            "data_source": row.get("benchmark", "calibrl"),
+            "prompt": messages,
+            "ability": "decision" if decision else "math",
+            "reward_model": {"style": "rule", "ground_truth": str(row["label"] if decision else row["answer"])},
+            "extra_info": extra,
+        })
+    return rows
+
+
+def to_verl_parquet(dataset, path: str | Path) -> Path:
+    """Write :func:`to_verl_rows` of ``dataset`` to a Parquet file (``data.train_files`` / ``data.val_files``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(to_verl_rows(dataset)), path)
+    return path
+
+
+def _main(argv: list[str] | None = None) -> None:
+    """``python -m calibrl.tasks.datasets NAME OUT.parquet [--split S] [--path FILE] [--limit N] [--template T]``:
+    export a registered dataset in verl's format."""
+    import argparse
+
+    from calibrl.tasks.registry import get_dataset_loader
+
+    parser = argparse.ArgumentParser(prog="python -m calibrl.tasks.datasets", description=_main.__doc__)
+    parser.add_argument("name")
+    parser.add_argument("out")
+    parser.add_argument("--split")
+    parser.add_argument("--path")
+    parser.add_argument("--limit", type=int)
+    parser.add_argument("--template")
+    args = parser.parse_args(argv)
+    kwargs = {k: v for k, v in (("split", args.split), ("path", args.path), ("limit", args.limit),
+                                ("template", args.template)) if v is not None}
+    dataset = get_dataset_loader(args.name)(**kwargs)
+    out = to_verl_parquet(dataset, args.out)
+    print(f"wrote {len(dataset)} rows to {out}")
+
+
+if __name__ == "__main__":
+    from calibrl.tasks.datasets import _main as _registered_main
+
+    _registered_main()
