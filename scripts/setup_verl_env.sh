@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Create .venv-verl: verl 0.9.1 + calibrl, CPU only, for tests/test_verl.py (the calibrl.verl plugin).
+#
+# verl is kept out of the main .venv on purpose: verl 0.9.1 pins transformers <5.11 and tensordict <=0.10.0,
+# and its extras pull vLLM / SGLang / flash-attn and CUDA torch builds. Here we install verl with --no-deps and
+# then exactly the packages that `verl.protocol.DataProto`, `verl.trainer.ppo.core_algos`,
+# `verl.trainer.ppo.ray_trainer` (the legacy trainer's compute_advantage) and `verl.trainer.ppo.v1.utils`
+# (the V1 trainer, default in 0.9.1) need to import on CPU. No vllm, sglang, flash-attn, megatron, wandb.
+#
+# Usage:  bash scripts/setup_verl_env.sh [VENV_DIR]     (default .venv-verl; idempotent: a stamp file
+#         holding this script's checksum makes a second run a no-op)
+# Env:    PYTHON (default python3), TORCH_SPEC (default torch==2.13.0), TORCH_INDEX (optional index URL for a
+#         CPU torch wheel on machines whose pip would pull a CUDA build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${1:-.venv-verl}"
+PYTHON="${PYTHON:-python3}"
+TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+STAMP="$VENV/.calibrl-verl-stamp"
+SUM="$(cat "$0" pyproject.toml | sha256sum | cut -d' ' -f1)"
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SUM" ] && "$VENV/bin/python" -c "import verl, calibrl" 2>/dev/null; then
+    echo "setup_verl_env: $VENV is up to date"
+    exit 0
+fi
+
+start=$(date +%s)
+"$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+"${PIP[@]}" --upgrade pip
+# 1. torch first, pinned (never unpinned: an unpinned resolve may pull a CUDA build).
+"${PIP[@]}" "$TORCH_SPEC" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
+# 2. verl and TransferQueue (imported by verl's V1 trainer) without their dependency trees.
+"${PIP[@]}" --no-deps "verl==0.9.1" "TransferQueue>=0.1.10"
+# 3. What those modules import, within verl's pins; torch repeated so the resolver keeps it.
+"${PIP[@]}" "$TORCH_SPEC" \
+    "transformers>=5.5.3,<5.11,!=5.6.0" "tensordict==0.10.0" "numpy>=2" "pyarrow>=19" \
+    omegaconf hydra-core codetiming pandas packaging dill ray torchdata datasets pillow peft pylatexenc \
+    cachetools fastapi uvicorn aiohttp pyzmq msgspec psutil prometheus_client
+# 4. calibrl itself (editable), without its TRL/transformers pins, plus what its core and tests import.
+"${PIP[@]}" "$TORCH_SPEC" pytest pyyaml scipy "math-verify>=0.7"
+"${PIP[@]}" --no-deps -e .
+"$VENV/bin/python" -c "import verl, calibrl; from verl.trainer.ppo import core_algos, ray_trainer; print('verl', verl.__version__)"
+echo "$SUM" > "$STAMP"
+echo "setup_verl_env: built $VENV in $(( $(date +%s) - start )) s"
