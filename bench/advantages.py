@@ -6,7 +6,7 @@ Two batch layouts: "contiguous" (each prompt's completions adjacent, as TRL and 
 "shuffled" (rows in random order).
 
     python bench/advantages.py [--groups 4096] [--group-size 16] [--dim 64] [--repeats 30] [--device cpu]
-                               [--threads 0] [--layouts contiguous,shuffled]
+                               [--threads 0] [--layouts contiguous,shuffled] [--clock wall|cpu]
 """
 
 from __future__ import annotations
@@ -53,16 +53,17 @@ def make_batch(n_groups: int, group_size: int, dim: int, device: str, layout: st
                         ref_logprob_mean=ref_logprob_mean, embeddings=embeddings, answer_ids=answer_ids).to(device)
 
 
-def time_cases(batch: RolloutBatch, repeats: int, device: str) -> tuple[dict[str, float], dict[str, float]]:
+def time_cases(batch: RolloutBatch, repeats: int, device: str,
+               clock=time.perf_counter) -> tuple[dict[str, float], dict[str, float]]:
     """(median, min) seconds per case. Cases run round-robin (one call of each per repeat), so a load spike on a shared
     machine hits every estimator alike and the ratios to grpo stay meaningful."""
 
     def run(name: str, params: dict) -> float:
-        t0 = time.perf_counter()
+        t0 = clock()
         compute_advantages(batch, name, **params)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-        return time.perf_counter() - t0
+        return clock() - t0
 
     for _ in range(2):  # warm-up
         for _label, name, params in CASES:
@@ -83,18 +84,26 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--layouts", default="contiguous,shuffled", help="comma-separated: contiguous, shuffled")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall: perf_counter; cpu: this thread's CPU time (forces 1 torch thread, CPU only), "
+                             "robust on a shared, loaded machine because time spent descheduled is not counted")
     args = parser.parse_args()
+    if args.clock == "cpu":
+        if args.device != "cpu":
+            parser.error("--clock cpu needs --device cpu")
+        args.threads = 1
     if args.threads:
         torch.set_num_threads(args.threads)
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
 
     layouts = args.layouts.split(",")
     print(f"# advantage estimators: {args.groups} groups x G={args.group_size} (N={args.groups * args.group_size}), "
           f"D={args.dim}, device={args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"median of {args.repeats}, round-robin")
+          f"median of {args.repeats}, round-robin, {args.clock} clock")
     results, minima = {}, {}
     for layout in layouts:
         batch = make_batch(args.groups, args.group_size, args.dim, args.device, layout)
-        results[layout], minima[layout] = time_cases(batch, args.repeats, args.device)
+        results[layout], minima[layout] = time_cases(batch, args.repeats, args.device, clock)
     print()
     print("| estimator | " + " | ".join(f"{lay}: median ms | x grpo | min ms | x grpo" for lay in layouts) + " |")
     print("|---|" + "---:|---:|---:|---:|" * len(layouts))

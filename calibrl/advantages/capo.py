@@ -63,7 +63,11 @@ def group_layout(group_ids: torch.Tensor) -> tuple[torch.Tensor, int, torch.Tens
     Scatter with ``grid.view(-1)[slot] = x``, gather back with ``grid.view(-1)[slot]``.
     """
     n = group_ids.numel()
-    sorted_ids, order = torch.sort(group_ids)
+    already_sorted = n < 2 or bool((group_ids[1:] >= group_ids[:-1]).all())  # TRL / verl: groups contiguous
+    if already_sorted:
+        sorted_ids, order = group_ids, None
+    else:
+        sorted_ids, order = torch.sort(group_ids)
     starts_mask = torch.ones(n, dtype=torch.bool, device=group_ids.device)
     starts_mask[1:] = sorted_ids[1:] != sorted_ids[:-1]
     rows = torch.cumsum(starts_mask, 0) - 1  # dense group of each sorted sample
@@ -72,10 +76,13 @@ def group_layout(group_ids: torch.Tensor) -> tuple[torch.Tensor, int, torch.Tens
     g_max = int(counts.max().item()) if n else 0
     starts = torch.cumsum(counts, 0) - counts
     cols = torch.arange(n, device=group_ids.device) - starts[rows]
+    sorted_slot = rows * g_max + cols
+    if order is None:
+        return rows, n_groups, sorted_slot, counts, g_max
     group_index = torch.empty_like(rows)
     group_index[order] = rows
     slot = torch.empty_like(rows)
-    slot[order] = rows * g_max + cols
+    slot[order] = sorted_slot
     return group_index, n_groups, slot, counts, g_max
 
 

@@ -136,17 +136,20 @@ def gcpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
     inv_norm = torch.where(nonzero, 1.0 / norm.clamp_min(torch.finfo(work).tiny), torch.zeros_like(norm))
     slot, counts, g_max = layout if layout is not None else padded_layout(group_index, n_groups)
     count = counts.to(work)  # [n_groups]
+    n, dim = emb.shape
+    contiguous = n == n_groups * g_max and torch.equal(slot, torch.arange(n, device=slot.device))
     if logprob_mean is not None:
-        w = group_softmax(logprob_mean.to(work), group_index, n_groups)
+        if contiguous:  # the batch is the grid: a plain row softmax
+            w = torch.softmax(logprob_mean.to(work).view(n_groups, g_max), dim=1).view(-1)
+        else:
+            w = group_softmax(logprob_mean.to(work), group_index, n_groups)
     else:
         w = 1.0 / count[group_index]
 
     # Both per-group sums of unit vectors, sum_i u_i / G and b = sum_i w_i u_i, in one batched matmul over the
     # embeddings laid out as a padded [n_groups, G_max, D] grid (a view, no copy, when the batch already holds
     # its groups contiguously with equal sizes, as TRL and verl do).
-    n, dim = emb.shape
     coef = torch.stack([inv_norm / count[group_index], w * inv_norm], 1)  # [N, 2]
-    contiguous = n == n_groups * g_max and torch.equal(slot, torch.arange(n, device=slot.device))
     if contiguous:
         grid, coef_grid = emb.view(n_groups, g_max, dim), coef.view(n_groups, g_max, 2)
     else:
