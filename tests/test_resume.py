@@ -1,0 +1,109 @@
+"""Kill a training run with SIGKILL after a checkpoint exists, resume it, and compare with an uninterrupted run.
+
+Both runs go through calibrl.training.train (the ``calibrl train`` code path) in subprocesses. With the same seed,
+a resumed run that restores the optimizer state, the LR schedule, the data position and the RNG state ends with
+exactly the weights of the uninterrupted run; losing any of them would change the weights. Work lost to the kill
+is at most one checkpoint interval: the resumed run starts at the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).parent / "scripts" / "trl_resume.py"
+MAX_STEPS, SAVE_STEPS = 8, 2
+
+
+def _recipe(tmp_path: Path, name: str) -> Path:
+    out = tmp_path / name
+    recipe = {
+        "model": {"name_or_path": "builtin:tiny"},
+        "dataset": {"name": "test/resume_tiny"},
+        "rewards": ["test/parity"],
+        "trainer": {
+            "output_dir": str(out), "max_steps": MAX_STEPS, "save_steps": SAVE_STEPS, "save_strategy": "steps",
+            "per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 6,
+            "learning_rate": 1.0e-3, "logging_steps": 1, "use_cpu": True, "bf16": False, "seed": 3,
+            "report_to": "none", "advantage_estimator": "capo", "lr_scheduler_type": "linear",
+        },
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def _env(**extra):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
+    env.update(extra)
+    return env
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
+    # 1. The run we kill: sleep after each step so the kill lands between checkpoints.
+    killed = _recipe(tmp_path, "killed")
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(killed)], env=_env(CALIBRL_TEST_STEP_SLEEP="0.7"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    first_ckpt = out / f"checkpoint-{SAVE_STEPS}"
+    deadline = time.time() + 150
+    while not (first_ckpt / "trainer_state.json").exists():
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        assert time.time() < deadline, "no checkpoint within 150 s"
+        time.sleep(0.05)
+    time.sleep(0.2)  # let the checkpoint's last files land
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    checkpoints = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
+    assert checkpoints and checkpoints[-1] < MAX_STEPS, f"the run finished before the kill: {checkpoints}"
+    last = checkpoints[-1]
+
+    # 2. Resume it, 3. run the same recipe uninterrupted, in parallel (independent processes).
+    resumed = subprocess.Popen([sys.executable, str(SCRIPT), str(killed), "--resume"],
+                               env=_env(CALIBRL_TEST_TAG="resumed"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    reference = _recipe(tmp_path, "reference")
+    ref = subprocess.run([sys.executable, str(SCRIPT), str(reference)], env=_env(CALIBRL_TEST_TAG="reference"),
+                         capture_output=True, text=True, timeout=240)
+    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+    log, _ = resumed.communicate(timeout=240)
+    assert resumed.returncode == 0, log.decode()[-3000:]
+
+    result = json.loads((out / "result-resumed.json").read_text())
+    assert result["resumed_from"].endswith(f"checkpoint-{last}")
+    assert result["global_step"] == MAX_STEPS
+    # global_step continued: this process trained only the steps after the checkpoint
+    assert result["trained_steps"] == list(range(last + 1, MAX_STEPS + 1))
+    state = json.loads((out / f"checkpoint-{MAX_STEPS}" / "trainer_state.json").read_text())
+    assert state["global_step"] == MAX_STEPS
+    # the optimizer state continued: AdamW's step counter counts every step, before and after the kill
+    opt = torch.load(out / f"checkpoint-{MAX_STEPS}" / "optimizer.pt", weights_only=False)
+    assert {int(s["step"]) for s in opt["state"].values()} == {MAX_STEPS}
+
+    # optimizer, scheduler, data order and RNG all continued: same final weights as the uninterrupted run
+    a, b = _weights(out), _weights(tmp_path / "reference")
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=1e-5, msg=f"weights differ at {key}")
+    reference_state = json.loads((tmp_path / "reference" / f"checkpoint-{MAX_STEPS}" / "trainer_state.json").read_text())
+    losses = [h["loss"] for h in state["log_history"] if "loss" in h]
+    reference_losses = [h["loss"] for h in reference_state["log_history"] if "loss" in h]
+    assert losses == pytest.approx(reference_losses, rel=1e-5, abs=1e-7)
