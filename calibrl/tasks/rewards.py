@@ -15,23 +15,24 @@ Registered names (:mod:`calibrl.tasks.registry`):
   column) equals ``label`` (index into ``classes`` or the class string), else 0.0.
 
 verl: :func:`verl_compute_score` (and the per-task ``verl_math_score`` / ``verl_decision_score``) follow verl's
-``custom_reward_function`` hook, ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``::
+custom reward hook, ``compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float``. In verl
+0.9 the keys are ``reward.custom_reward_function.path`` and ``reward.custom_reward_function.name``::
 
-    custom_reward_function:
-      path: <site-packages>/calibrl/tasks/rewards.py   # python -c "import calibrl.tasks.rewards as r; print(r.__file__)"
-      name: verl_compute_score
+    reward.custom_reward_function.path=pkg://calibrl.tasks.rewards
+    reward.custom_reward_function.name=verl_compute_score
 
-(the two keys live under the top-level ``custom_reward_function`` section of verl's PPO trainer config, e.g.
-``custom_reward_function.path=... custom_reward_function.name=verl_compute_score`` on the command line). The
+(older verl: the top-level ``custom_reward_function.path`` / ``.name``). ``pkg://`` imports this module by name;
+a file path would execute a second copy of it, whose registrations clash with calibrl's reward registry. The
 dispatcher reads the task from ``extra_info["task"]`` (``"math"`` or ``"decision"``) when present, else treats a
 ``data_source`` containing ``commonsense``/``openbookqa``/``decision`` as a decision task and everything else as
 math. For decisions ``ground_truth`` is the label (class string or index) and ``extra_info["classes"]`` the class
-list (default ``A``-``E``).
+list (default ``A``-``E``). :func:`calibrl.tasks.datasets.to_verl_rows` writes rows with exactly these fields.
 
 Time limits: math-verify enforces them with ``signal.alarm``, which only works in a process's main thread. In the
-main thread (TRL, ``calibrl generate``, verl's reward workers) each parse and each verify is limited to
-``timeout`` seconds (default 5); from another thread the limit cannot be enforced and is switched off (math-verify
-would otherwise raise), so run rewards in the main thread or in processes when inputs may be adversarial.
+main thread (TRL, ``calibrl generate``) each parse and each verify is limited to ``timeout`` seconds (default 5);
+from another thread (e.g. a reward loop scoring in a thread pool) the limit cannot be enforced and is switched off
+(math-verify would otherwise raise), so run rewards in the main thread or in processes when inputs may be
+adversarial.
 """
 
 from __future__ import annotations
@@ -289,14 +290,17 @@ def decision_reward(prompts, completions, classes=None, label=None, **columns) -
 
 def verl_math_score(data_source, solution_str, ground_truth, extra_info=None) -> float:
     """verl ``compute_score`` for math: 1.0 / 0.0 as the ``"math"`` reward."""
-    timeout = (extra_info or {}).get("math_timeout", MATH_TIMEOUT_SECONDS) if isinstance(extra_info, dict) else MATH_TIMEOUT_SECONDS
+    info = extra_info if isinstance(extra_info, dict) else {}
+    timeout = info.get("math_timeout", MATH_TIMEOUT_SECONDS)
     return 1.0 if check_math(solution_str, ground_truth, timeout=timeout)[1] else 0.0
 
 
 def verl_decision_score(data_source, solution_str, ground_truth, extra_info=None) -> float:
     """verl ``compute_score`` for decisions: ``ground_truth`` is the label, ``extra_info["classes"]`` the
     classes (default A-E)."""
-    classes = tuple((extra_info or {}).get("classes") or DEFAULT_CLASSES) if isinstance(extra_info, dict) else DEFAULT_CLASSES
+    info = extra_info if isinstance(extra_info, dict) else {}
+    classes = info.get("classes")
+    classes = tuple(str(c) for c in classes) if classes is not None and len(classes) else DEFAULT_CLASSES
     gold = label_to_class(ground_truth, classes)
     decision, _ = extract_decision(completion_text(solution_str), classes)
     return 1.0 if gold is not None and decision == gold else 0.0
