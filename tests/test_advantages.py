@@ -391,3 +391,20 @@ def test_selection_quantiles_equal_torch_quantile(n):
     got = capo_module._quantiles(x, qs)
     for q, value in zip(qs, got):
         assert value == pytest.approx(float(torch.quantile(x, q)), abs=1e-12)
+
+
+@pytest.mark.parametrize("sizes", [(4, 4, 4, 4), (3, 5, 1, 4)])
+def test_layout_paths_agree(sizes):
+    """Contiguous groups (views), shuffled equal-size groups (row gather) and unequal groups (padded scatter)
+    all give the same advantages."""
+    g = torch.Generator().manual_seed(sum(sizes))
+    gids = torch.cat([torch.full((s,), i) for i, s in enumerate(sizes)])
+    n = gids.numel()
+    b = full_batch((torch.rand(n, generator=g) < 0.5).double(), gids, lpm=-torch.rand(n, generator=g, dtype=torch.float64))
+    perm = torch.randperm(n, generator=g)
+    shuffled = RolloutBatch(rewards=b.rewards[perm], group_ids=b.group_ids[perm], logprob_mean=b.logprob_mean[perm],
+                            ref_logprob_mean=b.ref_logprob_mean[perm], embeddings=b.embeddings[perm],
+                            answer_ids=b.answer_ids[perm])
+    for name, params in [("capo", {}), ("capo", {"mask": "quantile"}), ("gcpo", {}),
+                         ("gcpo", {"measure": "barycentric"}), ("seed_grpo", {})]:
+        torch.testing.assert_close(adv(shuffled, name, **params), adv(b, name, **params)[perm], msg=name)

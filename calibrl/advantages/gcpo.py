@@ -152,6 +152,11 @@ def gcpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
     coef = torch.stack([inv_norm / count[group_index], w * inv_norm], 1)  # [N, 2]
     if contiguous:
         grid, coef_grid = emb.view(n_groups, g_max, dim), coef.view(n_groups, g_max, 2)
+    elif n == n_groups * g_max:  # equal sizes, rows shuffled: slot is a permutation; a row gather beats a scatter
+        order = torch.empty_like(slot)
+        order[slot] = torch.arange(n, device=slot.device)
+        grid = emb.index_select(0, order).view(n_groups, g_max, dim)
+        coef_grid = coef.index_select(0, order).view(n_groups, g_max, 2)
     else:
         grid = emb.new_zeros(n_groups * g_max, dim).index_copy_(0, slot, emb).view(n_groups, g_max, dim)
         coef_grid = coef.new_zeros(n_groups * g_max, 2).index_copy_(0, slot, coef).view(n_groups, g_max, 2)
