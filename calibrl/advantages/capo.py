@@ -204,20 +204,26 @@ def capo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
     # a batch that already holds its groups contiguously with equal sizes (TRL, verl) IS the grid: views, no copies
     contiguous = n == n_groups * g_max and torch.equal(slot, torch.arange(n, device=slot.device))
 
+    order = None
+    if not contiguous and n == n_groups * g_max:  # equal sizes, rows shuffled: gather by the inverse permutation
+        order = torch.empty_like(slot)
+        order[slot] = torch.arange(n, device=slot.device)
+
     def to_grid(x: torch.Tensor) -> torch.Tensor:
         if contiguous:
             return x.reshape(n_groups, g_max)
+        if order is not None:
+            return x.index_select(0, order).view(n_groups, g_max)
         grid = torch.zeros(n_groups * g_max, dtype=work, device=x.device)
         grid[slot] = x
         return grid.view(n_groups, g_max)
 
     def from_grid(grid: torch.Tensor) -> torch.Tensor:
-        return grid.reshape(-1) if contiguous else grid.reshape(-1)[slot]
+        return grid.reshape(-1) if contiguous else grid.reshape(-1).index_select(0, slot)
 
-    correct_w = correct.to(work)
     scaled_grid = to_grid(logprob_mean.to(work) / tau)
-    correct_grid = to_grid(correct_w)
-    wrong_grid = to_grid(1.0 - correct_w)
+    correct_grid = to_grid(correct.to(work))
+    wrong_grid = (1.0 - correct_grid) if (contiguous or order is not None) else to_grid(1.0 - correct.to(work))
 
     pos, neg = _pairwise_sums(scaled_grid, correct_grid, wrong_grid)
     raw = torch.where(correct, from_grid(pos), -from_grid(neg))  # [N]
