@@ -309,6 +309,8 @@ class CalibratedGRPOTrainer(GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "calibrl"]
+    _calibrl_pending: dict | None = None  # telemetry waiting for log-probs from the loss pass
+    _calibrl_capture: list | None = None
 
     def __init__(self, model, reward_funcs=None, args: CalibratedGRPOConfig | None = None, *pargs, **kwargs):
         if args is None:
@@ -523,6 +525,15 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         fields: dict[str, torch.Tensor] = {}
         decision_hidden = None
         old = output.get("old_per_token_logps")
+        # Telemetry-only log-probs, on-policy: no extra forward; they are read from the loss pass TRL does anyway
+        # (per_token_logps there equal the rollout policy's until the optimizer steps) and logged once every row
+        # of this generation batch went through the loss.
+        defer_lpm = (
+            args.calibration_logging and "logprob_mean" not in self._calibrl_inputs and old is None
+            and not want_emb and not want_dec
+        )
+        if defer_lpm:
+            needed.discard("logprob_mean")
         if "logprob_mean" in needed or want_emb or want_dec:
             if old is not None and not want_emb and not want_dec:
                 per_token = old
@@ -600,19 +611,18 @@ class CalibratedGRPOTrainer(GRPOTrainer):
             self._logs["advantages"].extend(all_adv.tolist())
 
         metrics: dict[str, float] = {}
-        if args.calibration_logging:
-            from calibrl.telemetry import calibration_metrics
-
-            metrics = calibration_metrics(
-                batch, advantages=all_adv, info=info, decision_probs=decision_probs_all,
-                decision_correct=decision_correct_all,
-            )
-            for key, value in metrics.items():
-                self._metrics[mode][f"calibration/{key}"].append(value)
+        if defer_lpm:
+            output["calibrl_row"] = torch.arange(n_local, device=device)
+            self._calibrl_pending = {
+                "fields": dict(rewards=rewards, group_ids=group_ids, **fields), "advantages": all_adv, "info": info,
+                "mode": mode, "lpm_local": torch.full((n_local,), float("nan"), device=device),
+            }
+        elif args.calibration_logging:
+            metrics = self._log_telemetry(batch, all_adv, info, decision_probs_all, decision_correct_all, mode)
         elif info:
             for key, value in info.items():
                 if isinstance(value, (int, float)) and math.isfinite(float(value)):
-                    self._metrics[mode][f"calibration/{key}"].append(float(value))
+                    self._metrics[mode][f"calibration/estimator/{key}"].append(float(value))
 
         self.last_rollout = {
             "batch": batch, "advantages": all_adv, "info": info, "trl_advantages": trl_advantages,
@@ -620,16 +630,68 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         }
         return output
 
+    def _log_telemetry(self, batch, advantages, info, decision_probs, decision_correct, mode) -> dict[str, float]:
+        from calibrl.telemetry import calibration_metrics
+
+        metrics = calibration_metrics(
+            batch, advantages=advantages, info=info, decision_probs=decision_probs, decision_correct=decision_correct
+        )
+        for key, value in metrics.items():
+            self._metrics[mode][f"calibration/{key}"].append(value)
+        if self.last_rollout is not None and self.last_rollout.get("batch") is not None:
+            self.last_rollout["metrics"] = metrics
+        return metrics
+
+    def _fill_pending_telemetry(self, inputs, per_token_logps) -> None:
+        pending = self._calibrl_pending
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        lpm = (per_token_logps.float() * mask).sum(1) / mask.sum(1).clamp(min=1).float()
+        rows = inputs["calibrl_row"]
+        store = pending["lpm_local"]
+        fresh = torch.isnan(store[rows])
+        store[rows[fresh]] = lpm[fresh]
+        if torch.isnan(store).any():
+            return
+        self._calibrl_pending = None
+        fields = dict(pending["fields"])
+        fields["logprob_mean"] = self.accelerator.gather(store)
+        batch = RolloutBatch(**fields)
+        if self.last_rollout is not None:
+            self.last_rollout["batch"] = batch
+        self._log_telemetry(batch, pending["advantages"], pending["info"], None, None, pending["mode"])
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if self._calibrl_capture is not None and not self._calibrl_capture:
+            self._calibrl_capture.append(out[0].detach())  # the policy's log-probs of the loss pass
+        return out
+
     # ------------------------------------------------------------------ the loss
     def _compute_loss(self, model, inputs):
-        if self._decision_class_ids is None or "calibrl_decision_positions" not in inputs:
+        pending = self._calibrl_pending is not None and "calibrl_row" in inputs
+        decision = self._decision_class_ids is not None and "calibrl_decision_positions" in inputs
+        if not pending and not decision:
             return super()._compute_loss(model, inputs)
+        self._calibrl_capture = [] if pending else None
+        try:
+            if not decision:
+                loss = super()._compute_loss(model, inputs)
+            else:
+                backbone, _ = self._backbone_and_head(model)
+                store: list = []
+                with _capture_hidden(backbone, store):
+                    loss = super()._compute_loss(model, inputs)
+            captured = self._calibrl_capture
+        finally:
+            self._calibrl_capture = None
+        if pending and captured:
+            self._fill_pending_telemetry(inputs, captured[0])
+        if not decision:
+            return loss
         from calibrl.losses.decision import decision_token_loss
 
-        backbone, _ = self._backbone_and_head(model)
-        store: list = []
-        with _capture_hidden(backbone, store):
-            loss = super()._compute_loss(model, inputs)
         positions = inputs["calibrl_decision_positions"]
         hidden = store[0] if len(store) == 1 else torch.cat(store, dim=0)
         logits = self._decision_logits(hidden, inputs["prompt_ids"].size(1), positions, model)
