@@ -19,7 +19,8 @@ TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 STAMP="$VENV/.calibrl-verl-stamp"
 SUM="$(cat "$0" pyproject.toml | sha256sum | cut -d' ' -f1)"
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SUM" ] && "$VENV/bin/python" -c "import verl, calibrl" 2>/dev/null; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SUM" ] && "$VENV/bin/python" -c \
+    "import importlib.util as u; assert u.find_spec('verl') and u.find_spec('calibrl')" 2>/dev/null; then
     echo "setup_verl_env: $VENV is up to date"
     exit 0
 fi

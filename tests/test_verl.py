@@ -69,8 +69,9 @@ def test_every_calibrl_estimator_and_loss_is_registered():
     registry = core_algos.ADV_ESTIMATOR_REGISTRY
     for name in calibrl.available_estimators():
         assert registry["calibrl_" + name].calibrl_estimator == name
-    for name in ("capo", "gcpo", "seed_grpo", "codapo", "cde", "dr_grpo"):
+    for name in set(calibrl.available_estimators()) - {"grpo", "rloo"}:  # plain names where verl has none
         assert registry[name].calibrl_estimator == name
+    assert "capo" in registry
     # verl keeps its own grpo and rloo
     assert registry["grpo"] is core_algos.compute_grpo_outcome_advantage
     assert not hasattr(registry["rloo"], "calibrl_estimator")

@@ -12,7 +12,10 @@ AIME25 and MATH500). Each row is in the format verl's RLHFDataset and reward loo
                   within \boxed{}."}]  (calibrl's "chat" math template; verl applies the tokenizer's chat template)
     ability       "math"
     reward_model  {"style": "rule", "ground_truth": <gold answer>}
-    extra_info    {"task": "math", "prompt_id": ..., "index": row number, "split": "train" | "val"}
+    extra_info    {"task": "math", "prompt_id": ..., "index": row number}
+
+(rows made by calibrl.tasks.datasets.to_verl_rows; ``python -m calibrl.tasks.datasets NAME OUT.parquet`` exports a
+single dataset the same way).
 
 Rewards: calibrl.tasks.rewards.verl_compute_score (math-verify on the last \boxed{} answer), configured with
 ``reward.custom_reward_function.path=pkg://calibrl.tasks.rewards``
@@ -26,21 +29,13 @@ import argparse
 from pathlib import Path
 
 
-def verl_rows(name: str, split: str, *, path: str | None, limit: int | None) -> list[dict]:
+def verl_rows(name: str, *, path: str | None, limit: int | None) -> list[dict]:
+    """Dataset ``name`` (calibrl's loader, chat template) in verl's row format (calibrl.tasks.datasets.to_verl_rows)."""
+    from calibrl.tasks.datasets import to_verl_rows
     from calibrl.tasks.registry import get_dataset_loader
 
     kwargs = {"path": path} if path else {}
-    table = get_dataset_loader(name)(limit=limit, template="chat", **kwargs)
-    rows = []
-    for i, row in enumerate(table):
-        rows.append({
-            "data_source": name,
-            "prompt": row["prompt"],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": row["answer"]},
-            "extra_info": {"task": "math", "prompt_id": row["prompt_id"], "index": i, "split": split},
-        })
-    return rows
+    return to_verl_rows(get_dataset_loader(name)(limit=limit, template="chat", **kwargs))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -58,9 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     paths = dict(item.split("=", 1) for item in args.path)
     out = Path(args.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    train = verl_rows(args.train, "train", path=paths.get(args.train), limit=args.train_limit)
-    val = [row for name in args.val.split(",") if name
-           for row in verl_rows(name, "val", path=paths.get(name), limit=None)]
+    train = verl_rows(args.train, path=paths.get(args.train), limit=args.train_limit)
+    val = [row for name in args.val.split(",") if name for row in verl_rows(name, path=paths.get(name), limit=None)]
     pd.DataFrame(train).to_parquet(out / "train.parquet")
     pd.DataFrame(val).to_parquet(out / "val.parquet")
     print(f"wrote {len(train)} train rows and {len(val)} val rows to {out}")
