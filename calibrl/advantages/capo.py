@@ -33,7 +33,8 @@ Our readings (documented, configurable):
 Shapes: rewards, logprob_mean, ref_logprob_mean, group_index [N]; output [N] in the rewards dtype.
 Vectorised: samples are scattered into a padded [n_groups, G_max] layout (groups of any size, in any order) and
 the pairwise sigmoids are a [n_groups, G_max, G_max] tensor, processed in blocks of groups so memory stays below
-``_MAX_PAIR_ELEMENTS``; there is no Python loop over groups.
+``_MAX_PAIR_ELEMENTS``; there is no Python loop over groups. (One group of G samples still needs a G x G block:
+fine for the G <= a few hundred of RL practice.)
 Numerics: computed in the promoted dtype of logprob_mean and float32 (float64 inputs stay float64);
 torch.sigmoid saturates cleanly, so log-probs of +-1e4 give finite advantages.
 """
