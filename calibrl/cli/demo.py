@@ -1,1 +1,40 @@
-"""calibrl demo (being written)."""
+"""``calibrl demo [--out runs/demo] [--quick] [--seeds 1] [--steps N] [--workers 2] [--methods ...]``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from calibrl.cli.app import app
+
+
+@app.command("demo")
+def demo_command(
+    out: Path = typer.Option(Path("runs/demo"), "--out", help="Output folder (report.md, PNGs, results.json)."),
+    quick: bool = typer.Option(False, "--quick", help="Smoke run (<= 90 s): few steps, fewer methods, small eval."),
+    seeds: int = typer.Option(1, "--seeds", min=1, help="Number of seeds (0..N-1) per method."),
+    steps: Optional[int] = typer.Option(None, "--steps", min=0, help="RL steps per method (default 150; quick 10)."),
+    workers: int = typer.Option(2, "--workers", min=1, help="Worker processes (one torch thread each)."),
+    methods: Optional[str] = typer.Option(
+        None, "--methods",
+        help="Comma-separated subset, e.g. 'stochastic_reasoning/grpo,stochastic_reasoning/capo,decision/decision'.",
+    ),
+) -> None:
+    """Built-in demo on the tiny model: GRPO vs CAPO (sequence confidence) and SFT vs GRPO vs decision-token
+    calibration (decisions), with GCPO and SEED-GRPO beside them, from one warm start; writes report.md + plots."""
+    from calibrl.demo import DemoConfig, run_demo
+
+    overrides = {"seeds": tuple(range(seeds)), "workers": workers}
+    if steps is not None:
+        overrides["steps"] = steps
+        overrides["eval_every"] = max(1, min(25, steps // 4 or 1)) if not quick else max(1, steps // 2 or 1)
+    if methods:
+        overrides["methods"] = tuple(m.strip() for m in methods.split(",") if m.strip())
+    config = DemoConfig.quick_config(**overrides) if quick else DemoConfig(**overrides)
+    try:
+        run_demo(config, out)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc

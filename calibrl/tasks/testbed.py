@@ -1,0 +1,351 @@
+"""Built-in testbed: three small tasks generated in code, with known outcome probabilities.
+
+Each task is a seeded ``datasets.Dataset`` (registered under ``testbed/<name>``), a TRL-style reward
+(registered under the same name), SFT texts sampled from the TRUE distribution (so the warm start is calibrated
+by construction) and the Bayes ceiling (the AUROC of the true success probability). They are small enough for
+the 0.2M-parameter char-level Llama of :mod:`calibrl.models.tiny` to learn on a CPU in minutes.
+
+``testbed/decision`` (stochastic decision; arXiv 2601.13284's setting in miniature)
+    prompt ``abcd=`` (4 digits), completion ``ss:D``: ``ss`` = two-digit digit sum, ``D`` in {``Y``, ``N``}.
+    The world draws a label y ~ Bernoulli(p(x)), y = 1 meaning ``Y``, with
+    p(x) = [.1, .2, .3, .4, .6, .7, .8, .9][ss mod 8]. Reward = 1 if the digit sum is right AND the decision
+    equals a FRESHLY drawn label (every call draws anew, like a noisy real-world outcome), else 0. The
+    best-calibrated policy says ``Y`` with probability p(x); the reward-maximising one always picks the majority
+    label with confidence 1 (what GRPO learns). Columns: ``prompt``, ``answer`` (the digit sum), ``p_true``
+    (p(x)), ``classes`` = ["Y", "N"], ``prompt_id``.
+
+``testbed/stochastic_reasoning`` (sequence confidence is the measure)
+    prompt ``abcd?``, completion ``ss;A``: ``ss`` = digit sum (the reasoning, deterministic), ``A`` a digit (the
+    answer). The outcome t is random: t = ss mod 10 (the "likely" answer) with probability
+    c(x) = [.2, .3, .4, .5, .6, .7, .8, .9][ss mod 8], otherwise one of the other 9 digits uniformly. Reward = 1 if
+    the sum is right and A equals a freshly drawn t. Answering A has success probability q(A|x) = c(x) for the
+    likely digit and (1 - c(x)) / 9 for any other, so the confidence that can be calibrated is the probability of
+    the whole completion (mean token log-prob: the reasoning tokens are certain, the answer token carries it).
+    Columns: ``prompt``, ``answer`` (digit sum), ``likely`` (ss mod 10), ``p_true`` (c(x)), ``prompt_id``.
+
+``testbed/addition`` (deterministic control: RL is expected to help calibration here)
+    prompt ``ab+cd+ef=``, completion ``ss+ef=ttt`` where ``ss`` = ab + cd (worked partial sum, written with as many
+    digits as it has) and ``ttt`` the total. Reward = 1 iff the final total is right. Columns: ``prompt``,
+    ``answer`` (total), ``partial`` (ab + cd), ``prompt_id``.
+
+Every reward returns ``None``-free floats; malformed completions get 0. :func:`true_success_probability` gives, for
+any completion, the exact probability that the world rewards it (the noise-free correctness used for the
+``oracle`` metrics), and :func:`bayes_auroc` the AUROC a perfectly calibrated sampler reaches.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from calibrl.tasks.registry import register_dataset, register_reward
+
+DECISION_P = (0.1, 0.2, 0.3, 0.4, 0.6, 0.7, 0.8, 0.9)
+STOCHASTIC_C = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+TASKS = ("decision", "stochastic_reasoning", "addition")
+# Disjoint prompt pools: train prompts come from one seeded stream, held-out eval prompts from another, and eval
+# prompts never appear in training (the generators reject them).
+_SPLIT_SEED = {"train": 0, "eval": 1, "test": 2}
+
+
+def _completion(text) -> str:
+    """TRL passes completions as str (standard) or [{"role": ..., "content": ...}] (conversational)."""
+    if isinstance(text, str):
+        return text
+    if isinstance(text, list) and text and isinstance(text[-1], dict):
+        return str(text[-1].get("content", ""))
+    return str(text)
+
+
+def _digit_sum(prompt: str) -> int:
+    return sum(int(ch) for ch in prompt[:4])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# prompt generation
+
+
+def _four_digit_prompts(n: int, split: str, seed: int, suffix: str) -> list[str]:
+    """n distinct 4-digit prompts; the eval split is drawn from the codes the train split of the same seed skips.
+
+    The 10,000 codes are permuted once by ``seed``; train takes from the front, eval/test from the back, so the
+    splits never overlap as long as train + eval <= 10,000.
+    """
+    perm = np.random.default_rng(10_007 + seed).permutation(10_000)
+    if split == "train":
+        codes = perm[:n]
+    elif split == "eval":
+        codes = perm[::-1][:n]
+    else:  # test: the middle of the permutation
+        codes = perm[5000 - n // 2: 5000 - n // 2 + n]
+    return [f"{code:04d}{suffix}" for code in codes]
+
+
+def _addition_prompts(n: int, split: str, seed: int) -> list[str]:
+    space = 90 ** 3  # two-digit numbers 10..99
+    perm_rng = np.random.default_rng(20_011 + seed)
+    # Sample without replacement from a virtual permutation: draw distinct codes, partition by a hash of the code.
+    split_of = {"train": 0, "eval": 1, "test": 2}[split]
+    out: list[str] = []
+    seen: set[int] = set()
+    while len(out) < n:
+        codes = perm_rng.integers(0, space, size=4 * n)
+        for code in codes.tolist():
+            # 80% of the space belongs to train, 10% eval, 10% test, decided by a fixed hash of the code
+            bucket = (code * 2654435761 % 2**32) % 10
+            owner = 0 if bucket < 8 else (1 if bucket == 8 else 2)
+            if owner != split_of or code in seen:
+                continue
+            seen.add(code)
+            a, b, c = code // 8100 + 10, (code // 90) % 90 + 10, code % 90 + 10
+            out.append(f"{a}+{b}+{c}=")
+            if len(out) == n:
+                break
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the three tasks
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A testbed task: its name, prompt builder, rewards, true probabilities and SFT sampler."""
+
+    name: str
+    max_completion_length: int
+    classes: tuple[str, ...] | None  # decision classes (single tokens) for decision-token methods
+    stochastic: bool
+
+    @property
+    def dataset_name(self) -> str:
+        return f"testbed/{self.name}"
+
+
+DECISION = TaskSpec("decision", 6, ("Y", "N"), True)
+STOCHASTIC = TaskSpec("stochastic_reasoning", 6, None, True)
+ADDITION = TaskSpec("addition", 11, None, False)
+_BY_NAME = {t.name: t for t in (DECISION, STOCHASTIC, ADDITION)}
+
+
+def get_task(name: str) -> TaskSpec:
+    key = name.removeprefix("testbed/")
+    try:
+        return _BY_NAME[key]
+    except KeyError:
+        raise KeyError(f"unknown testbed task {name!r}; choose from {', '.join(TASKS)}") from None
+
+
+def build_rows(task: str, n: int, *, split: str = "train", seed: int = 0) -> list[dict]:
+    """Rows (dicts) of ``task``: the columns documented in the module docstring."""
+    t = get_task(task)
+    if t.name == "decision":
+        prompts = _four_digit_prompts(n, split, seed, "=")
+        rows = []
+        for i, p in enumerate(prompts):
+            ss = _digit_sum(p)
+            rows.append({"prompt": p, "answer": f"{ss:02d}", "p_true": DECISION_P[ss % 8],
+                         "classes": list(DECISION.classes), "prompt_id": i})
+        return rows
+    if t.name == "stochastic_reasoning":
+        prompts = _four_digit_prompts(n, split, seed, "?")
+        rows = []
+        for i, p in enumerate(prompts):
+            ss = _digit_sum(p)
+            rows.append({"prompt": p, "answer": f"{ss:02d}", "likely": str(ss % 10), "p_true": STOCHASTIC_C[ss % 8],
+                         "prompt_id": i})
+        return rows
+    prompts = _addition_prompts(n, split, seed)
+    rows = []
+    for i, p in enumerate(prompts):
+        a, b, c = (int(x) for x in p[:-1].split("+"))
+        rows.append({"prompt": p, "answer": str(a + b + c), "partial": str(a + b), "prompt_id": i})
+    return rows
+
+
+def build_dataset(task: str, n: int = 2000, *, split: str = "train", seed: int = 0):
+    """The task as a ``datasets.Dataset`` with ``n`` distinct prompts (seeded, disjoint across splits)."""
+    from datasets import Dataset
+
+    return Dataset.from_list(build_rows(task, n, split=split, seed=seed))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# parsing, true probabilities and rewards
+
+_DECISION_RE = re.compile(r"^(\d\d):([YN])")
+_STOCH_RE = re.compile(r"^(\d\d);(\d)")
+_ADD_RE = re.compile(r"^(\d+)\+(\d\d)=(\d+)")
+
+
+def parse(task: str, prompt: str, completion: str) -> dict:
+    """Parse a completion: ``{"format_ok", "reasoning_ok", "choice"}`` (choice = decision / answer digit / total).
+
+    Trailing text after the expected pattern is tolerated (TRL strips EOS; a model that rambles is judged on its
+    first answer).
+    """
+    t = get_task(task)
+    completion = _completion(completion)
+    if t.name == "decision":
+        m = _DECISION_RE.match(completion)
+        if not m:
+            return {"format_ok": False, "reasoning_ok": False, "choice": None}
+        return {"format_ok": True, "reasoning_ok": int(m.group(1)) == _digit_sum(prompt), "choice": m.group(2)}
+    if t.name == "stochastic_reasoning":
+        m = _STOCH_RE.match(completion)
+        if not m:
+            return {"format_ok": False, "reasoning_ok": False, "choice": None}
+        return {"format_ok": True, "reasoning_ok": int(m.group(1)) == _digit_sum(prompt), "choice": m.group(2)}
+    m = _ADD_RE.match(completion)
+    if not m:
+        return {"format_ok": False, "reasoning_ok": False, "choice": None}
+    a, b, c = (int(x) for x in prompt[:-1].split("+"))
+    ok = int(m.group(1)) == a + b and int(m.group(2)) == c
+    return {"format_ok": True, "reasoning_ok": ok, "choice": m.group(3)}
+
+
+def true_success_probability(task: str, prompt: str, completion: str) -> float:
+    """Exact probability that the world rewards ``completion`` for ``prompt`` (noise-free correctness)."""
+    t = get_task(task)
+    parsed = parse(task, prompt, completion)
+    if not parsed["format_ok"]:
+        return 0.0
+    ss = _digit_sum(prompt) if t.name != "addition" else None
+    if t.name == "decision":
+        if not parsed["reasoning_ok"]:
+            return 0.0
+        p = DECISION_P[ss % 8]
+        return p if parsed["choice"] == "Y" else 1.0 - p
+    if t.name == "stochastic_reasoning":
+        if not parsed["reasoning_ok"]:
+            return 0.0
+        c = STOCHASTIC_C[ss % 8]
+        return c if int(parsed["choice"]) == ss % 10 else (1.0 - c) / 9.0
+    a, b, c = (int(x) for x in prompt[:-1].split("+"))
+    return 1.0 if parsed["choice"] == str(a + b + c) else 0.0
+
+
+def make_reward(task: str, seed: int | None = None) -> Callable[..., list[float]]:
+    """A TRL reward function for ``task`` with its own random stream for the fresh outcome draws.
+
+    Signature ``fn(prompts, completions, **columns) -> list[float]``. For the stochastic tasks each call draws a
+    fresh outcome per completion from the true distribution (``seed`` makes the stream reproducible); the
+    addition reward is deterministic.
+    """
+    t = get_task(task)
+    rng = np.random.default_rng(seed)
+
+    def reward(prompts: Sequence, completions: Sequence, **columns) -> list[float]:
+        out = []
+        for prompt, completion in zip(prompts, completions):
+            prompt = _completion(prompt)
+            q = true_success_probability(t.name, prompt, _completion(completion))
+            if t.stochastic:
+                out.append(float(rng.random() < q) if q > 0 else 0.0)
+            else:
+                out.append(q)
+        return out
+
+    reward.__name__ = f"testbed_{t.name}"
+    reward.__qualname__ = reward.__name__
+    return reward
+
+
+# ----------------------------------------------------------------------------------------------------------
+# SFT data from the true distribution and the Bayes ceiling
+
+
+def sample_true_completion(task: str, row: dict, rng: np.random.Generator) -> str:
+    """A completion drawn from the TRUE (calibrated) policy for ``row``."""
+    t = get_task(task)
+    if t.name == "decision":
+        d = "Y" if rng.random() < row["p_true"] else "N"
+        return f"{row['answer']}:{d}"
+    if t.name == "stochastic_reasoning":
+        likely = int(row["likely"])
+        if rng.random() < row["p_true"]:
+            a = likely
+        else:
+            a = int(rng.choice([d for d in range(10) if d != likely]))
+        return f"{row['answer']};{a}"
+    a, b, c = (int(x) for x in row["prompt"][:-1].split("+"))
+    return f"{a + b}+{c}={a + b + c}"
+
+
+def sft_dataset(task: str, n_prompts: int = 5000, *, samples_per_prompt: int = 1, seed: int = 0):
+    """Prompt-completion ``datasets.Dataset`` for TRL's SFTTrainer, completions drawn from the true distribution."""
+    from datasets import Dataset
+
+    rows = build_rows(task, n_prompts, split="train", seed=seed)
+    rng = np.random.default_rng(1_000 + seed)
+    data = [{"prompt": r["prompt"], "completion": sample_true_completion(task, r, rng)}
+            for r in rows for _ in range(samples_per_prompt)]
+    return Dataset.from_list(data)
+
+
+def _auroc_weighted(scores: np.ndarray, pos_w: np.ndarray, neg_w: np.ndarray) -> float:
+    """AUROC of ``scores`` with fractional positive/negative weights per item (ties count one half)."""
+    order = np.argsort(scores, kind="mergesort")
+    s, pw, nw = scores[order], pos_w[order], neg_w[order]
+    uniq, inv = np.unique(s, return_inverse=True)
+    pos_u = np.bincount(inv, weights=pw, minlength=len(uniq))
+    neg_u = np.bincount(inv, weights=nw, minlength=len(uniq))
+    neg_below = np.cumsum(neg_u) - neg_u
+    total = (pos_u * (neg_below + 0.5 * neg_u)).sum()
+    denom = pos_u.sum() * neg_u.sum()
+    return float(total / denom) if denom > 0 else float("nan")
+
+
+def bayes_auroc(task: str, *, policy: str = "true") -> float:
+    """AUROC ceiling: the AUROC of the true success probability itself, over every prompt (uniform over the 10,000
+    4-digit codes) and every answer, weighted by how often ``policy`` gives it.
+
+    ``policy="true"``: answers drawn from the true distribution (the calibrated SFT warm start);
+    ``policy="greedy"``: the majority answer always (what reward maximisation converges to; the confidence can
+    only rank prompts then). ``nan`` for the deterministic addition task, where the optimum is always right.
+    """
+    t = get_task(task)
+    if not t.stochastic:
+        return float("nan")
+    sums = np.array([sum(int(c) for c in f"{code:04d}") for code in range(10_000)])
+    scores, pos, neg = [], [], []
+    for ss in range(37):
+        weight = float((sums == ss).sum())
+        if t.name == "decision":
+            p = DECISION_P[ss % 8]
+            options = [(p, p), (1 - p, 1 - p)]  # (probability of answering it, success probability)
+        else:
+            c = STOCHASTIC_C[ss % 8]
+            options = [(c, c)] + [((1 - c) / 9, (1 - c) / 9)] * 9
+        if policy == "greedy":
+            best = max(q for _, q in options)
+            options = [(1.0, best)]
+        for freq, q in options:
+            scores.append(q)
+            pos.append(weight * freq * q)
+            neg.append(weight * freq * (1 - q))
+    return _auroc_weighted(np.array(scores), np.array(pos), np.array(neg))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# registration
+
+
+def _register(task: TaskSpec) -> None:
+    @register_dataset(task.dataset_name, overwrite=True)
+    def _loader(split: str = "train", n: int = 2000, seed: int = 0, limit: int | None = None, **_):
+        return build_dataset(task.name, n if limit is None else min(n, limit), split=split, seed=seed)
+
+    register_reward(task.dataset_name, overwrite=True)(make_reward(task.name))
+
+
+for _task in (DECISION, STOCHASTIC, ADDITION):
+    _register(_task)
+
+__all__ = [
+    "ADDITION", "DECISION", "STOCHASTIC", "TASKS", "TaskSpec", "bayes_auroc", "build_dataset", "build_rows",
+    "get_task", "make_reward", "parse", "sample_true_completion", "sft_dataset", "true_success_probability",
+]

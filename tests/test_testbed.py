@@ -1,0 +1,152 @@
+"""Built-in testbed tasks: prompts, rewards, known probabilities, Bayes ceilings, SFT data, exact sampling scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from calibrl.tasks import testbed as tb
+from calibrl.tasks.registry import available_datasets, available_rewards, get_dataset_loader, get_reward
+
+
+def test_registered_names():
+    for task in tb.TASKS:
+        assert f"testbed/{task}" in available_datasets()
+        assert f"testbed/{task}" in available_rewards()
+    ds = get_dataset_loader("testbed/decision")(split="eval", n=20)
+    assert len(ds) == 20 and set(ds.column_names) >= {"prompt", "answer", "p_true", "classes", "prompt_id"}
+    assert ds[0]["classes"] == ["Y", "N"]
+
+
+@pytest.mark.parametrize("task", tb.TASKS)
+def test_rows_are_seeded_distinct_and_splits_disjoint(task):
+    a = tb.build_rows(task, 500, split="train", seed=0)
+    b = tb.build_rows(task, 500, split="train", seed=0)
+    assert a == b
+    prompts = [r["prompt"] for r in a]
+    assert len(set(prompts)) == len(prompts)
+    for split in ("eval", "test"):
+        other = {r["prompt"] for r in tb.build_rows(task, 300, split=split, seed=0)}
+        assert not other & set(prompts), split
+
+
+def test_decision_columns_match_definition():
+    for row in tb.build_rows("decision", 200):
+        ss = sum(int(c) for c in row["prompt"][:4])
+        assert row["prompt"].endswith("=") and len(row["prompt"]) == 5
+        assert row["answer"] == f"{ss:02d}"
+        assert row["p_true"] == [0.1, 0.2, 0.3, 0.4, 0.6, 0.7, 0.8, 0.9][ss % 8]
+
+
+def test_decision_reward_rate_matches_p():
+    # For a fixed prompt, answering Y is rewarded with probability p(x) and N with 1 - p(x): fresh draws per call.
+    reward = tb.make_reward("decision", seed=0)
+    n = 4000
+    for prompt in ("0000=", "1000=", "3000=", "7000=", "9999="):
+        ss = sum(int(c) for c in prompt[:4])
+        p = tb.DECISION_P[ss % 8]
+        yes = np.mean(reward([prompt] * n, [f"{ss:02d}:Y"] * n))
+        no = np.mean(reward([prompt] * n, [f"{ss:02d}:N"] * n))
+        se = np.sqrt(p * (1 - p) / n)
+        assert abs(yes - p) < 5 * se + 1e-3, (prompt, yes, p)
+        assert abs(no - (1 - p)) < 5 * se + 1e-3, (prompt, no, p)
+        # wrong reasoning or a broken format is never rewarded
+        assert sum(reward([prompt] * 50, [f"{(ss + 1) % 37:02d}:Y"] * 50)) == 0
+        assert sum(reward([prompt] * 50, ["??"] * 50)) == 0
+
+
+def test_true_policy_reward_rate_matches_expectation():
+    # The true-p policy (the SFT distribution) earns E[p^2 + (1-p)^2]; check on sampled completions.
+    rng = np.random.default_rng(0)
+    rows = tb.build_rows("decision", 3000, split="train")
+    comps = [tb.sample_true_completion("decision", r, rng) for r in rows]
+    rewards = tb.make_reward("decision", seed=1)([r["prompt"] for r in rows], comps)
+    p = np.array([r["p_true"] for r in rows])
+    expected = np.mean(p ** 2 + (1 - p) ** 2)
+    assert abs(np.mean(rewards) - expected) < 0.03
+    # and the empirical Y rate of the true policy per p matches p
+    said_yes = np.array([c.endswith("Y") for c in comps])
+    for value in (0.1, 0.4, 0.9):
+        sel = p == value
+        assert abs(said_yes[sel].mean() - value) < 0.06
+
+
+def test_stochastic_reasoning_reward_and_probabilities():
+    reward = tb.make_reward("stochastic_reasoning", seed=0)
+    prompt = "1234?"  # ss = 10, c = STOCHASTIC_C[2] = 0.4, likely digit 0
+    c = tb.STOCHASTIC_C[10 % 8]
+    n = 4000
+    likely = np.mean(reward([prompt] * n, ["10;0"] * n))
+    other = np.mean(reward([prompt] * n, ["10;7"] * n))
+    assert abs(likely - c) < 0.03
+    assert abs(other - (1 - c) / 9) < 0.02
+    assert tb.true_success_probability("stochastic_reasoning", prompt, "10;0") == pytest.approx(c)
+    assert tb.true_success_probability("stochastic_reasoning", prompt, "11;0") == 0.0
+    # the outcome distribution sums to one over the ten answers
+    total = sum(tb.true_success_probability("stochastic_reasoning", prompt, f"10;{d}") for d in range(10))
+    assert total == pytest.approx(1.0)
+
+
+def test_addition_reward_is_deterministic():
+    reward = get_reward("testbed/addition")
+    assert reward(["12+34+56="], ["46+56=102"]) == [1.0]
+    assert reward(["12+34+56="], ["46+56=103"]) == [0.0]
+    assert reward(["12+34+56="], ["nonsense"]) == [0.0]
+    # conversational completions are read too
+    assert reward(["12+34+56="], [[{"role": "assistant", "content": "46+56=102"}]]) == [1.0]
+    for row in tb.build_rows("addition", 50):
+        comp = tb.sample_true_completion("addition", row, np.random.default_rng(0))
+        assert tb.parse("addition", row["prompt"], comp)["reasoning_ok"]
+        assert tb.true_success_probability("addition", row["prompt"], comp) == 1.0
+
+
+@pytest.mark.parametrize("task", ["decision", "stochastic_reasoning"])
+def test_bayes_auroc_matches_monte_carlo(task):
+    from calibrl.metrics import auroc
+
+    rng = np.random.default_rng(0)
+    rows = tb.build_rows(task, 8000, split="train")  # 8,000 of the 10,000 codes: close to uniform
+    comps = [tb.sample_true_completion(task, r, rng) for r in rows]
+    q = np.array([tb.true_success_probability(task, r["prompt"], c) for r, c in zip(rows, comps)])
+    drawn = rng.random(len(q)) < q
+    assert abs(auroc(q, drawn) - tb.bayes_auroc(task)) < 0.02
+    assert tb.bayes_auroc(task, policy="greedy") < tb.bayes_auroc(task)
+    assert np.isnan(tb.bayes_auroc("addition"))
+
+
+@pytest.mark.parametrize("task", tb.TASKS)
+def test_sft_dataset_follows_the_format(task):
+    ds = tb.sft_dataset(task, 200)
+    assert set(ds.column_names) == {"prompt", "completion"}
+    ok = [tb.parse(task, p, c)["reasoning_ok"] for p, c in zip(ds["prompt"], ds["completion"])]
+    assert all(ok)
+
+
+def test_sample_completions_scores_exactly():
+    from calibrl.models.tiny import build_tiny_model
+    from calibrl.warmstart import sample_completions
+
+    torch.manual_seed(0)
+    model, tok = build_tiny_model(seed=0)
+    ids = [tok.convert_tokens_to_ids(c) for c in ("Y", "N")]
+    res = sample_completions(model, tok, ["1234=", "5678="], n=3, max_new_tokens=5, class_token_ids=ids, seed=0)
+    assert len(res["completion"]) == 6 and list(res["prompt_index"]) == [0, 0, 0, 1, 1, 1]
+    # recompute the mean log-prob of each completion by hand (completion tokens + EOS when it was emitted)
+    for prompt, comp, lpm, n_tok in zip(res["prompt"], res["completion"], res["logprob_mean"], res["n_tokens"]):
+        c_ids = tok(comp, add_special_tokens=False).input_ids
+        if n_tok == len(c_ids) + 1:
+            c_ids = c_ids + [tok.eos_token_id]
+        assert len(c_ids) == n_tok
+        p_ids = tok(prompt, add_special_tokens=False).input_ids
+        full = torch.tensor([p_ids + c_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(full).logits[0, :-1].float(), -1)
+        tok_lp = logp[torch.arange(len(p_ids) - 1, full.shape[1] - 1), torch.tensor(c_ids)]
+        assert tok_lp.mean().item() == pytest.approx(lpm, abs=1e-4)
+    cp = res["class_probs"]
+    has = ~np.isnan(cp[:, 0])
+    assert np.allclose(cp[has].sum(1), 1.0)
+    # the same seed gives the same samples
+    again = sample_completions(model, tok, ["1234=", "5678="], n=3, max_new_tokens=5, seed=0)
+    assert again["completion"] == res["completion"]
