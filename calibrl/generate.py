@@ -18,8 +18,9 @@ completions and writes one row per completion::
   rule as the ``"decision"`` reward and the trainer's decision term), the probability of each class, summed over
   the class's single-token spellings (``"A"`` and ``" A"``), renormalised over the classes (``class_mass`` is the
   mass before renormalising). Same temperature convention as above. ``decision_prob`` is the entry of the
-  decided class. A completion without any class letter gets uniform ``class_probs`` (no decision, no
-  confidence) and ``correct = false``.
+  decided class. A completion without a class letter is wrong (``answer`` null, ``correct = false``); its
+  ``class_probs`` are read where the model put the most probability on the class tokens (its would-be decision)
+  and ``decision_prob`` is their largest entry.
 * ``correct`` / ``reward``: the registered reward (``"math"``: math-verify on the last ``\boxed{}``;
   ``"decision"``: decision letter vs label); ``correct = reward > 0.5``.
 
@@ -183,40 +184,48 @@ def _class_variants(tokenizer, classes: Sequence[str]) -> tuple[list[int], list[
     return ids, owner
 
 
+def _class_mass(sample: _Sample, position: int, owner: list[int], n_classes: int) -> list[float]:
+    mass = [0.0] * n_classes
+    for lp, cls_index in zip(sample.class_logps(position), owner):
+        if lp is not None and math.isfinite(lp):
+            mass[cls_index] += math.exp(lp)
+    return mass
+
+
 def _decision_fields(sample: _Sample, text: str, classes: Sequence[str], variants: tuple[list[int], list[int]]):
+    """(decision, class_probs, decision_prob, class_mass) of one completion.
+
+    The decision is the text's last standalone class letter (the ``"decision"`` reward's rule). The class
+    distribution is read at that letter's own token (the last token spelling the decided class); failing that at
+    the last class token; and when the completion has no class token at all, at the position where the model put
+    the most probability on class tokens (its would-be decision). ``decision_prob`` is the decided class's entry,
+    or the largest entry when there is no decision (such a sample is wrong, so that is confidence in a wrong
+    answer). Uniform when no position carries class probability (vLLM: all classes outside the top-k).
+    """
     from calibrl.tasks.rewards import extract_decision
 
     decision, _ = extract_decision(text, classes)
     ids, owner = variants
     id_to_class = dict(zip(ids, owner))
-    position = -1
     wanted = classes.index(decision) if decision is not None else None
-    for p in range(len(sample.ids) - 1, -1, -1):  # the decision letter's own token, scanning from the end
-        if sample.ids[p] in id_to_class and (wanted is None or id_to_class[sample.ids[p]] == wanted):
-            position = p
-            break
-    if decision is None or position < 0:
-        uniform = [1.0 / len(classes)] * len(classes)
-        if decision is None:
-            return None, uniform, 1.0 / len(classes), 0.0
-        position = -1
-        for p in range(len(sample.ids) - 1, -1, -1):  # text decision not a token of its own: any class token
-            if sample.ids[p] in id_to_class:
-                position = p
-                break
-        if position < 0:
-            return decision, uniform, 1.0 / len(classes), 0.0
-    logps = sample.class_logps(position)
-    mass = [0.0] * len(classes)
-    for lp, cls_index in zip(logps, owner):
-        if lp is not None and math.isfinite(lp):
-            mass[cls_index] += math.exp(lp)
+    n = len(classes)
+
+    def last(condition) -> int:
+        for p in range(len(sample.ids) - 1, -1, -1):
+            if condition(sample.ids[p]):
+                return p
+        return -1
+
+    position = last(lambda t: id_to_class.get(t, -1) == wanted) if wanted is not None else -1
+    if position < 0:
+        position = last(lambda t: t in id_to_class)
+    if position < 0 and sample.ids and sample.class_logps is not None:
+        position = max(range(len(sample.ids)), key=lambda p: sum(_class_mass(sample, p, owner, n)))
+    mass = _class_mass(sample, position, owner, n) if position >= 0 else [0.0] * n
     total = sum(mass)
-    if total <= 0.0:
-        uniform = [1.0 / len(classes)] * len(classes)
-        return decision, uniform, 1.0 / len(classes), 0.0
-    probs = [m / total for m in mass]
-    return decision, probs, probs[classes.index(decision)], total
+    probs = [m / total for m in mass] if total > 0 else [1.0 / n] * n
+    decision_prob = probs[wanted] if wanted is not None else max(probs)
+    return decision, probs, decision_prob, total
 
 
 # --------------------------------------------------------------------------------------------------- backends
