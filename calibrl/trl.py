@@ -154,6 +154,14 @@ class CalibratedGRPOConfig(GRPOConfig):
         metadata={"help": "Zero the policy-gradient advantage at the decision token, so only the calibration "
                   "term shapes it (arXiv 2601.13284)."},
     )
+    rollout_logprobs: str = field(
+        default="auto",
+        metadata={"help": "Where the rollout policy's token log-probs come from when TRL has none: `auto` records "
+                  "them during transformers generation (log_softmax(logits / temperature) of each sampled token, no "
+                  "extra forward) when sampling is plain temperature sampling (top_k 0, top_p 1, no min_p, no "
+                  "repetition penalty, no generation_kwargs, no tools), else runs one extra no-grad forward; "
+                  "`forward` always runs the forward."},
+    )
     calibration_logging: bool = field(
         default=True,
         metadata={"help": "Log calibration telemetry (AUROC of mean token log-prob vs correctness, pooled and per "
@@ -170,6 +178,8 @@ class CalibratedGRPOConfig(GRPOConfig):
                 raise ValueError(f"{name} must be 'none', 'fixed' or 'quantile', got {getattr(self, name)!r}")
         if self.capo_normalize not in ("group", "pairs", "none"):
             raise ValueError(f"capo_normalize must be 'group', 'pairs' or 'none', got {self.capo_normalize!r}")
+        if self.rollout_logprobs not in ("auto", "forward"):
+            raise ValueError(f"rollout_logprobs must be 'auto' or 'forward', got {self.rollout_logprobs!r}")
         if self.advantage_params is not None and not isinstance(self.advantage_params, dict):
             raise ValueError(f"advantage_params must be a dict, got {type(self.advantage_params).__name__}")
 
@@ -286,6 +296,39 @@ def _capture_hidden(module: torch.nn.Module, store: list):
         handle.remove()
 
 
+class _GenerationLogprobs:
+    """Records log_softmax(logits / T) of each sampled token during ``model.generate`` with two hooks: the LM head's
+    output (logits of step t) and the input embedding's input (the token chosen at step t, fed at step t+1). Only
+    the current step's [B, V] log-probs are held, so memory stays O(B * V)."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.prev: torch.Tensor | None = None
+        self.steps: list[torch.Tensor] = []
+
+    def on_embed(self, _module, args, kwargs=None):
+        input_ids = args[0] if args else (kwargs or {}).get("input")
+        if self.prev is not None and input_ids is not None:
+            self.steps.append(self.prev.gather(1, input_ids[:, -1:].to(self.prev.device)).squeeze(1))
+            self.prev = None
+
+    def on_head(self, _module, _args, output):
+        logits = output[:, -1] if output.dim() == 3 else output
+        self.prev = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+
+    def finish(self, completion_ids: list[list[int]], pad_id: int) -> torch.Tensor | None:
+        """[B, n_steps] token log-probs aligned with the completion tokens (garbage after EOS: mask it)."""
+        if self.prev is None:
+            return None
+        n = len(self.steps) + 1
+        last = torch.tensor([ids[n - 1] if len(ids) >= n else pad_id for ids in completion_ids], device=self.prev.device)
+        self.steps.append(self.prev.gather(1, last.unsqueeze(1)).squeeze(1))
+        self.prev = None
+        if any(len(ids) > n for ids in completion_ids):
+            return None  # not the plain single-call generation we understand
+        return torch.stack(self.steps, dim=1)
+
+
 _MODEL_KWARG_KEYS = (
     "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
     "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
@@ -311,6 +354,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
     _tag_names = ["trl", "grpo", "calibrl"]
     _calibrl_pending: dict | None = None  # telemetry waiting for log-probs from the loss pass
     _calibrl_capture: list | None = None
+    _calibrl_gen_logps: torch.Tensor | None = None  # [B, n_steps] recorded during generation
 
     def __init__(self, model, reward_funcs=None, args: CalibratedGRPOConfig | None = None, *pargs, **kwargs):
         if args is None:
@@ -410,6 +454,38 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         self._calibrl_rewards_per_func = rewards_per_func  # gathered over processes: [N_total, n_funcs]
         self._calibrl_completions = completions  # this process's completions
         return rewards_per_func
+
+    # ------------------------------------------------------------------ log-probs recorded during generation
+    def _can_record_generation_logprobs(self) -> bool:
+        args = self.args
+        return (
+            args.rollout_logprobs == "auto" and not self.use_vllm and not self.tools
+            and self.environment_factories is None and self.rollout_func is None
+            and not getattr(args, "use_transformers_paged", False) and not args.generation_kwargs
+            and self.top_k in (0, None) and self.top_p in (1.0, None) and self.min_p is None
+            and self.repetition_penalty in (1.0, None) and bool(self._calibrl_inputs & {"logprob_mean"})
+        )
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        self._calibrl_gen_logps = None
+        if not self._can_record_generation_logprobs():
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images=has_tool_images)
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        recorder = _GenerationLogprobs(self.temperature)
+        handles = [
+            unwrapped.get_input_embeddings().register_forward_pre_hook(recorder.on_embed, with_kwargs=True),
+            unwrapped.get_output_embeddings().register_forward_hook(recorder.on_head),
+        ]
+        try:
+            completion_ids, logprobs = super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images=has_tool_images
+            )
+        finally:
+            for handle in handles:
+                handle.remove()
+        self._calibrl_gen_logps = recorder.finish(completion_ids, self._tokenizer.pad_token_id)
+        return completion_ids, logprobs
 
     # ------------------------------------------------------------------ the advantage step
     def _generate_and_score_completions(self, inputs):
@@ -525,18 +601,24 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         fields: dict[str, torch.Tensor] = {}
         decision_hidden = None
         old = output.get("old_per_token_logps")
+        gen, self._calibrl_gen_logps = self._calibrl_gen_logps, None
+        n_tokens = output["completion_ids"].size(1)
+        if old is None and gen is not None and gen.size(0) == n_local and gen.size(1) >= n_tokens:
+            old_like = gen[:, :n_tokens].to(device)
+        else:
+            old_like = old
         # Telemetry-only log-probs, on-policy: no extra forward; they are read from the loss pass TRL does anyway
         # (per_token_logps there equal the rollout policy's until the optimizer steps) and logged once every row
         # of this generation batch went through the loss.
         defer_lpm = (
-            args.calibration_logging and "logprob_mean" not in self._calibrl_inputs and old is None
+            args.calibration_logging and "logprob_mean" not in self._calibrl_inputs and old_like is None
             and not want_emb and not want_dec
         )
         if defer_lpm:
             needed.discard("logprob_mean")
         if "logprob_mean" in needed or want_emb or want_dec:
-            if old is not None and not want_emb and not want_dec:
-                per_token = old
+            if old_like is not None and not want_emb and not want_dec:
+                per_token = old_like
             else:
                 fwd = self._rollout_forward(
                     output, mask, want_logps=True, want_embeddings=want_emb, want_decision=want_dec
@@ -545,7 +627,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
                 if want_emb:
                     fields["embeddings"] = self.accelerator.gather(fwd["embeddings"].contiguous())
                 decision_hidden = fwd.get("decision_hidden")
-            lpm_local = (per_token.float() * mask).sum(1) / mask.sum(1).clamp(min=1).float()
+            lpm_local = per_token.float().masked_fill(~mask.bool(), 0.0).sum(1) / mask.sum(1).clamp(min=1).float()
             fields["logprob_mean"] = self.accelerator.gather(lpm_local)
         if "ref_logprob_mean" in needed or "ref_per_token_logps" in output:
             ref_tok = self._ref_per_token_logps(output)

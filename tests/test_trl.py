@@ -25,6 +25,15 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 DECISION_CLASSES = list("abcdefghij")
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """The tiny model runs fastest on one thread (and the suite shares 2 cores); restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _dataset(n: int = 32) -> Dataset:
     return Dataset.from_list([{"prompt": f"{i:02d}+{i % 7}=", "answer": str(i + i % 7)} for i in range(n)])
 
@@ -47,7 +56,7 @@ def _config(tmp_path, **kw) -> CalibratedGRPOConfig:
     base = dict(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4, max_completion_length=8,
         max_steps=2, logging_steps=1, report_to="none", use_cpu=True, learning_rate=1e-3, save_strategy="no",
-        seed=0, disable_tqdm=True,
+        seed=0, disable_tqdm=True, bf16=False,  # fp32 end to end, so log-probs compare at 1e-5
     )
     base.update(kw)
     return CalibratedGRPOConfig(**base)
@@ -127,7 +136,7 @@ def test_grpo_reproduces_stock_grpo_trainer(tmp_path):
     stock_args = GRPOConfig(
         output_dir=str(tmp_path / "s"), per_device_train_batch_size=8, num_generations=4, max_completion_length=8,
         max_steps=3, logging_steps=1, report_to="none", use_cpu=True, learning_rate=1e-3, save_strategy="no", seed=0,
-        disable_tqdm=True,
+        disable_tqdm=True, bf16=False,
     )
     stock = GRPOTrainer(model=model, reward_funcs=parity_reward, args=stock_args, train_dataset=_dataset(),
                         processing_class=tok)
@@ -136,6 +145,25 @@ def test_grpo_reproduces_stock_grpo_trainer(tmp_path):
         a, b = _logged(calibrated, key), _logged(stock, key)
         assert len(a) == len(b) == 3
         assert a == pytest.approx(b, rel=1e-4, abs=1e-6), key
+
+
+def test_capo_logprobs_recorded_during_generation_match_a_forward(tmp_path):
+    """rollout_logprobs="auto" records the sampled tokens' log-probs during generate (no extra forward);
+    "forward" recomputes them with TRL's helper: same generations (same seed), same log-probs."""
+    runs = {}
+    for mode in ("auto", "forward"):
+        trainer = _trainer(tmp_path / mode, advantage_estimator="capo", rollout_logprobs=mode, max_steps=1)
+        calls = []
+        original = trainer._rollout_forward
+        trainer._rollout_forward = lambda *a, **k: calls.append(1) or original(*a, **k)
+        trainer.train()
+        runs[mode] = (trainer.records[0], len(calls))
+    (auto, n_auto), (fwd, n_fwd) = runs["auto"], runs["forward"]
+    assert n_auto == 0 and n_fwd == 1
+    assert torch.equal(auto["output"]["completion_ids"], fwd["output"]["completion_ids"])
+    torch.testing.assert_close(auto["rollout"]["batch"].logprob_mean, fwd["rollout"]["batch"].logprob_mean,
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(auto["advantages_out"], fwd["advantages_out"], atol=1e-5, rtol=1e-5)
 
 
 def test_unscorable_completions_get_zero_advantage(tmp_path):
