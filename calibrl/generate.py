@@ -351,7 +351,7 @@ class _VLLMBackend:
                  seed: int, dtype: str, vllm_kwargs: dict):
         import vllm
 
-        kwargs = dict(model=model_name, seed=seed, dtype=dtype if dtype != "auto" else "auto", **vllm_kwargs)
+        kwargs = dict(model=model_name, seed=seed, dtype=dtype, **vllm_kwargs)
         try:
             self.llm = vllm.LLM(logprobs_mode="processed_logprobs", **kwargs)
         except TypeError:  # vLLM without logprobs_mode: raw log-probs (identical at T = 1)
@@ -364,7 +364,6 @@ class _VLLMBackend:
         self.temperature = float(temperature)
         self.max_new_tokens = int(max_new_tokens)
         self.class_ids = class_ids
-        self.eos = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
 
     def generate(self, prompts: Sequence[Any], n: int, seed: int) -> list[list[_Sample]]:
         texts = _render_prompts(self.tokenizer, prompts)
@@ -497,12 +496,13 @@ def generate(config: GenerateConfig | None = None, *, hf_model=None, hf_tokenize
     generated = 0
     n_correct = 0
     if pending:
+        classes0 = list(problems[0]["classes"]) if decision_task else None
+        if decision_task and any(list(p["classes"]) != classes0 for p in pending):
+            raise GenerateError("all problems of a decision dataset must share one class list (classes column)")
         if use_vllm:
             from transformers import AutoTokenizer
 
-            probe_tok = AutoTokenizer.from_pretrained(config.model)
-            classes0 = problems[0].get("classes") if decision_task else None
-            variants = _class_variants(probe_tok, classes0) if decision_task else None
+            variants = _class_variants(AutoTokenizer.from_pretrained(config.model), classes0) if decision_task else None
             backend = _VLLMBackend(config.model, temperature=config.temperature, max_new_tokens=config.max_new_tokens,
                                    class_ids=variants[0] if variants else None, seed=config.seed, dtype=config.dtype,
                                    vllm_kwargs=config.vllm_kwargs)
@@ -511,13 +511,11 @@ def generate(config: GenerateConfig | None = None, *, hf_model=None, hf_tokenize
                 model, tokenizer = _load_hf(config)
             elif tokenizer is None:
                 raise GenerateError("pass the tokenizer with the model")
-            classes0 = problems[0].get("classes") if decision_task else None
             variants = _class_variants(tokenizer, classes0) if decision_task else None
             backend = _TransformersBackend(model, tokenizer, temperature=config.temperature,
                                            max_new_tokens=config.max_new_tokens,
                                            class_ids=variants[0] if variants else None)
-        if decision_task and any(list(p["classes"]) != list(classes0) for p in pending):
-            raise GenerateError("all problems of a decision dataset must share one class list (classes column)")
+        started = time.perf_counter()  # throughput counts sampling and scoring, not model loading
 
         from tqdm.auto import tqdm
 
@@ -569,7 +567,7 @@ def generate(config: GenerateConfig | None = None, *, hf_model=None, hf_tokenize
         "problems_skipped": len(problems) - len(pending),
         "samples_written": generated,
         "accuracy_new": (n_correct / generated) if generated else float("nan"),
-        "seconds": seconds,
+        "seconds": seconds,  # since the model was loaded
         "samples_per_s": generated / seconds if generated and seconds > 0 else float("nan"),
         "backend": backend.name if backend is not None else None,
     }

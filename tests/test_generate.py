@@ -2,6 +2,7 @@
 decision class probabilities, resumability, the CLI, and the vLLM result conversion (stubbed vLLM)."""
 
 import json
+import math
 import sys
 import types
 from pathlib import Path
@@ -11,6 +12,7 @@ import torch
 
 from calibrl.generate import GenerateError, _decision_fields, _Sample, _TransformersBackend, generate, scan_existing
 from calibrl.models.tiny import TinyModelConfig, build_tiny_model, save_tiny_model
+from calibrl.tasks.registry import get_dataset_loader
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -109,9 +111,8 @@ def test_decision_class_probs_at_the_decision_token(tiny, tmp_path):
                            max_new_tokens=1, progress=False, out=out, hf_model=model, hf_tokenizer=tokenizer)
         assert summary["samples_written"] == 12
         rows = [json.loads(line) for line in out.read_text().splitlines()]
-        prompts = {r["prompt_id"]: r["prompt"] for r in
-                   __import__("calibrl.tasks.registry", fromlist=["x"]).get_dataset_loader("commonsenseqa")(
-                       path=FIXTURES / "commonsenseqa.jsonl")}
+        dataset = get_dataset_loader("commonsenseqa")(path=FIXTURES / "commonsenseqa.jsonl")
+        prompts = {r["prompt_id"]: r["prompt"] for r in dataset}
         for r in rows:
             assert r["classes"] == ["A", "B", "C", "D", "E"] and r["label"] in r["classes"]
             assert r["answer"] in ("B", "C") and r["completion"] == r["answer"]
@@ -147,7 +148,7 @@ def test_decision_fields_rules():
     plain = _Sample(ids=[5, 6, 7], logps=[0.0] * 3, ended=False, class_logps=lambda p: table.get(p, [-9.0] * 3))
     decision, probs, prob, mass = _decision_fields(plain, "nothing", classes, variants)
     assert decision is None and probs.index(max(probs)) == 0 and prob == max(probs)
-    assert mass == pytest.approx(sum(__import__("math").exp(x) for x in table[0]))
+    assert mass == pytest.approx(sum(math.exp(x) for x in table[0]))
     # no class probability anywhere (vLLM top-k without the classes): uniform
     empty = _Sample(ids=[5], logps=[0.0], ended=False, class_logps=lambda p: [float("-inf")] * 3)
     assert _decision_fields(empty, "nothing", classes, variants)[1:] == ([1 / 3] * 3, 1 / 3, 0.0)
