@@ -331,3 +331,78 @@ def test_calibration_metrics_hand_values():
     d = calibration_metrics(batch, decision_probs=[0.9, 0.8, float("nan"), 0.6, 0.99, 0.995])
     assert d["decision_frac_above_099"] == pytest.approx(1 / 5)
     assert 0.0 <= d["decision_ece"] <= 1.0
+
+
+# ---------------------------------------------------------------------------------------------------- recipes
+
+
+def _write_recipe(tmp_path, **sections):
+    import yaml
+
+    recipe = {
+        "model": {"name_or_path": "builtin:tiny"},
+        "dataset": {"name": "test/trl_tiny"},
+        "rewards": ["test/trl_parity"],
+        "trainer": {"output_dir": str(tmp_path / "run"), "max_steps": 1, "per_device_train_batch_size": 8,
+                    "num_generations": 4, "max_completion_length": 6, "use_cpu": True, "bf16": False,
+                    "logging_steps": 1, "save_strategy": "no", "advantage_estimator": "capo"},
+    }
+    recipe.update(sections)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+@pytest.fixture
+def _registered():
+    from calibrl.tasks.registry import register_dataset, register_reward
+
+    register_dataset("test/trl_tiny", overwrite=True)(lambda split="train", limit=None: _dataset(16))
+    register_reward("test/trl_parity", overwrite=True)(parity_reward)
+
+
+def test_recipe_errors_name_the_key_and_file(tmp_path, _registered):
+    from calibrl.training import RecipeError, load_recipe
+
+    path = _write_recipe(tmp_path, trainer={"learning_rat": 1e-6})
+    with pytest.raises(RecipeError, match=r"recipe\.yaml.*'learning_rat'.*'trainer'.*learning_rate"):
+        load_recipe(path)
+    with pytest.raises(RecipeError, match="'optimiser'.*top level"):
+        load_recipe(_write_recipe(tmp_path, optimiser={}))
+    with pytest.raises(RecipeError, match="'dtyp'.*'model'"):
+        load_recipe(_write_recipe(tmp_path, model={"name_or_path": "x", "dtyp": "bfloat16"}))
+    with pytest.raises(RecipeError, match="missing section 'rewards'"):
+        path = _write_recipe(tmp_path)
+        text = path.read_text().replace("rewards:\n- test/trl_parity\n", "")
+        path.write_text(text)
+        load_recipe(path)
+
+
+def test_train_from_recipe_and_cli(tmp_path, _registered):
+    from typer.testing import CliRunner
+
+    from calibrl.cli import app
+    from calibrl.training import build_trainer, load_recipe, train
+
+    recipe = load_recipe(_write_recipe(tmp_path))
+    assert recipe.model.name_or_path == "builtin:tiny" and recipe.trainer["advantage_estimator"] == "capo"
+    trainer = build_trainer(recipe, overrides={"capo_tau": 0.3})
+    assert isinstance(trainer, CalibratedGRPOTrainer) and trainer.args.capo_tau == 0.3
+    from calibrl.training import RecipeError
+
+    with pytest.raises(RecipeError, match="'capo_taux'.*'overrides'"):
+        build_trainer(recipe, overrides={"capo_taux": 0.3})
+
+    result = train(recipe, overrides={"output_dir": str(tmp_path / "api")}, progress=False)
+    assert result["global_step"] == 1 and "accuracy" in result["summary"]
+    assert (tmp_path / "api" / "model.safetensors").exists()
+
+    cli_args = ["train", str(_write_recipe(tmp_path)), "--max-steps", "2", "--output-dir", str(tmp_path / "cli"),
+                "--set", "capo_tau=0.5"]
+    if len(app.registered_commands) == 1:  # a one-command Typer app takes no command name
+        cli_args = cli_args[1:]
+    out = CliRunner().invoke(app, cli_args)
+    assert out.exit_code == 0, out.output
+    assert (tmp_path / "cli" / "model.safetensors").exists()
+    bad = CliRunner().invoke(app, [*cli_args[:-2], "--set", "capo_taux=1"])
+    assert bad.exit_code == 2 and "capo_taux" in bad.output
