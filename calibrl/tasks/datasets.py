@@ -258,36 +258,42 @@ def _finish(rows: list[dict], name: str, n_total: int, dropped: int, limit: int 
     return datasets.Dataset.from_list(rows)
 
 
-def _math_loader(name: str, id_columns: tuple[str, ...] = ("unique_id", "id")) -> Callable:
+def _loader(name: str, kind: str, templates: tuple[str, ...], columns: str, make_row: Callable) -> Callable:
+    """A registered-style loader for benchmark ``name``: ``make_row(raw_row, index, template)`` returns calibrl's
+    row, or None for a row without a problem or a gold answer (dropped, counted in a warning)."""
     default_split = HUB[name][2]
 
     def loader(split: str | None = default_split, *, path=None, limit: int | None = None,
-               template: str = "qwen-math", hub_id: str | None = None, **load_kwargs):
-        if template not in MATH_TEMPLATES:
-            raise ValueError(f"unknown math template {template!r}; choose one of {', '.join(MATH_TEMPLATES)}")
+               template: str = templates[0], hub_id: str | None = None, **load_kwargs):
+        if template not in templates:
+            raise ValueError(f"unknown {kind} template {template!r}; choose one of {', '.join(templates)}")
         raw = _load_raw(name, split, path, hub_id, load_kwargs)
-        rows, dropped = [], 0
-        for i, row in enumerate(raw):
-            problem = _first(row, ("problem", "question", "Problem", "Question"))
-            gold = _gold_text(_first(row, ("answer", "final_answer", "gt", "Answer")))
-            if not problem or gold is None:
-                dropped += 1
-                continue
-            pid = _first(row, id_columns)
-            rows.append({
-                "prompt": math_prompt(str(problem), template),
-                "answer": gold,
-                "benchmark": name,
-                "prompt_id": str(pid) if pid is not None else f"{name}-{i}",
-            })
-        return _finish(rows, name, len(raw), dropped, limit)
+        rows = [r for r in (make_row(row, i, template) for i, row in enumerate(raw)) if r is not None]
+        return _finish(rows, name, len(raw), len(raw) - len(rows), limit)
 
     loader.__name__ = f"load_{name}"
     loader.__doc__ = (
-        f"{name}: {HUB[name][0]} (default split {default_split!r}) or a local file in its format; "
-        "columns prompt, answer, benchmark, prompt_id. See calibrl.tasks.datasets."
+        f"{name}: {HUB[name][0]} (default split {default_split!r}) or a local file in its format; columns "
+        f"{columns}. See calibrl.tasks.datasets."
     )
     return loader
+
+
+def _math_row(name: str, id_columns: tuple[str, ...] = ("unique_id", "id")) -> Callable:
+    def make_row(row: dict, index: int, template: str) -> dict | None:
+        problem = _first(row, ("problem", "question", "Problem", "Question"))
+        gold = _gold_text(_first(row, ("answer", "final_answer", "gt", "Answer")))
+        if not problem or gold is None:
+            return None
+        pid = _first(row, id_columns)
+        return {
+            "prompt": math_prompt(str(problem), template),
+            "answer": gold,
+            "benchmark": name,
+            "prompt_id": str(pid) if pid is not None else f"{name}-{index}",
+        }
+
+    return make_row
 
 
 def _choices(row: dict) -> tuple[list[str], list[str]]:
@@ -301,49 +307,36 @@ def _choices(row: dict) -> tuple[list[str], list[str]]:
     raise ValueError(f"row {row.get('id')!r} has no 'choices' column")
 
 
-def _decision_loader(name: str, question_columns: tuple[str, ...]) -> Callable:
-    default_split = HUB[name][2]
+def _decision_row(name: str, question_columns: tuple[str, ...]) -> Callable:
+    def make_row(row: dict, index: int, template: str) -> dict | None:
+        question = _first(row, question_columns)
+        labels, texts = _choices(row)
+        raw_key = _first(row, ("answerKey", "label"))
+        if isinstance(raw_key, int) and not isinstance(raw_key, bool):  # label given as an option index
+            key = labels[raw_key] if 0 <= raw_key < len(labels) else ""
+        else:
+            key = str(raw_key).strip() if raw_key is not None else ""
+        if not question or key not in labels:
+            return None
+        pid = row.get("id")
+        return {
+            "prompt": decision_prompt(str(question), texts, labels, template),
+            "classes": labels,
+            "label": key,
+            "benchmark": name,
+            "prompt_id": str(pid) if pid is not None else f"{name}-{index}",
+        }
 
-    def loader(split: str | None = default_split, *, path=None, limit: int | None = None,
-               template: str = "direct", hub_id: str | None = None, **load_kwargs):
-        if template not in DECISION_TEMPLATES:
-            raise ValueError(f"unknown decision template {template!r}; choose one of {', '.join(DECISION_TEMPLATES)}")
-        raw = _load_raw(name, split, path, hub_id, load_kwargs)
-        rows, dropped = [], 0
-        for i, row in enumerate(raw):
-            question = _first(row, question_columns)
-            labels, texts = _choices(row)
-            raw_key = _first(row, ("answerKey", "label"))
-            if isinstance(raw_key, int) and not isinstance(raw_key, bool):  # label given as an option index
-                key = labels[raw_key] if 0 <= raw_key < len(labels) else ""
-            else:
-                key = str(raw_key).strip() if raw_key is not None else ""
-            if not question or key not in labels:
-                dropped += 1
-                continue
-            pid = row.get("id")
-            rows.append({
-                "prompt": decision_prompt(str(question), texts, labels, template),
-                "classes": labels,
-                "label": key,
-                "benchmark": name,
-                "prompt_id": str(pid) if pid is not None else f"{name}-{i}",
-            })
-        return _finish(rows, name, len(raw), dropped, limit)
-
-    loader.__name__ = f"load_{name}"
-    loader.__doc__ = (
-        f"{name}: {HUB[name][0]} (default split {default_split!r}) or a local file in its format; columns prompt, "
-        "classes, label, benchmark, prompt_id. See calibrl.tasks.datasets."
-    )
-    return loader
+    return make_row
 
 
 def _register_all() -> None:
     for name in ("deepscaler", "math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench"):
-        register_dataset(name)(_math_loader(name))
-    register_dataset("commonsenseqa")(_decision_loader("commonsenseqa", ("question",)))
-    register_dataset("openbookqa")(_decision_loader("openbookqa", ("question_stem", "question")))
+        register_dataset(name)(_loader(name, "math", MATH_TEMPLATES, "prompt, answer, benchmark, prompt_id",
+                                       _math_row(name)))
+    for name, question_columns in (("commonsenseqa", ("question",)), ("openbookqa", ("question_stem", "question"))):
+        register_dataset(name)(_loader(name, "decision", DECISION_TEMPLATES, "prompt, classes, label, benchmark, prompt_id",
+                                       _decision_row(name, question_columns)))
 
 
 if __name__ != "__main__":  # run as a script, the registry imports (and registers) the package module itself
