@@ -138,6 +138,13 @@ class CalibratedGRPOConfig(GRPOConfig):
         metadata={"help": "GCPO geometry-aware disagreement: `cosine` (Cosine Dispersion) or `barycentric` "
                   "(Barycentric Transport) over mean-pooled hidden states (GCPO, arXiv 2605.21801; our reading)."},
     )
+    cde_omega_schedule: str = field(
+        default="constant",
+        metadata={"help": "Annealing of CDE's bonus weight omega over training (CDE, arXiv 2509.09675, anneals it; "
+                  "the schedule is our reading): `constant`, `linear` (omega * (1 - step / max_steps)) or `cosine` "
+                  "(omega * (1 + cos(pi * step / max_steps)) / 2). The base omega is advantage_params['omega'] "
+                  "(default 1.0)."},
+    )
     decision_classes: list[str] | None = field(
         default=None,
         metadata={"help": "Single-token class strings of a decision task (e.g. [\"A\", \"B\", \"C\", \"D\"]). "
@@ -178,6 +185,8 @@ class CalibratedGRPOConfig(GRPOConfig):
                 raise ValueError(f"{name} must be 'none', 'fixed' or 'quantile', got {getattr(self, name)!r}")
         if self.capo_normalize not in ("group", "pairs", "none"):
             raise ValueError(f"capo_normalize must be 'group', 'pairs' or 'none', got {self.capo_normalize!r}")
+        if self.cde_omega_schedule not in ("constant", "linear", "cosine"):
+            raise ValueError(f"cde_omega_schedule must be constant, linear or cosine, got {self.cde_omega_schedule!r}")
         if self.rollout_logprobs not in ("auto", "forward"):
             raise ValueError(f"rollout_logprobs must be 'auto' or 'forward', got {self.rollout_logprobs!r}")
         if self.advantage_params is not None and not isinstance(self.advantage_params, dict):
@@ -568,6 +577,17 @@ class CalibratedGRPOTrainer(GRPOTrainer):
                     )
         return logps
 
+    def _step_params(self) -> dict[str, Any]:
+        """Estimator parameters for this step (CDE's omega annealed by ``cde_omega_schedule``)."""
+        params = dict(self._calibrl_params)
+        schedule = self.args.cde_omega_schedule
+        if self.args.advantage_estimator == "cde" and schedule != "constant":
+            total = max(int(self.state.max_steps or self.args.max_steps or 1), 1)
+            progress = min(max(self.state.global_step / total, 0.0), 1.0)
+            factor = 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+            params["omega"] = float(params.get("omega", 1.0)) * factor
+        return params
+
     def _calibrl_replace_advantages(self, output: dict) -> dict:
         from accelerate.utils import gather_object
 
@@ -650,7 +670,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         else:
             # Estimators ignore the optional fields they do not read, so the full batch is passed.
             all_adv, info = compute_advantages(
-                batch, args.advantage_estimator, return_info=True, **self._calibrl_params
+                batch, args.advantage_estimator, return_info=True, **self._step_params()
             )
             all_adv = torch.nan_to_num(all_adv.to(torch.float32), nan=0.0).masked_fill(unscorable, 0.0)
         advantages = all_adv[process_slice]

@@ -406,3 +406,13 @@ def test_train_from_recipe_and_cli(tmp_path, _registered):
     assert (tmp_path / "cli" / "model.safetensors").exists()
     bad = CliRunner().invoke(app, [*cli_args[:-2], "--set", "capo_taux=1"])
     assert bad.exit_code == 2 and "capo_taux" in bad.output
+
+
+def test_cde_omega_is_annealed(tmp_path):
+    trainer = _trainer(tmp_path, advantage_estimator="cde", cde_omega_schedule="linear",
+                       advantage_params={"omega": 2.0}, max_steps=4)
+    seen = []
+    original = trainer._step_params
+    trainer._step_params = lambda: seen.append(original()["omega"]) or original()
+    trainer.train()
+    assert seen == pytest.approx([2.0, 1.5, 1.0, 0.5])
