@@ -1,1 +1,229 @@
-"""calibrl eval (being written)."""
+"""``calibrl eval FILE... --out DIR``: calibration, abstention and answer-selection report for sampled completions.
+
+Writes ``metrics.json``, ``report.md`` and PNG figures for the whole input ("overall") and per benchmark, with
+several files compared side by side (each labelled by its file stem). Every input is read and validated before
+anything is written; the report is built in a temporary folder beside DIR and renamed into place at the end, so an
+error never leaves a half-written DIR. Invalid input exits with code 2 and a ``file:line: field 'x': problem``
+message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from calibrl.cli.app import app
+
+_SCOPE_OVERALL = "overall"
+
+
+class Posthoc(str, Enum):
+    isotonic = "isotonic"
+    temperature = "temperature"
+    platt = "platt"
+
+
+class Confidence(str, Enum):
+    logprob_mean = "logprob_mean"
+    decision_prob = "decision_prob"
+    class_probs = "class_probs"
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def _labels(paths: list[Path]) -> list[str]:
+    """File stems, made unique with the parent folder name (then an index) when two files share a stem."""
+    stems = [p.stem for p in paths]
+    labels = []
+    for p, stem in zip(paths, stems):
+        labels.append(f"{p.parent.name}/{stem}" if stems.count(stem) > 1 and p.parent.name else stem)
+    for i, label in enumerate(labels):
+        if labels.count(label) > 1:
+            labels[i] = f"{label}#{i + 1}"
+    return labels
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "scope"
+
+
+def _check_out_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        _fail(f"--out {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / "metrics.json").is_file():
+        _fail(f"--out {out} is a non-empty folder that is not a previous calibrl eval report; choose another")
+
+
+@app.command("eval")
+def eval_command(
+    files: list[Path] = typer.Argument(..., help="Samples files (.jsonl or .parquet), one row per completion."),
+    out: Path = typer.Option(..., "--out", help="Output folder (replaced if it holds a previous eval report)."),
+    posthoc: Optional[Posthoc] = typer.Option(
+        None, "--posthoc", help="Also report cross-validated post-hoc calibration (folds split by prompt)."),
+    n_bins: int = typer.Option(10, "--n-bins", min=2, help="Bins for ECE / MCE / reliability diagrams."),
+    bootstrap: int = typer.Option(
+        1000, "--bootstrap", min=0, help="Prompt-level bootstrap resamples for intervals (0: none)."),
+    no_math_verify: bool = typer.Option(
+        False, "--no-math-verify", help="Cluster answers by normalised string only (no math-verify)."),
+    confidence: Optional[Confidence] = typer.Option(
+        None, "--confidence",
+        help="Confidence input (default: the first of logprob_mean, decision_prob, class_probs in each file)."),
+    methods: str = typer.Option(
+        "majority,weighted,pc,rpc,best_of_n", "--methods",
+        help="Answer-selection methods for the scaling curves ('' for none)."),
+    scaling_draws: int = typer.Option(
+        10, "--scaling-draws", min=1, help="Random path subsets averaged per N on the scaling curves."),
+    rpc_draws: int = typer.Option(
+        2, "--rpc-draws", min=1, help="Draws per N for RPC's curve (one Weibull fit per prompt per draw: slow)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for bootstrap, folds and scaling-curve draws."),
+) -> None:
+    """Evaluate calibration (AUROC, ECE, Brier, reliability), abstention (precision-coverage, AURC), post-hoc
+    calibration and inference-time answer selection (majority, weighted, PC, RPC, best-of-N) of sampled
+    completions; several FILEs are compared side by side."""
+    from calibrl.samples import SamplesError, load_samples
+    from calibrl.selection import METHODS
+
+    method_list = [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = [m for m in method_list if m not in METHODS]
+    if unknown:
+        _fail(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+    _check_out_dir(out)
+
+    # 1. read and validate everything before writing anything
+    loaded = []
+    for path in files:
+        try:
+            loaded.append(load_samples(path, confidence=confidence.value if confidence else None))
+        except SamplesError as exc:
+            _fail(str(exc))
+    labels = _labels(files)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        results = _run(loaded, labels, files, tmp, posthoc=posthoc.value if posthoc else None, n_bins=n_bins,
+                       n_boot=bootstrap, use_math_verify=not no_math_verify, methods=method_list,
+                       scaling_draws=scaling_draws, rpc_draws=rpc_draws, seed=seed)
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _print_summary(results, out)
+
+
+def _run(loaded, labels, files, tmp: Path, *, posthoc, n_bins, n_boot, use_math_verify, methods, scaling_draws,
+         rpc_draws, seed) -> dict[str, dict[str, Any]]:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from calibrl.report import (
+        evaluate_samples,
+        plot_precision_coverage,
+        plot_reliability,
+        plot_roc,
+        plot_scaling_curves,
+        render_eval_report,
+    )
+    from calibrl.selection import answer_clusters
+
+    console = Console(stderr=True)
+    scoped: dict[str, dict[str, Any]] = {}  # scope -> label -> ScopeResult
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        def step(description: str) -> None:
+            progress.update(task, description=description)
+
+        def track(iterable, total):
+            sub = progress.add_task("math-verify answer clustering", total=total)
+            for item in iterable:
+                yield item
+                progress.advance(sub)
+            progress.remove_task(sub)
+
+        task = progress.add_task("evaluating", total=None)
+        for samples, label in zip(loaded, labels):
+            ids = None
+            if samples.answers is not None and methods:
+                step(f"{label}: clustering answers" + (" (math-verify)" if use_math_verify else ""))
+                ids = answer_clusters(samples.answers, samples.prompt_ids, use_math_verify=use_math_verify,
+                                      progress=track)
+            parts = [(_SCOPE_OVERALL, samples, ids)]
+            if samples.benchmarks is not None:
+                for bench in sorted(set(samples.benchmarks.tolist())):
+                    mask = samples.benchmarks == bench
+                    parts.append((bench, samples.subset(mask), None if ids is None else ids[mask]))
+            for scope, part, part_ids in parts:
+                step(f"{label}/{scope}: metrics")
+                scoped.setdefault(scope, {})[label] = evaluate_samples(
+                    part, label=label, scope=scope, answer_ids=part_ids, n_bins=n_bins, n_boot=n_boot,
+                    posthoc=posthoc, methods=methods, scaling_draws=scaling_draws, rpc_draws=rpc_draws, seed=seed,
+                    step=step)
+
+        figures: dict[str, list[str]] = {}
+        for scope, by_label in scoped.items():
+            step(f"{scope}: figures")
+            base = _safe(scope)
+            names = [f"{base}_reliability.png", f"{base}_roc.png", f"{base}_precision_coverage.png"]
+            series = {lab: (r.confidence, r.target) for lab, r in by_label.items()}
+            plot_reliability(series, tmp / names[0], n_bins=n_bins, title=f"Reliability: {scope}")
+            plot_roc(series, tmp / names[1], title=f"ROC: {scope}")
+            plot_precision_coverage(series, tmp / names[2], title=f"Precision vs coverage: {scope}")
+            if posthoc and any(r.posthoc_confidence is not None for r in by_label.values()):
+                names.append(f"{base}_reliability_{posthoc}.png")
+                plot_reliability({lab: (r.posthoc_confidence, r.target) for lab, r in by_label.items()
+                                  if r.posthoc_confidence is not None}, tmp / names[-1], n_bins=n_bins,
+                                 title=f"Reliability after {posthoc} (out-of-fold): {scope}")
+            curves = {lab: r.curves for lab, r in by_label.items() if r.curves}
+            if curves:
+                names.append(f"{base}_scaling.png")
+                plot_scaling_curves(curves if len(curves) > 1 else next(iter(curves.values())), tmp / names[-1],
+                                    title=f"Accuracy vs N: {scope}")
+            figures[scope] = names
+
+    metrics = {scope: {lab: r.metrics for lab, r in by_label.items()} for scope, by_label in scoped.items()}
+    inputs = [{"label": lab, "file": str(f), "rows": len(s), "prompts": s.n_prompts,
+               "confidence": s.confidence_kind} for s, lab, f in zip(loaded, labels, files)]
+    settings = {"n_bins": n_bins, "bootstrap": n_boot, "posthoc": posthoc, "math_verify": use_math_verify,
+                "methods": ",".join(methods), "scaling_draws": scaling_draws, "rpc_draws": rpc_draws, "seed": seed}
+    payload = {"inputs": inputs, "settings": settings, "results": metrics, "figures": figures}
+    (tmp / "metrics.json").write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
+    (tmp / "report.md").write_text(render_eval_report(metrics, figures, inputs=inputs, settings=settings))
+    return metrics
+
+
+def _print_summary(metrics: dict[str, dict[str, Any]], out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"calibrl eval -> {out}")
+    for col in ("scope", "input", "samples", "accuracy", "AUROC", "ECE", "Brier", "best selection"):
+        table.add_column(col, justify="left" if col in ("scope", "input", "best selection") else "right")
+
+    def num(x):
+        return "n/a" if x is None else f"{x:.3f}"
+
+    for scope, by_label in metrics.items():
+        for label, m in by_label.items():
+            sel = m.get("selection") or {}
+            best = max(sel.items(), key=lambda kv: -1 if kv[1] is None else kv[1], default=None)
+            table.add_row(scope, label, str(m["n_samples"]), num(m["accuracy"]), num(m["auroc"]), num(m["ece"]),
+                          num(m["brier"]), f"{best[0]} {num(best[1])}" if best else "-")
+    Console(file=sys.stdout).print(table)

@@ -1,0 +1,148 @@
+"""Compute every figure ``calibrl eval`` reports for one set of samples (one file, one benchmark or overall).
+
+All numbers come from :mod:`calibrl.metrics`, :mod:`calibrl.posthoc` and :mod:`calibrl.selection`; this module
+only decides which arrays go in:
+
+- accuracy figures (``accuracy`` = mean@k, ``pass@k``) use each row's ``correct``;
+- confidence figures use ``Samples.confidence()`` in [0, 1] (exp(logprob_mean), decision_prob, or the top class
+  probability) against ``Samples.confidence_target()`` (``correct``; for class_probs: top class == label);
+  AUROC ranks ``Samples.score()`` (logprob_mean itself for sequence confidence, which orders like exp(.));
+- bootstrap intervals resample prompts (:func:`calibrl.metrics.bootstrap_ci`);
+- ``--posthoc`` figures are out-of-fold (folds split by prompt, :func:`calibrl.posthoc.cross_validated_posthoc`);
+- selection and scaling need ``answer`` on every row (and logprob_mean for weighted / pc / rpc).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from calibrl import metrics as M
+from calibrl.samples import Samples
+from calibrl.selection import METHODS, ScalingCurve, scaling_curve, select
+
+__all__ = ["ScopeResult", "evaluate_samples"]
+
+_COVERAGES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+@dataclass
+class ScopeResult:
+    """Metrics of one (input, scope) pair plus the arrays the plots need."""
+
+    label: str
+    scope: str
+    metrics: dict[str, Any]
+    confidence: np.ndarray
+    target: np.ndarray
+    posthoc_confidence: np.ndarray | None = None
+    curves: dict[str, ScalingCurve] = field(default_factory=dict)
+
+
+def _f(x: Any) -> float | None:
+    """JSON-friendly float (nan -> None)."""
+    x = float(x)
+    return None if np.isnan(x) else x
+
+
+def _confidence_metrics(conf: np.ndarray, target: np.ndarray, score: np.ndarray, pidx: np.ndarray, n_bins: int):
+    ppa = M.per_prompt_auroc(score, target, pidx)
+    return {
+        "auroc": _f(M.auroc(score, target)),
+        "per_prompt_auroc": {"mean": _f(ppa.mean), "n_prompts": int(ppa.n_prompts)},
+        "ece": _f(M.ece(conf, target, n_bins=n_bins, strategy="uniform")),
+        "ece_quantile": _f(M.ece(conf, target, n_bins=n_bins, strategy="quantile")),
+        "mce": _f(M.mce(conf, target, n_bins=n_bins, strategy="uniform")),
+        "brier": _f(M.brier(conf, target)),
+        "nll": _f(M.nll(conf, target)),
+        "aurc": _f(M.aurc(conf, target)),
+        "mean_confidence": _f(np.mean(conf)),
+        "precision_at_coverage": {str(k): _f(v) for k, v in M.precision_at_coverage(conf, target, _COVERAGES).items()},
+    }
+
+
+def evaluate_samples(
+    samples: Samples,
+    *,
+    label: str,
+    scope: str = "overall",
+    answer_ids: np.ndarray | None = None,
+    n_bins: int = 10,
+    n_boot: int = 0,
+    alpha: float = 0.05,
+    posthoc: str | None = None,
+    n_splits: int = 5,
+    methods: Sequence[str] = METHODS,
+    scaling_draws: int = 10,
+    rpc_draws: int = 2,
+    seed: int = 0,
+    step: Callable[[str], Any] | None = None,
+) -> ScopeResult:
+    """Every reported figure for ``samples``. ``answer_ids``: answer clusters (from
+    :func:`calibrl.selection.answer_clusters`) enabling selection; ``step(description)`` is called before each
+    slow stage (progress reporting)."""
+    step = step or (lambda _desc: None)
+    pidx = samples.prompt_index
+    sizes = samples.group_sizes()
+    conf = samples.confidence()
+    target = samples.confidence_target()
+    score = samples.score()
+    kmax = int(sizes.min())
+    out: dict[str, Any] = {
+        "n_samples": len(samples),
+        "n_prompts": samples.n_prompts,
+        "samples_per_prompt": {"min": kmax, "max": int(sizes.max())},
+        "confidence": samples.confidence_kind,
+        "accuracy": _f(M.mean_at_k(samples.correct, pidx)),
+        "pass@1": _f(M.pass_at_k(samples.correct, pidx, 1)),
+    }
+    if kmax > 1:
+        out[f"pass@{kmax}"] = _f(M.pass_at_k(samples.correct, pidx, kmax))
+    if samples.confidence_kind == "class_probs":
+        out["top_label_accuracy"] = _f(M.mean_at_k(target, pidx))
+    out.update(_confidence_metrics(conf, target, score, pidx, n_bins))
+
+    if n_boot > 0:
+        step(f"{label}/{scope}: bootstrap ({n_boot} prompt resamples)")
+        ci = functools.partial(M.bootstrap_ci, prompt_ids=pidx, n_boot=n_boot, alpha=alpha, seed=seed)
+        boot = {
+            "accuracy": ci(M.mean_at_k, {"correct": samples.correct, "prompt_ids": pidx}),
+            "auroc": ci(M.auroc, (score, target)),
+            "ece": ci(functools.partial(M.ece, n_bins=n_bins, strategy="uniform"), (conf, target)),
+            "brier": ci(M.brier, (conf, target)),
+        }
+        out["bootstrap"] = {"n_boot": n_boot, "alpha": alpha,
+                            **{k: [_f(v.low), _f(v.high)] for k, v in boot.items()}}
+
+    result = ScopeResult(label, scope, out, conf, target)
+    if posthoc:
+        from calibrl.posthoc import cross_validated_posthoc
+
+        step(f"{label}/{scope}: {posthoc} post-hoc calibration ({n_splits} folds by prompt)")
+        if samples.n_prompts < 2:
+            out["posthoc"] = {"method": posthoc, "skipped": "needs at least 2 prompts"}
+        else:
+            cal = cross_validated_posthoc(posthoc, conf, target, pidx, n_splits=n_splits, seed=seed)
+            result.posthoc_confidence = cal
+            # post-hoc maps are monotone on confidence, so AUROC is reported on the calibrated values themselves
+            out["posthoc"] = {"method": posthoc, "n_splits": int(min(n_splits, samples.n_prompts)),
+                              **_confidence_metrics(cal, target, cal, pidx, n_bins)}
+
+    if answer_ids is not None and methods:
+        lpm = samples.logprob_mean
+        usable = [m for m in methods if lpm is not None or m in ("majority", "best_of_n")]
+        kwargs = {"logprob_mean": lpm, "completions": samples.completions, "confidence": score}
+        sel: dict[str, Any] = {}  # accuracy of each method on all of each prompt's paths
+        for method in usable:
+            step(f"{label}/{scope}: selection '{method}' and its scaling curve")
+            sel[method] = _f(select(method, answer_ids, samples.correct, pidx, **kwargs).accuracy)
+            draws = rpc_draws if method == "rpc" else scaling_draws  # rpc fits one mixture per prompt per draw
+            curve = scaling_curve(method, answer_ids, samples.correct, pidx, n_draws=draws, seed=seed, **kwargs)
+            result.curves[method] = curve
+        out["selection"] = sel
+        out["scaling"] = {m: c.to_dict() for m, c in result.curves.items()}
+    return result

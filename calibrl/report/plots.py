@@ -1,0 +1,245 @@
+"""PNG figures for calibration reports: reliability diagram, precision-coverage, ROC, scaling and training curves.
+
+Every function draws on a bare :class:`matplotlib.figure.Figure` (no pyplot, no global backend switch), so it is
+safe in scripts, notebooks and worker processes alike, and writes one PNG to ``path``, returning it as a Path.
+
+Several series can share one figure: pass a mapping ``{label: (confidence, correct)}`` (e.g. one entry per input
+file, labelled by the file's stem); a bare ``(confidence, correct)`` tuple draws a single unlabelled series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+__all__ = [
+    "plot_precision_coverage",
+    "plot_reliability",
+    "plot_roc",
+    "plot_scaling_curves",
+    "plot_training_curves",
+]
+
+_DPI = 110
+_LINESTYLES = ("-", "--", ":", "-.")
+
+
+def _series(data: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Normalise ``{label: (confidence, correct)}`` or a bare ``(confidence, correct)`` pair to a dict."""
+    if isinstance(data, Mapping):
+        items = data.items()
+    else:
+        items = [("", data)]
+    out = {}
+    for label, (confidence, correct) in items:
+        out[str(label)] = (np.asarray(confidence, dtype=np.float64), np.asarray(correct, dtype=bool))
+    if not out:
+        raise ValueError("nothing to plot: no series given")
+    return out
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=_DPI, bbox_inches="tight")
+    return path
+
+
+def _legend(ax) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    if any(labels):
+        ax.legend(fontsize="small", loc="best")
+
+
+def plot_reliability(
+    data: Any,
+    path: str | Path,
+    *,
+    n_bins: int = 10,
+    strategy: str = "uniform",
+    title: str | None = None,
+) -> Path:
+    """Reliability diagram over a histogram of confidence.
+
+    One series: accuracy per bin as bars, the gap to the bin's mean confidence shaded in red, the diagonal of
+    perfect calibration, ECE in the title. Several series: one line (mean confidence, accuracy) per series with
+    markers sized by nothing fancy, and step histograms below, so files can be compared on one figure.
+    Bins come from :func:`calibrl.metrics.reliability_bins` (same binning as the reported ECE).
+    """
+    from calibrl.metrics import ece, reliability_bins
+
+    series = _series(data)
+    fig = Figure(figsize=(5.2, 6.0))
+    ax, hist_ax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1], "hspace": 0.08})
+    ax.plot([0, 1], [0, 1], color="0.5", linestyle="--", linewidth=1, label="perfect calibration")
+    single = len(series) == 1
+    colors = [f"C{i}" for i in range(10)]
+    for i, (label, (conf, correct)) in enumerate(series.items()):
+        color = colors[i % len(colors)]
+        bins = reliability_bins(conf, correct, n_bins=n_bins, strategy=strategy)
+        edges = np.asarray(bins.edges, dtype=np.float64)
+        counts = np.asarray(bins.counts)
+        acc = np.asarray(bins.accuracy, dtype=np.float64)
+        mean_conf = np.asarray(bins.mean_confidence, dtype=np.float64)
+        filled = counts > 0
+        value = ece(conf, correct, n_bins=n_bins, strategy=strategy)
+        name = f"{label} (ECE {value:.3f})" if label else f"ECE {value:.3f}"
+        if single:
+            left, width = edges[:-1][filled], np.diff(edges)[filled]
+            ax.bar(left, acc[filled], width=width, align="edge", color=color, alpha=0.75, edgecolor="white",
+                   label=f"accuracy ({name})")
+            gap_low = np.minimum(acc[filled], mean_conf[filled])
+            ax.bar(left, np.abs(mean_conf[filled] - acc[filled]), bottom=gap_low, width=width, align="edge",
+                   color="tab:red", alpha=0.35, hatch="//", edgecolor="tab:red", label="gap to mean confidence")
+        else:
+            ax.plot(mean_conf[filled], acc[filled], marker="o", color=color, label=name)
+        hist_ax.hist(conf, bins=edges if strategy == "uniform" else np.linspace(0, 1, n_bins + 1),
+                     histtype="stepfilled" if single else "step", color=color, alpha=0.6 if single else 1.0,
+                     linewidth=1.5)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy")
+    ax.set_title(title or f"Reliability ({n_bins} {strategy} bins)")
+    _legend(ax)
+    hist_ax.set_xlabel("confidence")
+    hist_ax.set_ylabel("count")
+    return _save(fig, path)
+
+
+def plot_precision_coverage(data: Any, path: str | Path, *, title: str | None = None) -> Path:
+    """Precision of the answers kept vs coverage when abstaining on the least confident (one line per series)."""
+    from calibrl.metrics import aurc, precision_coverage
+
+    series = _series(data)
+    fig = Figure(figsize=(5.2, 4.2))
+    ax = fig.subplots()
+    for i, (label, (conf, correct)) in enumerate(series.items()):
+        coverage, precision = precision_coverage(conf, correct)
+        name = f"{label} (AURC {aurc(conf, correct):.3f})" if label else f"AURC {aurc(conf, correct):.3f}"
+        ax.plot(coverage, precision, color=f"C{i % 10}", label=name)
+        ax.axhline(float(np.mean(correct)), color=f"C{i % 10}", linestyle=":", linewidth=0.8)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("coverage (fraction answered)")
+    ax.set_ylabel("precision of answered")
+    ax.set_title(title or "Precision vs coverage (dotted: accuracy at full coverage)")
+    _legend(ax)
+    return _save(fig, path)
+
+
+def plot_roc(data: Any, path: str | Path, *, title: str | None = None) -> Path:
+    """ROC curve of confidence as a detector of correct answers (one line per series, AUROC in the legend)."""
+    from calibrl.metrics import auroc, roc_curve
+
+    series = _series(data)
+    fig = Figure(figsize=(4.8, 4.6))
+    ax = fig.subplots()
+    ax.plot([0, 1], [0, 1], color="0.5", linestyle="--", linewidth=1)
+    for i, (label, (conf, correct)) in enumerate(series.items()):
+        if correct.all() or not correct.any():
+            continue  # ROC undefined with one class
+        fpr, tpr, _ = roc_curve(conf, correct)
+        value = auroc(conf, correct)
+        ax.plot(fpr, tpr, color=f"C{i % 10}", label=f"{label} (AUROC {value:.3f})" if label else f"AUROC {value:.3f}")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("false positive rate (wrong answers accepted)")
+    ax.set_ylabel("true positive rate (right answers accepted)")
+    ax.set_title(title or "ROC of confidence vs correctness")
+    _legend(ax)
+    return _save(fig, path)
+
+
+def plot_scaling_curves(
+    curves: Mapping[str, Mapping[str, Any]] | Mapping[str, Any],
+    path: str | Path,
+    *,
+    title: str | None = None,
+) -> Path:
+    """Accuracy vs number of sampled paths N, one line per selection method.
+
+    ``curves`` is ``{method: curve}`` for one input, or ``{label: {method: curve}}`` to overlay several inputs
+    (colour = method, line style = input). A curve is a :class:`calibrl.selection.ScalingCurve` or any object or
+    mapping with ``ns`` and ``accuracy`` (and optionally ``std``, shaded as +-1 std over random draws).
+    """
+
+    def fields(curve):
+        get = curve.get if isinstance(curve, Mapping) else lambda k, d=None: getattr(curve, k, d)
+        return np.asarray(get("ns")), np.asarray(get("accuracy"), dtype=np.float64), get("std", None)
+
+    first = next(iter(curves.values()), None)
+    nested = isinstance(first, Mapping) and not {"ns", "accuracy"} <= set(first)
+    groups = curves if nested else {"": curves}
+    fig = Figure(figsize=(5.6, 4.2))
+    ax = fig.subplots()
+    methods: list[str] = []
+    for group in groups.values():
+        methods += [m for m in group if m not in methods]
+    for g, (label, group) in enumerate(groups.items()):
+        for method, curve in group.items():
+            ns, acc, std = fields(curve)
+            color = f"C{methods.index(method) % 10}"
+            name = f"{method} [{label}]" if label else method
+            ax.plot(ns, acc, marker="o", markersize=3, color=color, linestyle=_LINESTYLES[g % len(_LINESTYLES)],
+                    label=name)
+            if std is not None and len(groups) == 1:
+                std = np.asarray(std, dtype=np.float64)
+                ax.fill_between(ns, acc - std, acc + std, color=color, alpha=0.12, linewidth=0)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("N sampled paths per prompt")
+    ax.set_ylabel("accuracy of the selected answer")
+    ax.set_title(title or "Inference-time scaling")
+    _legend(ax)
+    return _save(fig, path)
+
+
+def plot_training_curves(
+    history: Mapping[str, Sequence[Mapping[str, Any]]],
+    metrics: Sequence[str] = ("auroc", "ece", "accuracy"),
+    path: str | Path | None = None,
+) -> Path:
+    """Metrics over training steps, one panel per metric and one line per method.
+
+    ``history`` maps a method name to a list of records ``{"step": int, "<metric>": float, ...}``. Records
+    sharing a step (e.g. several seeds) are averaged and their min-max range shaded. Missing or None values
+    are skipped; a metric no method reports is drawn as an empty panel with a note.
+    """
+    if path is None:
+        raise TypeError("plot_training_curves() needs path= (where to write the PNG)")
+    metrics = list(metrics)
+    fig = Figure(figsize=(4.2 * len(metrics), 3.6))
+    axes = np.atleast_1d(fig.subplots(1, len(metrics)))
+    for ax, metric in zip(axes, metrics):
+        drawn = False
+        for i, (method, records) in enumerate(history.items()):
+            by_step: dict[float, list[float]] = {}
+            for rec in records:
+                value = rec.get(metric)
+                if value is None or rec.get("step") is None:
+                    continue
+                value = float(value)
+                if np.isfinite(value):
+                    by_step.setdefault(float(rec["step"]), []).append(value)
+            if not by_step:
+                continue
+            steps = np.array(sorted(by_step))
+            vals = [np.asarray(by_step[s]) for s in steps]
+            mean = np.array([v.mean() for v in vals])
+            color = f"C{i % 10}"
+            ax.plot(steps, mean, color=color, marker="o" if len(steps) < 30 else None, markersize=3, label=method)
+            if any(len(v) > 1 for v in vals):
+                ax.fill_between(steps, [v.min() for v in vals], [v.max() for v in vals], color=color, alpha=0.15,
+                                linewidth=0)
+            drawn = True
+        ax.set_title(metric)
+        ax.set_xlabel("step")
+        if drawn:
+            _legend(ax)
+        else:
+            ax.text(0.5, 0.5, f"no '{metric}' values", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    return _save(fig, path)

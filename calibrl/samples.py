@@ -1,0 +1,373 @@
+"""Load and validate sampled completions (JSONL or Parquet) for ``calibrl eval``.
+
+One row per sampled completion. Fields (see docs/eval.md for the full table):
+
+- ``prompt_id`` (str | int, required): completions of one prompt share it.
+- ``correct`` (bool, or 0/1) or ``reward`` (number; ``correct = reward > 0.5``): one of them is required, except
+  with ``class_probs`` + ``label``, where a missing ``correct`` is derived as ``argmax(class_probs) == label``.
+- a confidence input, at least one of:
+  ``logprob_mean`` (number <= 0, the completion's mean token log-probability; sequence confidence
+  ``exp(logprob_mean)`` = 1/perplexity), ``decision_prob`` (number in [0, 1], probability of the decision token),
+  ``class_probs`` (list of numbers in [0, 1] summing to 1 within 1e-3) with ``label`` (int class index, or a class
+  string looked up in ``classes``).
+- optional: ``answer`` (str, or a number stored as its string; null = no answer extracted), ``benchmark`` (str),
+  ``completion`` (str), ``n_tokens`` (int >= 0), ``classes`` (list of str).
+
+Which confidence to use is chosen per file (``confidence=`` or the first of logprob_mean, decision_prob,
+class_probs present in the first row); that field is then required on every row. Other optional fields are
+validated wherever they appear; a field present on only some rows is kept with NaN / None for the others.
+
+Errors raise :class:`SamplesError` with ``"<file>:<line>: field '<name>': <problem>"``; for Parquet files the
+number is the 1-based row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+__all__ = ["CONFIDENCE_KINDS", "Samples", "SamplesError", "load_samples"]
+
+CONFIDENCE_KINDS = ("logprob_mean", "decision_prob", "class_probs")
+_CLASS_PROBS_TOL = 1e-3
+_LOGPROB_TOL = 1e-6  # float noise above 0 is clipped to 0
+
+
+class SamplesError(ValueError):
+    """A samples file is unreadable or a row is invalid; the message starts with ``file:line``."""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_int(value: Any) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, (int, np.integer)):
+        return True
+    return isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer()
+
+
+@dataclass
+class Samples:
+    """Validated samples of one file as numpy arrays, one entry per sampled completion.
+
+    ``prompt_index`` is a dense 0..n_prompts-1 index of ``prompt_ids`` (pass it to :mod:`calibrl.metrics`).
+    Optional arrays are None when no row has the field. ``labels`` are class indices into ``classes``.
+    """
+
+    source: str
+    prompt_ids: np.ndarray  # [N] str
+    correct: np.ndarray  # [N] bool
+    confidence_kind: str
+    reward: np.ndarray | None = None  # [N] float (NaN where absent)
+    logprob_mean: np.ndarray | None = None  # [N] float
+    decision_prob: np.ndarray | None = None  # [N] float
+    class_probs: np.ndarray | None = None  # [N, C] float
+    labels: np.ndarray | None = None  # [N] int
+    classes: list[str] | None = None
+    answers: np.ndarray | None = None  # [N] object: str or None
+    benchmarks: np.ndarray | None = None  # [N] str
+    completions: np.ndarray | None = None  # [N] object: str or None
+    n_tokens: np.ndarray | None = None  # [N] float (NaN where absent)
+    prompt_index: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _, self.prompt_index = np.unique(self.prompt_ids, return_inverse=True)
+        self.prompt_index = self.prompt_index.astype(np.int64).reshape(-1)
+
+    def __len__(self) -> int:
+        return int(self.correct.shape[0])
+
+    @property
+    def name(self) -> str:
+        """The source file's stem: the label of this file in reports."""
+        return Path(self.source).stem
+
+    @property
+    def n_prompts(self) -> int:
+        return int(self.prompt_index.max()) + 1 if len(self) else 0
+
+    def group_sizes(self) -> np.ndarray:
+        """Number of completions per prompt, in ``prompt_index`` order."""
+        return np.bincount(self.prompt_index, minlength=self.n_prompts)
+
+    def confidence(self, kind: str | None = None) -> np.ndarray:
+        """Confidence in [0, 1] per completion: exp(logprob_mean), decision_prob, or the top class probability."""
+        kind = kind or self.confidence_kind
+        if kind == "logprob_mean":
+            return np.exp(self._need("logprob_mean"))
+        if kind == "decision_prob":
+            return self._need("decision_prob").copy()
+        if kind == "class_probs":
+            return self._need("class_probs").max(axis=1)
+        raise ValueError(f"unknown confidence kind {kind!r}; choose one of {', '.join(CONFIDENCE_KINDS)}")
+
+    def score(self, kind: str | None = None) -> np.ndarray:
+        """The ranking score AUROC uses: logprob_mean itself (no exp underflow ties), else :meth:`confidence`."""
+        kind = kind or self.confidence_kind
+        return self._need("logprob_mean").copy() if kind == "logprob_mean" else self.confidence(kind)
+
+    def confidence_target(self, kind: str | None = None) -> np.ndarray:
+        """What the confidence predicts: ``correct``, or for class_probs whether the top class is the label."""
+        kind = kind or self.confidence_kind
+        if kind == "class_probs":
+            return self._need("class_probs").argmax(axis=1) == self._need("labels")
+        return self.correct
+
+    def _need(self, name: str) -> np.ndarray:
+        value = getattr(self, name)
+        if value is None or (value.dtype.kind == "f" and np.isnan(value).any()):
+            raise SamplesError(f"{self.source}: field '{name}' is not present on every row")
+        return value
+
+    def subset(self, mask: np.ndarray) -> "Samples":
+        """The rows where ``mask`` is true (a new Samples with its own dense prompt index)."""
+        mask = np.asarray(mask)
+        kwargs = {}
+        for name in ("prompt_ids", "correct", "reward", "logprob_mean", "decision_prob", "class_probs", "labels",
+                     "answers", "benchmarks", "completions", "n_tokens"):
+            value = getattr(self, name)
+            kwargs[name] = None if value is None else value[mask]
+        return replace(self, **kwargs)
+
+    def by_benchmark(self) -> dict[str, "Samples"]:
+        """Split by the ``benchmark`` field (sorted by name); empty when no row names a benchmark."""
+        if self.benchmarks is None:
+            return {}
+        return {str(b): self.subset(self.benchmarks == b) for b in np.unique(self.benchmarks)}
+
+
+def _rows_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    try:
+        handle = path.open("r", encoding="utf-8")
+    except OSError as exc:
+        raise SamplesError(f"{path}: cannot open ({exc.strerror or exc})") from None
+    with handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SamplesError(f"{path.name}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+
+
+def _rows_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for unreadable files
+        raise SamplesError(f"{path.name}: cannot read Parquet ({exc})") from None
+    for i, row in enumerate(table.to_pylist(), start=1):
+        yield i, row
+
+
+class _Row:
+    """Typed access to one row's fields with ``file:line: field 'x': problem`` errors."""
+
+    def __init__(self, where: str, row: dict):
+        self.where, self.row = where, row
+
+    def fail(self, name: str, problem: str) -> SamplesError:
+        return SamplesError(f"{self.where}: field '{name}': {problem}")
+
+    def has(self, name: str) -> bool:
+        return self.row.get(name) is not None
+
+    def number(self, name: str, *, low: float = -math.inf, high: float = math.inf) -> float:
+        value = self.row.get(name)
+        if value is None:
+            raise self.fail(name, "missing")
+        if not _is_number(value):
+            raise self.fail(name, f"expected a number, got {type(value).__name__} {value!r}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise self.fail(name, f"must be finite, got {value}")
+        if not low <= value <= high:
+            raise self.fail(name, f"out of range: {value} not in [{low}, {high}]")
+        return value
+
+
+def _detect_kind(path: Path, lineno: int, row: dict, requested: str | None) -> str:
+    if requested is not None:
+        if requested not in CONFIDENCE_KINDS:
+            raise SamplesError(f"unknown confidence {requested!r}; choose one of {', '.join(CONFIDENCE_KINDS)}")
+        return requested
+    for kind in CONFIDENCE_KINDS:
+        if row.get(kind) is not None:
+            return kind
+    raise SamplesError(
+        f"{path.name}:{lineno}: field 'logprob_mean': missing (need a confidence input: one of "
+        f"{', '.join(CONFIDENCE_KINDS)})"
+    )
+
+
+def load_samples(path: str | Path, *, confidence: str | None = None) -> Samples:
+    """Read and validate a ``.jsonl`` / ``.json`` (one object per line) or ``.parquet`` samples file.
+
+    ``confidence`` picks the confidence field (``logprob_mean``, ``decision_prob`` or ``class_probs``); by default
+    the first of these present in the first row. Raises :class:`SamplesError` naming the file, line and field.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise SamplesError(f"{path}: no such file")
+    rows = _rows_parquet(path) if path.suffix.lower() in (".parquet", ".pq") else _rows_jsonl(path)
+
+    prompt_ids: list[str] = []
+    correct: list[bool] = []
+    cols: dict[str, list] = {k: [] for k in ("reward", "logprob_mean", "decision_prob", "n_tokens")}
+    class_probs: list[list[float] | None] = []
+    labels: list[int] = []
+    texts: dict[str, list] = {"answer": [], "benchmark": [], "completion": []}
+    classes: list[str] | None = None
+    kind: str | None = None
+    n_classes: int | None = None
+
+    for lineno, raw in rows:
+        where = f"{path.name}:{lineno}"
+        if not isinstance(raw, dict):
+            raise SamplesError(f"{where}: expected a JSON object per line, got {type(raw).__name__}")
+        r = _Row(where, raw)
+        if kind is None:
+            kind = _detect_kind(path, lineno, raw, confidence)
+
+        pid = raw.get("prompt_id")
+        if pid is None:
+            raise r.fail("prompt_id", "missing")
+        if isinstance(pid, str):
+            prompt_ids.append(pid)
+        elif _is_int(pid):
+            prompt_ids.append(str(int(pid)))
+        else:
+            raise r.fail("prompt_id", f"expected str or int, got {type(pid).__name__} {pid!r}")
+
+        for name in ("reward", "n_tokens"):
+            cols[name].append(r.number(name, low=0 if name == "n_tokens" else -math.inf) if r.has(name) else math.nan)
+        if r.has("n_tokens") and not _is_int(raw["n_tokens"]):
+            raise r.fail("n_tokens", f"expected an integer, got {raw['n_tokens']!r}")
+        cols["logprob_mean"].append(
+            min(r.number("logprob_mean", high=_LOGPROB_TOL), 0.0) if r.has("logprob_mean") or kind == "logprob_mean"
+            else math.nan
+        )
+        cols["decision_prob"].append(
+            r.number("decision_prob", low=0.0, high=1.0) if r.has("decision_prob") or kind == "decision_prob"
+            else math.nan
+        )
+
+        # class_probs + label (+ classes)
+        row_classes = raw.get("classes")
+        if row_classes is not None:
+            if not isinstance(row_classes, (list, tuple)) or not all(isinstance(c, str) for c in row_classes):
+                raise r.fail("classes", f"expected a list of strings, got {row_classes!r}")
+            if classes is None:
+                classes = list(row_classes)
+        probs = raw.get("class_probs")
+        if probs is None and kind == "class_probs":
+            raise r.fail("class_probs", "missing")
+        if probs is not None:
+            if not isinstance(probs, (list, tuple, np.ndarray)) or not all(_is_number(p) for p in probs):
+                raise r.fail("class_probs", f"expected a list of numbers, got {type(probs).__name__} {probs!r}")
+            probs = [float(p) for p in probs]
+            if len(probs) < 2:
+                raise r.fail("class_probs", f"needs at least 2 classes, got {len(probs)}")
+            if not all(math.isfinite(p) for p in probs):
+                raise r.fail("class_probs", f"must be finite, got {probs}")
+            if not all(0.0 <= p <= 1.0 for p in probs):
+                raise r.fail("class_probs", f"out of range: values must lie in [0, 1], got {probs}")
+            if abs(sum(probs) - 1.0) > _CLASS_PROBS_TOL:
+                raise r.fail("class_probs", f"out of range: must sum to 1 (within {_CLASS_PROBS_TOL}), sums to {sum(probs):.6g}")
+            if n_classes is None:
+                n_classes = len(probs)
+            elif len(probs) != n_classes:
+                raise r.fail("class_probs", f"has {len(probs)} classes, earlier rows have {n_classes}")
+        class_probs.append(probs)
+        label = raw.get("label")
+        if label is None:
+            if kind == "class_probs":
+                raise r.fail("label", "missing (class_probs needs the true class)")
+            labels.append(-1)
+        else:
+            choices = row_classes if row_classes is not None else classes
+            if isinstance(label, str):
+                if choices is None:
+                    raise r.fail("label", f"is the string {label!r} but no 'classes' list says which index it is")
+                if label not in choices:
+                    raise r.fail("label", f"out of range: {label!r} is not one of classes {list(choices)}")
+                labels.append(list(choices).index(label))
+            elif _is_int(label):
+                size = n_classes if probs is not None else (len(choices) if choices is not None else None)
+                if int(label) < 0 or (size is not None and int(label) >= size):
+                    raise r.fail("label", f"out of range: {int(label)} not in [0, {size})")
+                labels.append(int(label))
+            else:
+                raise r.fail("label", f"expected an int index or a class string, got {type(label).__name__} {label!r}")
+
+        if raw.get("correct") is not None:
+            value = raw["correct"]
+            if isinstance(value, (bool, np.bool_)) or (_is_int(value) and int(value) in (0, 1)):
+                correct.append(bool(value))
+            else:
+                raise r.fail("correct", f"expected a bool, got {type(value).__name__} {value!r}")
+        elif r.has("reward"):
+            correct.append(cols["reward"][-1] > 0.5)
+        elif kind == "class_probs":
+            correct.append(int(np.argmax(probs)) == labels[-1])
+        else:
+            raise r.fail("correct", "missing (give 'correct' (bool) or 'reward' (number))")
+
+        for name in texts:
+            value = raw.get(name)
+            if value is not None and not isinstance(value, str):
+                if name == "answer" and _is_number(value):
+                    value = str(value)
+                else:
+                    raise r.fail(name, f"expected a string, got {type(value).__name__} {value!r}")
+            texts[name].append(value)
+
+    if kind is None:
+        raise SamplesError(f"{path.name}: no samples (the file is empty)")
+
+    def opt_float(values: list[float]) -> np.ndarray | None:
+        arr = np.asarray(values, dtype=np.float64)
+        return None if np.isnan(arr).all() else arr
+
+    has_probs = [p is not None for p in class_probs]
+    probs_arr = None
+    if any(has_probs):
+        probs_arr = np.full((len(class_probs), n_classes), np.nan)
+        probs_arr[np.asarray(has_probs)] = np.asarray([p for p in class_probs if p is not None], dtype=np.float64)
+    labels_arr = np.asarray(labels, dtype=np.int64)
+    any_label = bool((labels_arr >= 0).any())
+
+    def opt_text(values: list, *, fill: Any = None) -> np.ndarray | None:
+        if all(v is None for v in values):
+            return None
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = [fill if v is None else v for v in values]
+        return arr
+
+    benchmarks = opt_text(texts["benchmark"], fill="(none)")
+    return Samples(
+        source=path.name,
+        prompt_ids=np.asarray(prompt_ids, dtype=str),
+        correct=np.asarray(correct, dtype=bool),
+        confidence_kind=kind,
+        reward=opt_float(cols["reward"]),
+        logprob_mean=opt_float(cols["logprob_mean"]),
+        decision_prob=opt_float(cols["decision_prob"]),
+        class_probs=probs_arr,
+        labels=labels_arr if any_label else None,
+        classes=classes,
+        answers=opt_text(texts["answer"]),
+        benchmarks=None if benchmarks is None else benchmarks.astype(str),
+        completions=opt_text(texts["completion"]),
+        n_tokens=opt_float(cols["n_tokens"]),
+    )

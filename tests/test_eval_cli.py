@@ -1,0 +1,118 @@
+"""End-to-end ``calibrl eval`` on synthetic JSONL and Parquet files."""
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from calibrl import metrics as M
+from calibrl import selection as S
+from calibrl.cli import app
+from calibrl.samples import load_samples
+
+runner = CliRunner()
+FAST = ["--bootstrap", "20", "--scaling-draws", "2", "--rpc-draws", "1", "--no-math-verify"]
+
+
+def _rows(seed, n_prompts=10, n=4):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in range(n_prompts):
+        for j in range(n):
+            correct = bool(rng.random() < 0.5)
+            answer = str(p) if correct else str(10 + int(rng.integers(0, 3)))
+            rows.append({"prompt_id": f"q{p}", "benchmark": "easy" if p < n_prompts // 2 else "hard",
+                         "correct": correct, "answer": answer, "completion": f"path {j % 3} {answer}",
+                         "logprob_mean": float(-rng.exponential(0.2 if correct else 0.5))})
+    return rows
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_end_to_end_jsonl_metrics_match_library(tmp_path):
+    src = _jsonl(tmp_path / "model_a.jsonl", _rows(0))
+    out = tmp_path / "report"
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), "--posthoc", "isotonic", *FAST])
+    assert res.exit_code == 0, res.output
+    names = {p.name for p in out.iterdir()}
+    for scope in ("overall", "easy", "hard"):
+        for kind in ("reliability", "roc", "precision_coverage", "scaling", "reliability_isotonic"):
+            assert f"{scope}_{kind}.png" in names
+    assert {"metrics.json", "report.md"} <= names
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".report")]  # temp dir renamed away
+
+    data = json.loads((out / "metrics.json").read_text())
+    m = data["results"]["overall"]["model_a"]
+    s = load_samples(src)
+    conf, y, pid = np.exp(s.logprob_mean), s.correct, s.prompt_index
+    assert m["accuracy"] == pytest.approx(M.mean_at_k(y, pid))
+    assert m["pass@4"] == pytest.approx(M.pass_at_k(y, pid, 4))
+    assert m["auroc"] == pytest.approx(M.auroc(s.logprob_mean, y))
+    assert m["per_prompt_auroc"]["mean"] == pytest.approx(M.per_prompt_auroc(s.logprob_mean, y, pid).mean)
+    assert m["ece"] == pytest.approx(M.ece(conf, y, n_bins=10))
+    assert m["ece_quantile"] == pytest.approx(M.ece(conf, y, n_bins=10, strategy="quantile"))
+    assert m["brier"] == pytest.approx(M.brier(conf, y))
+    assert m["aurc"] == pytest.approx(M.aurc(conf, y))
+    low, high = m["bootstrap"]["auroc"]
+    assert low <= m["auroc"] <= high
+    ids = S.answer_clusters(s.answers, s.prompt_ids, use_math_verify=False)
+    assert m["selection"]["majority"] == pytest.approx(S.majority_vote(ids, y, pid).accuracy)
+    assert m["selection"]["pc"] == pytest.approx(
+        S.perplexity_consistency(ids, y, pid, logprob_mean=s.logprob_mean, completions=s.completions).accuracy)
+    assert m["scaling"]["pc"]["accuracy"][0] == pytest.approx(M.mean_at_k(y, pid))
+    ph = M.ece(__import__("calibrl.posthoc", fromlist=["x"]).cross_validated_posthoc("isotonic", conf, y, pid), y)
+    assert m["posthoc"]["ece"] == pytest.approx(ph)
+    hard = data["results"]["hard"]["model_a"]
+    assert hard["n_prompts"] == 5 and hard["n_samples"] == 20
+    assert "model_a" in res.output and "accuracy" in res.output  # terminal summary
+
+
+def test_two_files_side_by_side_jsonl_and_parquet(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    a = _jsonl(tmp_path / "grpo.jsonl", _rows(1))
+    rows = _rows(2)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "capo.parquet")
+    out = tmp_path / "cmp"
+    res = runner.invoke(app, ["eval", str(a), str(tmp_path / "capo.parquet"), "--out", str(out), *FAST,
+                              "--methods", "majority,pc"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "metrics.json").read_text())
+    assert list(data["results"]["overall"]) == ["grpo", "capo"]
+    s = load_samples(tmp_path / "capo.parquet")
+    assert data["results"]["overall"]["capo"]["auroc"] == pytest.approx(M.auroc(s.logprob_mean, s.correct))
+    report = (out / "report.md").read_text()
+    assert "| metric | grpo | capo |" in report and "![overall_scaling.png](overall_scaling.png)" in report
+    assert set(data["results"]["overall"]["grpo"]["selection"]) == {"majority", "pc"}
+
+
+def test_bad_input_exits_2_and_writes_nothing(tmp_path):
+    good = _jsonl(tmp_path / "good.jsonl", _rows(0))
+    rows = _rows(1)
+    rows[5]["logprob_mean"] = "oops"
+    bad = _jsonl(tmp_path / "bad.jsonl", rows)
+    out = tmp_path / "never"
+    res = runner.invoke(app, ["eval", str(good), str(bad), "--out", str(out), *FAST])
+    assert res.exit_code == 2
+    assert "bad.jsonl:6: field 'logprob_mean': expected a number" in res.output
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "good.jsonl"]
+
+
+def test_refuses_foreign_output_folder_but_replaces_previous_report(tmp_path):
+    src = _jsonl(tmp_path / "s.jsonl", _rows(0))
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    res = runner.invoke(app, ["eval", str(src), "--out", str(foreign), *FAST, "--methods", ""])
+    assert res.exit_code == 2 and (foreign / "notes.txt").read_text() == "keep me"
+    out = tmp_path / "rep"
+    for _ in range(2):
+        res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", "", "--bootstrap", "0"])
+        assert res.exit_code == 0, res.output
+    assert "selection" not in json.loads((out / "metrics.json").read_text())["results"]["overall"]["s"]

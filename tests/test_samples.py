@@ -1,0 +1,129 @@
+"""Loading and validating samples files (JSONL, Parquet)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from calibrl.samples import SamplesError, load_samples
+
+
+def _write(path, rows, raw_lines=()):
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+        for line in raw_lines:
+            f.write(line + "\n")
+    return path
+
+
+ROWS = [
+    {"prompt_id": "q1", "correct": True, "logprob_mean": -0.1, "answer": "3", "benchmark": "aime", "n_tokens": 5},
+    {"prompt_id": "q1", "reward": 0.0, "logprob_mean": -1.2, "answer": 4, "benchmark": "aime"},
+    {"prompt_id": 2, "reward": 1.0, "logprob_mean": -0.3, "answer": None, "benchmark": "math"},
+]
+
+
+def test_jsonl_round_trip(tmp_path):
+    s = load_samples(_write(tmp_path / "s.jsonl", ROWS))
+    assert s.source == "s.jsonl" and s.name == "s" and len(s) == 3 and s.n_prompts == 2
+    assert s.correct.tolist() == [True, False, True]  # reward > 0.5
+    assert s.confidence_kind == "logprob_mean"
+    np.testing.assert_allclose(s.confidence(), np.exp([-0.1, -1.2, -0.3]))
+    np.testing.assert_allclose(s.score(), [-0.1, -1.2, -0.3])
+    assert s.answers.tolist() == ["3", "4", None]
+    assert s.prompt_ids.tolist() == ["q1", "q1", "2"]
+    assert s.group_sizes().tolist() == [1, 2]  # dense index sorts "2" before "q1"
+    assert np.isnan(s.n_tokens[1]) and s.n_tokens[0] == 5
+    parts = s.by_benchmark()
+    assert list(parts) == ["aime", "math"] and len(parts["aime"]) == 2 and parts["math"].n_prompts == 1
+
+
+def test_parquet_equals_jsonl(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rows = [dict(r, prompt_id=str(r["prompt_id"]), answer=None if r["answer"] is None else str(r["answer"]))
+            for r in ROWS]
+    keys = sorted({k for r in rows for k in r})  # from_pylist would take the columns of the first row only
+    pq.write_table(pa.Table.from_pydict({k: [r.get(k) for r in rows] for k in keys}), tmp_path / "s.parquet")
+    a = load_samples(tmp_path / "s.parquet")
+    b = load_samples(_write(tmp_path / "s.jsonl", ROWS))
+    assert a.correct.tolist() == b.correct.tolist()
+    np.testing.assert_allclose(a.logprob_mean, b.logprob_mean)
+    assert a.prompt_ids.tolist() == b.prompt_ids.tolist()
+
+
+def test_decision_and_class_probs(tmp_path):
+    rows = [
+        {"prompt_id": 0, "correct": True, "decision_prob": 0.9, "class_probs": [0.9, 0.1], "label": "Y",
+         "classes": ["Y", "N"]},
+        {"prompt_id": 1, "correct": False, "decision_prob": 0.6, "class_probs": [0.4, 0.6], "label": 0,
+         "classes": ["Y", "N"]},
+    ]
+    path = _write(tmp_path / "d.jsonl", rows)
+    s = load_samples(path)
+    assert s.confidence_kind == "decision_prob"
+    np.testing.assert_allclose(s.confidence(), [0.9, 0.6])
+    c = load_samples(path, confidence="class_probs")
+    assert c.labels.tolist() == [0, 0] and c.classes == ["Y", "N"]
+    np.testing.assert_allclose(c.confidence(), [0.9, 0.6])
+    assert c.confidence_target().tolist() == [True, False]
+    # correct may be derived from class_probs + label
+    rows2 = [{k: v for k, v in r.items() if k != "correct"} for r in rows]
+    assert load_samples(_write(tmp_path / "e.jsonl", rows2), confidence="class_probs").correct.tolist() == [True, False]
+
+
+BAD = [
+    ({"correct": True, "logprob_mean": -0.1}, "field 'prompt_id': missing"),
+    ({"prompt_id": 1, "logprob_mean": -0.1}, "field 'correct': missing"),
+    ({"prompt_id": 1, "correct": "yes", "logprob_mean": -0.1}, "field 'correct': expected a bool"),
+    ({"prompt_id": 1.5, "correct": True, "logprob_mean": -0.1}, "field 'prompt_id': expected str or int"),
+    ({"prompt_id": 1, "correct": True, "logprob_mean": "high"}, "field 'logprob_mean': expected a number"),
+    ({"prompt_id": 1, "correct": True, "logprob_mean": 0.5}, "field 'logprob_mean': out of range"),
+    ({"prompt_id": 1, "correct": True}, "field 'logprob_mean': missing"),
+    ({"prompt_id": 1, "correct": True, "logprob_mean": -0.1, "decision_prob": 1.5}, "field 'decision_prob': out of range"),
+    ({"prompt_id": 1, "correct": True, "logprob_mean": -0.1, "class_probs": [0.5, 0.2], "label": 0}, "field 'class_probs': out of range"),
+    ({"prompt_id": 1, "correct": True, "logprob_mean": -0.1, "class_probs": [0.5, 0.5], "label": 2}, "field 'label': out of range"),
+    ({"prompt_id": 1, "correct": True, "logprob_mean": -0.1, "class_probs": [0.5, 0.5], "label": "Z"}, "field 'label'"),
+    ({"prompt_id": 1, "correct": True, "logprob_mean": -0.1, "answer": ["x"]}, "field 'answer': expected a string"),
+]
+
+
+@pytest.mark.parametrize("row,message", BAD)
+def test_bad_rows_name_file_line_and_field(tmp_path, row, message):
+    path = _write(tmp_path / "bad.jsonl", [ROWS[0], ROWS[1]] + [row])
+    with pytest.raises(SamplesError) as err:
+        load_samples(path)
+    assert str(err.value).startswith("bad.jsonl:3: ")
+    assert message in str(err.value)
+
+
+def test_nan_and_inf_are_rejected(tmp_path):
+    for literal in ("NaN", "Infinity", "-Infinity"):
+        path = _write(tmp_path / "nan.jsonl", ROWS[:1],
+                      raw_lines=[f'{{"prompt_id": 1, "correct": true, "logprob_mean": {literal}}}'])
+        with pytest.raises(SamplesError, match=r"^nan\.jsonl:2: field 'logprob_mean': must be finite"):
+            load_samples(path)
+
+
+def test_unreadable_inputs(tmp_path):
+    with pytest.raises(SamplesError, match="no such file"):
+        load_samples(tmp_path / "missing.jsonl")
+    with pytest.raises(SamplesError, match=r"^e\.jsonl: no samples"):
+        load_samples(_write(tmp_path / "e.jsonl", []))
+    with pytest.raises(SamplesError, match=r"^j\.jsonl:2: invalid JSON"):
+        load_samples(_write(tmp_path / "j.jsonl", ROWS[:1], raw_lines=["{oops"]))
+    with pytest.raises(SamplesError, match="unknown confidence"):
+        load_samples(_write(tmp_path / "k.jsonl", ROWS), confidence="entropy")
+
+
+def test_parquet_errors_name_the_row(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"prompt_id": "a", "correct": True, "logprob_mean": -0.1},
+                                         {"prompt_id": "a", "correct": True, "logprob_mean": float("nan")}]),
+                   tmp_path / "p.parquet")
+    with pytest.raises(SamplesError, match=r"^p\.parquet:2: field 'logprob_mean': must be finite"):
+        load_samples(tmp_path / "p.parquet")

@@ -1,0 +1,145 @@
+"""Answer selection (majority, weighted, PC, RPC, best-of-N), answer clustering and scaling curves."""
+
+import numpy as np
+import pytest
+
+from calibrl import metrics as M
+from calibrl import selection as S
+
+# One prompt where every method picks a different answer (worked out by hand):
+#   A: 9 distinct paths at p=0.02  -> most votes (majority), weighted 0.18
+#   B: 3 IDENTICAL texts at 0.45   -> weighted 1.35 (the largest), but PC counts the text once: 0.45
+#   C: 8 distinct paths at 0.15    -> PC 1.20 (the largest PC score); all 8 lie below the mean 0.204 and the
+#                                     Weibull mixture puts them in the low component, so RPC prunes them
+#   D: 2 distinct paths at 0.55    -> PC 1.10; wins once C is pruned (RPC)
+#   E: 1 path at 0.90              -> the single most confident path (best-of-N)
+ANS = ["A"] * 9 + ["B"] * 3 + ["C"] * 8 + ["D"] * 2 + ["E"]
+PROBS = [0.02] * 9 + [0.45] * 3 + [0.15] * 8 + [0.55] * 2 + [0.9]
+TEXTS = [f"a{i}" for i in range(9)] + ["b"] * 3 + [f"c{i}" for i in range(8)] + ["d0", "d1", "e"]
+EXPECTED = {"majority": "A", "weighted": "B", "pc": "C", "rpc": "D", "best_of_n": "E"}
+
+
+def _winner(result, ids):
+    return ANS[int(np.flatnonzero(ids == result.answer_ids[0])[0])]
+
+
+@pytest.mark.parametrize("method", S.METHODS)
+def test_each_method_picks_its_own_answer(method):
+    ids = S.answer_clusters(ANS, [0] * len(ANS), use_math_verify=False)
+    for truth in "ABCDE":
+        correct = [a == truth for a in ANS]
+        res = S.select(method, ids, correct, [0] * len(ANS), logprob_mean=np.log(PROBS), completions=TEXTS)
+        assert _winner(res, ids) == EXPECTED[method]
+        assert res.accuracy == float(truth == EXPECTED[method])
+
+
+def test_pc_without_texts_is_weighted_vote():
+    ids = S.answer_clusters(ANS, [0] * len(ANS), use_math_verify=False)
+    res = S.perplexity_consistency(ids, [True] * len(ANS), [0] * len(ANS), logprob_mean=np.log(PROBS))
+    assert _winner(res, ids) == "B"
+
+
+def test_rpc_prunes_only_low_paths_below_mean():
+    keep = S.rpc_keep_mask([0] * len(ANS), np.log(PROBS))
+    assert keep.tolist() == [a not in "AC" for a in ANS]
+
+
+def _reference_prune(probs):
+    """WNJXYK/RPC compute_rpc.py's pruning, transcribed (plain pdf, numerical gradient)."""
+    from scipy.optimize import minimize
+    from scipy.special import gamma
+
+    def pdf(x, k, lam):
+        return (k / lam) * (x / lam) ** (k - 1) * np.exp(-((x / lam) ** k))
+
+    def nll(params, data):
+        w1, k1, lam1, k2, lam2 = params
+        return -np.sum(np.log(w1 * pdf(data, k1, lam1) + (1 - w1) * pdf(data, k2, lam2)))
+
+    with np.errstate(all="ignore"):
+        res = minimize(nll, [0.5, 1.0, 1.0, 1.5, 2.0], args=(probs,),
+                       bounds=[(0.2, 0.8), (0.01, None), (0.01, None), (0.01, None), (0.01, None)])
+        w1, k1, lam1, k2, lam2 = res.x
+        if lam1 * gamma(1 + 1 / k1) < lam2 * gamma(1 + 1 / k2):
+            k1, lam1, k2, lam2, w1 = k2, lam2, k1, lam1, 1 - w1
+        p1 = w1 * pdf(probs, k1, lam1)
+        p2 = (1 - w1) * pdf(probs, k2, lam2)
+    return ~((p1 < p2) & (probs < probs.mean()))
+
+
+def test_rpc_pruning_matches_reference_code():
+    rng = np.random.default_rng(0)
+    agree = []
+    for _ in range(12):
+        probs = np.exp(-rng.exponential(0.3, size=16))
+        ours = S.rpc_keep_mask(np.zeros(16), np.log(probs))
+        agree.append(np.array_equal(ours, _reference_prune(probs)))
+    assert np.mean(agree) >= 11 / 12
+
+
+def test_ties_count_fractionally():
+    # two answers with one vote each, one right: expected accuracy of a uniform tie-break is 0.5
+    res = S.majority_vote([0, 1], [True, False], [7, 7])
+    assert res.correct.tolist() == [0.5]
+    res = S.best_of_n([0, 1], [True, False], [7, 7], confidence=[0.3, 0.3])
+    assert res.correct.tolist() == [0.5]
+
+
+def test_missing_answers_form_one_cluster_per_prompt():
+    ids = S.answer_clusters([None, None, "3", None], [0, 0, 0, 1], use_math_verify=False)
+    assert ids[0] == ids[1] != ids[2] and ids[3] != ids[0]
+    res = S.majority_vote(ids, [False, False, True, False], [0, 0, 0, 1])
+    assert res.correct.tolist() == [0.0, 0.0]
+
+
+def test_string_normalisation_without_math_verify():
+    ids = S.answer_clusters(["0.50", "0.5", "\\boxed{0.5}", "$0.5$", "1/2", "0.5"], [0, 0, 0, 0, 0, 1],
+                            use_math_verify=False)
+    assert len(set(ids[:4].tolist())) == 1 and ids[4] != ids[0] and ids[5] != ids[0]
+
+
+def test_math_verify_merges_equivalent_answers():
+    pytest.importorskip("math_verify")
+    ids = S.answer_clusters(["0.5", "\\frac{1}{2}", "\\dfrac12", "2", "0.5"], [0, 0, 0, 0, 1])
+    assert ids[0] == ids[1] == ids[2]
+    assert ids[3] != ids[0]
+    assert ids[4] != ids[0]  # never merged across prompts
+
+
+def _random_groups(n_prompts=30, n=8, seed=0):
+    rng = np.random.default_rng(seed)
+    pid = np.repeat(np.arange(n_prompts), n)
+    ans = rng.integers(0, 3, size=pid.size)
+    correct = ans == 0
+    lpm = -rng.exponential(0.4, size=pid.size) - 0.2 * (~correct)
+    return ans, correct, pid, lpm
+
+
+@pytest.mark.parametrize("method", ["majority", "weighted", "pc", "best_of_n"])
+def test_scaling_curve_endpoints(method):
+    ans, correct, pid, lpm = _random_groups()
+    curve = S.scaling_curve(method, ans, correct, pid, logprob_mean=lpm, n_draws=3, seed=1)
+    assert curve.ns.tolist() == [1, 2, 4, 8]
+    assert curve.accuracy[0] == pytest.approx(M.mean_at_k(correct, pid))
+    full = S.select(method, ans, correct, pid, logprob_mean=lpm).accuracy
+    assert curve.accuracy[-1] == pytest.approx(full) and curve.std[-1] == 0.0
+
+
+def test_scaling_curve_subsets_are_random_per_draw_and_seeded():
+    ans, correct, pid, lpm = _random_groups()
+    a = S.scaling_curve("majority", ans, correct, pid, ns=(3,), n_draws=5, seed=3)
+    b = S.scaling_curve("majority", ans, correct, pid, ns=(3,), n_draws=5, seed=3)
+    assert a.accuracy.tolist() == b.accuracy.tolist() and a.std[0] > 0
+
+
+def test_maj_at_k():
+    ans, correct, pid, _ = _random_groups()
+    assert S.maj_at_k(ans, correct, pid, k=1) == pytest.approx(M.mean_at_k(correct, pid))
+    assert S.maj_at_k(ans, correct, pid, k=8) == pytest.approx(S.majority_vote(ans, correct, pid).accuracy)
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="logprob_mean"):
+        S.select("pc", [0], [True], [0])
+    with pytest.raises(ValueError, match="unknown selection method"):
+        S.select("nope", [0], [True], [0])
