@@ -88,3 +88,23 @@ def test_to_device_round_trip():
     b = RolloutBatch(rewards=[1.0, 0.0], group_ids=[0, 0], logprob_mean=[-0.1, -0.2])
     c = b.to("cpu")
     assert torch.equal(c.rewards, b.rewards) and c.embeddings is None
+
+
+def test_registry_accepts_same_definition_loaded_twice_but_rejects_a_different_one():
+    # verl loads a reward module by file path although calibrl already imported it by name: the same
+    # definitions must not clash, while a genuinely different function under a taken name must.
+    import importlib.util
+
+    import calibrl.tasks.rewards as rewards
+    from calibrl.tasks.registry import get_reward, register_reward
+
+    spec = importlib.util.spec_from_file_location("calibrl_rewards_by_path", rewards.__file__)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.math_reward is not rewards.math_reward
+    assert get_reward("math") is rewards.math_reward  # the first registration stays
+
+    with pytest.raises(ValueError, match="already registered"):
+        @register_reward("math")
+        def other_math(prompts, completions, **kw):  # pragma: no cover - never called
+            return [0.0] * len(completions)

@@ -31,7 +31,7 @@ def register_estimator(name: str, *, overwrite: bool = False) -> Callable[[Estim
     """
 
     def decorator(fn: Estimator) -> Estimator:
-        if name in _ESTIMATORS and not overwrite and _ESTIMATORS[name] is not fn:
+        if name in _ESTIMATORS and not overwrite and not _same_function(_ESTIMATORS[name], fn):
             raise ValueError(f"advantage estimator {name!r} is already registered; pass overwrite=True to replace it")
         _ESTIMATORS[name] = fn
         return fn
@@ -70,3 +70,12 @@ def compute_advantages(
         name = estimator if isinstance(estimator, str) else getattr(estimator, "__name__", "estimator")
         raise ValueError(f"estimator {name!r} returned shape {tuple(advantages.shape)}, expected {tuple(batch.rewards.shape)}")
     return (advantages, dict(info)) if return_info else advantages
+
+
+def _same_function(a, b) -> bool:
+    """The same definition, possibly from a module loaded twice (by name and by file path, as verl's reward hook does)."""
+    def origin(fn):
+        code = getattr(fn, "__code__", None)
+        return (getattr(fn, "__qualname__", None), code.co_filename if code else None)
+
+    return a is b or origin(a) == origin(b)

@@ -16,7 +16,7 @@ _REWARDS: dict[str, Callable[..., list[float]]] = {}
 
 def _register(table: dict, kind: str, name: str, overwrite: bool):
     def decorator(fn):
-        if name in table and not overwrite and table[name] is not fn:
+        if name in table and not overwrite and not _same_function(table[name], fn):
             raise ValueError(f"{kind} {name!r} is already registered; pass overwrite=True to replace it")
         table[name] = fn
         return fn
@@ -71,3 +71,12 @@ def available_datasets() -> list[str]:
 def available_rewards() -> list[str]:
     _builtins()
     return sorted(_REWARDS)
+
+
+def _same_function(a, b) -> bool:
+    """The same definition, possibly from a module loaded twice (by name and by file path, as verl's reward hook does)."""
+    def origin(fn):
+        code = getattr(fn, "__code__", None)
+        return (getattr(fn, "__qualname__", None), code.co_filename if code else None)
+
+    return a is b or origin(a) == origin(b)
