@@ -31,7 +31,9 @@ def register_estimator(name: str, *, overwrite: bool = False) -> Callable[[Estim
     """
 
     def decorator(fn: Estimator) -> Estimator:
-        if name in _ESTIMATORS and not overwrite and not _same_function(_ESTIMATORS[name], fn):
+        if name in _ESTIMATORS and not overwrite:
+            if _same_function(_ESTIMATORS[name], fn):
+                return fn  # keep the first registration of a definition loaded twice
             raise ValueError(f"advantage estimator {name!r} is already registered; pass overwrite=True to replace it")
         _ESTIMATORS[name] = fn
         return fn

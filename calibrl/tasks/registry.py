@@ -16,7 +16,9 @@ _REWARDS: dict[str, Callable[..., list[float]]] = {}
 
 def _register(table: dict, kind: str, name: str, overwrite: bool):
     def decorator(fn):
-        if name in table and not overwrite and not _same_function(table[name], fn):
+        if name in table and not overwrite:
+            if _same_function(table[name], fn):
+                return fn  # keep the first registration of a definition loaded twice
             raise ValueError(f"{kind} {name!r} is already registered; pass overwrite=True to replace it")
         table[name] = fn
         return fn
