@@ -20,7 +20,7 @@ the "high" one; pruned paths keep their answer cluster in the vote with zero wei
 the likelihood is computed in log space (logsumexp; the reference's plain pdf underflows to log(0) for far
 outliers), the analytic gradient is passed to the optimiser (same optimum, ~5x fewer evaluations), and prompts whose
 N path probabilities are all equal (e.g. N = 1) skip the fit (no path lies below the mean, so none is pruned).
-Cost: one small fit per prompt (tens of ms), the slowest method by far on scaling curves.
+Cost: one small fit per prompt (about 9 ms here, bench/selection.py), the slowest method by far on scaling curves.
 
 Answer equivalence: :func:`answer_clusters` maps answers to integer cluster ids, merging answers that math-verify
 judges equal within a prompt; missing answers (None) form one "no answer" cluster per prompt, which can win a vote
@@ -408,8 +408,9 @@ def rpc_keep_mask(prompt_ids, logprob_mean) -> np.ndarray:
     probability exp(logprob_mean) is below its prompt's mean. One scipy L-BFGS-B fit per prompt, as the reference.
 
     The mixture likelihood is unbounded (a component can collapse onto one point), so the fit is a local optimum
-    reached from the reference's start; other optimisers (we tried EM and one joint L-BFGS-B run over all prompts,
-    both much faster) reach different optima and prune differently on 20-70% of prompts, so they are not offered.
+    reached from the reference's start. Other optimisers of the same likelihood (EM vectorised over prompts; one
+    L-BFGS-B run over all prompts jointly) reach different optima and prune differently on 14-67% of prompts of
+    random test groups, so only the reference's fit is offered.
     """
     _, pidx = _dense(np.asarray(prompt_ids).reshape(-1))
     prob = np.exp(np.asarray(logprob_mean, dtype=np.float64).reshape(-1))

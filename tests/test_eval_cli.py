@@ -116,3 +116,19 @@ def test_refuses_foreign_output_folder_but_replaces_previous_report(tmp_path):
         res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", "", "--bootstrap", "0"])
         assert res.exit_code == 0, res.output
     assert "selection" not in json.loads((out / "metrics.json").read_text())["results"]["overall"]["s"]
+
+
+def test_plot_training_curves_writes_png(tmp_path):
+    from matplotlib.image import imread
+
+    from calibrl.report.plots import plot_training_curves
+
+    history = {
+        "grpo": [{"step": 0, "auroc": 0.6, "ece": 0.1}, {"step": 0, "auroc": 0.7, "ece": 0.2},
+                 {"step": 10, "auroc": 0.5, "ece": None}],
+        "capo": [{"step": 0, "auroc": 0.6}, {"step": 10, "auroc": 0.8}],
+    }
+    path = plot_training_curves(history, ("auroc", "ece", "accuracy"), tmp_path / "sub" / "curves.png")
+    assert path == tmp_path / "sub" / "curves.png" and imread(path).shape[1] > 600  # three panels
+    with pytest.raises(TypeError, match="path"):
+        plot_training_curves(history)
