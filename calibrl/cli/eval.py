@@ -169,7 +169,8 @@ def _run(loaded, labels, files, tmp: Path, *, posthoc, n_bins, n_boot, use_math_
             if samples.benchmarks is not None:
                 for bench in sorted(set(samples.benchmarks.tolist())):
                     mask = samples.benchmarks == bench
-                    parts.append((bench, samples.subset(mask), None if ids is None else ids[mask]))
+                    scope = bench if bench != _SCOPE_OVERALL else f"benchmark {bench}"  # keep "overall" unique
+                    parts.append((scope, samples.subset(mask), None if ids is None else ids[mask]))
             for scope, part, part_ids in parts:
                 step(f"{label}/{scope}: metrics")
                 scoped.setdefault(scope, {})[label] = evaluate_samples(

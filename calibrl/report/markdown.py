@@ -8,7 +8,7 @@ from typing import Any
 
 __all__ = ["markdown_table", "render_eval_report"]
 
-# (key in the metrics dict, row label, higher is better?)
+# (key in the metrics dict, row label)
 _ROWS = [
     ("n_samples", "samples"),
     ("n_prompts", "prompts"),

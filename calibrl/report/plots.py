@@ -66,8 +66,8 @@ def plot_reliability(
     """Reliability diagram over a histogram of confidence.
 
     One series: accuracy per bin as bars, the gap to the bin's mean confidence shaded in red, the diagonal of
-    perfect calibration, ECE in the title. Several series: one line (mean confidence, accuracy) per series with
-    markers sized by nothing fancy, and step histograms below, so files can be compared on one figure.
+    perfect calibration, ECE in the legend. Several series: one line of (mean confidence, accuracy) points per
+    series over its non-empty bins, and step histograms below, so files can be compared on one figure.
     Bins come from :func:`calibrl.metrics.reliability_bins` (same binning as the reported ECE).
     """
     from calibrl.metrics import ece, reliability_bins
