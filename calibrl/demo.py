@@ -87,8 +87,8 @@ QUICK_METHODS = ("stochastic_reasoning/grpo", "stochastic_reasoning/capo", "deci
 class DemoConfig:
     """Budget and hyperparameters shared by every method (same for all: the comparison is fair by construction)."""
 
-    steps: int = 150
-    eval_every: int = 25
+    steps: int = 120
+    eval_every: int = 20
     eval_prompts: int = 128
     eval_samples: int = 8
     prompts_per_step: int = 16
@@ -99,7 +99,7 @@ class DemoConfig:
     seeds: tuple[int, ...] = (0,)
     workers: int = 2
     methods: tuple[str, ...] = DEFAULT_METHODS  # keys of method_specs()
-    warmstart_steps: int = 1500
+    warmstart_steps: int = 800  # bench/testbed.py uses 1500
     warmstart_target: float | None = None  # None: per-task default
     quick: bool = False
 
@@ -169,12 +169,22 @@ def evaluate(model, tokenizer, task: str, prompts: list[str], p_true: list[float
             "calib_err": float(np.abs(cp[ok, 0] - p_y[ok]).mean()) if ok.any() else math.nan,
             "frac_conf_99": float((d_conf > 0.99).mean()) if has.any() else math.nan,
             "dec_conf_mean": float(d_conf.mean()) if has.any() else math.nan,
+            # accuracy of deciding by argmax q instead of sampling (sampling a calibrated decision costs accuracy)
+            "greedy_decision_accuracy": greedy_decision_accuracy(cp[:, 0], p_y, q),
         })
         samples.update({"dec_conf": conf, "p_yes": cp[:, 0], "p_true_yes": p_y})
         out["ece"] = out["dec_ece"]
     else:
         out["ece"] = out["seq_ece"]
     return out, samples
+
+
+def greedy_decision_accuracy(p_yes: np.ndarray, p_true_yes: np.ndarray, q_true: np.ndarray) -> float:
+    """Expected accuracy when each sampled completion's decision is replaced by argmax q (Y iff q(Y) >= 0.5):
+    samples with a wrong sum or no decision (q_true == 0) count as wrong."""
+    ok = (q_true > 0) & np.isfinite(p_yes)
+    acc = np.where(p_yes >= 0.5, p_true_yes, 1.0 - p_true_yes)
+    return float(np.where(ok, acc, 0.0).mean())
 
 
 def eval_prompts_for(task: str, n: int) -> list[str]:
@@ -203,7 +213,13 @@ def run_method(job: dict, progress: Callable[[dict], None] | None = None) -> dic
 
     Writes ``history.json`` and ``final_samples.npz`` to ``run_dir``; returns the history record.
     """
-    _set_threads()
+    from calibrl.warmstart import one_torch_thread
+
+    with one_torch_thread():
+        return _run_method(job, progress)
+
+
+def _run_method(job: dict, progress: Callable[[dict], None] | None = None) -> dict:
     import logging
     import warnings
 
@@ -358,6 +374,9 @@ def prepare_warm_starts(config: DemoConfig, tasks: list[str], log: Callable[[str
 
 
 def _warm_worker(ws_config) -> str:
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
     _set_threads()
     from calibrl.warmstart import warm_start
 

@@ -14,6 +14,7 @@ with the same config reuses it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -67,6 +68,18 @@ def cache_root() -> Path:
 
 def cache_path(config: WarmStartConfig) -> Path:
     return cache_root() / "warmstart" / f"{tb.get_task(config.task).name}-{config.key()}"
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """Run the block with one torch intra-op thread (faster for the tiny model, and robust when the CPU is
+    shared: several OpenMP threads spin-wait badly on an oversubscribed machine); restores the setting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -247,7 +260,8 @@ def warm_start(task: str, config: WarmStartConfig | None = None, *, force: bool 
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     try:
         t0 = time.perf_counter()
-        info = _train_sft(config, tmp, log)
+        with one_torch_thread():
+            info = _train_sft(config, tmp, log)
         info.update(config=dataclasses.asdict(config), seconds=round(time.perf_counter() - t0, 1),
                     key=config.key())
         (tmp / "warmstart.json").write_text(json.dumps(info, indent=2))

@@ -31,6 +31,7 @@ TASK_METRICS: dict[str, list[tuple[str, str, bool | None]]] = {
     "decision": [
         ("expected_accuracy", "accuracy (expected)", True),
         ("accuracy", "accuracy (drawn)", True),
+        ("greedy_decision_accuracy", "accuracy, argmax decision", True),
         ("dec_ece", "decision ECE (eq.-count)", False),
         ("calib_err", "mean abs(q - p)", False),
         ("frac_conf_99", "frac. conf > 0.99", False),
