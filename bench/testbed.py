@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 TUNING_NOTES = """\
 ### What was tuned, on what
 
-- Shared by all methods, taken from RESEARCH.md section 5 (throwaway runs on this tiny model, not on these
+- Shared by all methods, taken from earlier exploratory runs on this tiny model (not on these
   evaluation prompts): lr 1e-4 (5e-4 collapsed), 16 prompts x 8 samples per step, T = 1, beta 0, one torch thread
   per process.
 - Warm starts: SFT lr 3e-3 (constant), batch 64, up to 1500 steps, evaluated every 100 steps (greedy, on the
@@ -40,7 +40,7 @@ TUNING_NOTES = """\
 - CAPO: tau = 0.6 (the paper's 1.5B value), normaliser 1/G, mask = batch quantiles 0.75 / 0.25 of the reference
   perplexity (the paper's fixed 2.5 / 1.05 are for Qwen2.5-Math and do not transfer to a char-level model).
   Not tuned here.
-- Decision-token CE: lambda = 1 (RESEARCH.md section 5: the paper's 1e-3 is far too weak at this scale; 1 was the
+- Decision-token CE: lambda = 1 (earlier exploratory runs: the paper's 1e-3 is far too weak at this scale; 1 was the
   best of {0, 1e-3, 1} in the throwaway runs). GCPO / SEED-GRPO: library defaults, not tuned.
 """
 
