@@ -87,8 +87,8 @@ QUICK_METHODS = ("stochastic_reasoning/grpo", "stochastic_reasoning/capo", "deci
 class DemoConfig:
     """Budget and hyperparameters shared by every method (same for all: the comparison is fair by construction)."""
 
-    steps: int = 120
-    eval_every: int = 20
+    steps: int = 200
+    eval_every: int = 25
     eval_prompts: int = 128
     eval_samples: int = 8
     prompts_per_step: int = 16
@@ -99,7 +99,7 @@ class DemoConfig:
     seeds: tuple[int, ...] = (0,)
     workers: int = 2
     methods: tuple[str, ...] = DEFAULT_METHODS  # keys of method_specs()
-    warmstart_steps: int = 800  # bench/testbed.py uses 1500
+    warmstart_steps: int = 1500
     warmstart_target: float | None = None  # None: per-task default
     quick: bool = False
 

@@ -15,7 +15,7 @@ def demo_command(
     out: Path = typer.Option(Path("runs/demo"), "--out", help="Output folder (report.md, PNGs, results.json)."),
     quick: bool = typer.Option(False, "--quick", help="Smoke run (<= 90 s): few steps, fewer methods, small eval."),
     seeds: int = typer.Option(1, "--seeds", min=1, help="Number of seeds (0..N-1) per method."),
-    steps: Optional[int] = typer.Option(None, "--steps", min=0, help="RL steps per method (default 120; quick 10)."),
+    steps: Optional[int] = typer.Option(None, "--steps", min=0, help="RL steps per method (default 200; quick 10)."),
     workers: int = typer.Option(2, "--workers", min=1, help="Worker processes (one torch thread each)."),
     methods: Optional[str] = typer.Option(
         None, "--methods",
@@ -33,7 +33,7 @@ def demo_command(
     overrides = {"seeds": tuple(range(seeds)), "workers": workers}
     if steps is not None:
         overrides["steps"] = steps
-        overrides["eval_every"] = max(1, min(20, steps // 4 or 1)) if not quick else max(1, steps // 2 or 1)
+        overrides["eval_every"] = max(1, min(25, steps // 4 or 1)) if not quick else max(1, steps // 2 or 1)
     if methods:
         overrides["methods"] = tuple(m.strip() for m in methods.split(",") if m.strip())
     config = DemoConfig.quick_config(**overrides) if quick else DemoConfig(**overrides)
