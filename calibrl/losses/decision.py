@@ -8,7 +8,7 @@ completion token except the decision token (its advantage is zeroed, :func:`zero
 
 with target = one-hot(chosen class) when the rollout was correct and uniform 1/|C| when it was wrong.
 
-Our readings (the paper's text was not available; see RESEARCH.md section 2), each a keyword where it matters:
+Our readings (the paper's full text was not available to us), each a keyword where it matters:
 - q is the softmax of the decision logits restricted to the |C| class tokens (renormalised over C), so the loss
   acts on the relative confidence among classes, which is what "confidence = probability of the decision" measures
   once almost all mass sits on class tokens. ``renormalize=False`` uses the full-vocabulary log-probs of the class
@@ -69,7 +69,7 @@ def decision_token_loss(*, decision_logits: torch.Tensor, class_token_ids: torch
         class_token_ids: [C] vocabulary ids of the class tokens.
         chosen_class: [N] long, index 0..C-1 of the class the rollout chose, -1 = no decision (row ignored).
         correct: [N] bool, whether the rollout was rewarded as correct.
-        lam: coefficient (the paper: 1e-3; RESEARCH.md section 5 found 1 needed on a tiny model).
+        lam: coefficient (the paper: 1e-3; docs/results/testbed.md: 1 was needed on the tiny testbed model).
         renormalize: q = softmax over the class logits (True) or the full-vocabulary probabilities (False).
 
     Returns:

@@ -17,7 +17,7 @@ linear interpolation as ``torch.quantile``, strict ``>``).
 
 Then the usual -min(r~ A, clip(r~, 1 - eps_low, 1 + eps_high) A), aggregated ("token-mean" in SimKO).
 
-Where the code differs from the paper summary in RESEARCH.md (we follow the code):
+Where the code differs from the paper's summary (we follow the code):
 - the negative branch is selected by the SIGN OF THE ADVANTAGE (sum over the completion's tokens < 0), not by
   "incorrect"; with GRPO and binary rewards the two coincide except in all-wrong groups (A = 0, no effect).
 - "correct" is reward == 1 exactly (``token_level_scores.sum(-1) == 1``); pass ``correct`` accordingly.
