@@ -72,7 +72,7 @@ def test_end_to_end_jsonl_metrics_match_library(tmp_path):
 
 
 def test_two_files_side_by_side_jsonl_and_parquet(tmp_path):
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     a = _jsonl(tmp_path / "grpo.jsonl", _rows(1))

@@ -40,7 +40,7 @@ def test_jsonl_round_trip(tmp_path):
 
 
 def test_parquet_equals_jsonl(tmp_path):
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     rows = [dict(r, prompt_id=str(r["prompt_id"]), answer=None if r["answer"] is None else str(r["answer"]))
@@ -119,7 +119,7 @@ def test_unreadable_inputs(tmp_path):
 
 
 def test_parquet_errors_name_the_row(tmp_path):
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     pq.write_table(pa.Table.from_pylist([{"prompt_id": "a", "correct": True, "logprob_mean": -0.1},

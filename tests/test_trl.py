@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-pytest.importorskip("trl")
+import trl  # noqa: E402,F401
 
 from datasets import Dataset  # noqa: E402
 
@@ -234,7 +234,7 @@ def test_capo_mask_loads_reference_with_beta_zero(tmp_path):
 
 
 def test_capo_mask_with_peft_uses_adapter_disabled_base(tmp_path):
-    pytest.importorskip("peft")
+    import peft  # noqa: F401
     from peft import LoraConfig
 
     model, tok = build_tiny_model(seed=0)
