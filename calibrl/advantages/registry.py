@@ -11,6 +11,7 @@ from typing import Any, Callable, Union
 
 import torch
 
+from calibrl._registry import registering_decorator
 from calibrl.batch import RolloutBatch
 
 EstimatorOutput = Union[torch.Tensor, "tuple[torch.Tensor, dict[str, Any]]"]
@@ -30,15 +31,7 @@ def register_estimator(name: str, *, overwrite: bool = False) -> Callable[[Estim
     ...     return scale * (batch.rewards - batch.rewards.mean())
     """
 
-    def decorator(fn: Estimator) -> Estimator:
-        if name in _ESTIMATORS and not overwrite:
-            if _same_function(_ESTIMATORS[name], fn):
-                return fn  # keep the first registration of a definition loaded twice
-            raise ValueError(f"advantage estimator {name!r} is already registered; pass overwrite=True to replace it")
-        _ESTIMATORS[name] = fn
-        return fn
-
-    return decorator
+    return registering_decorator(_ESTIMATORS, "advantage estimator", name, overwrite)
 
 
 def get_estimator(name: str) -> Estimator:
@@ -73,11 +66,3 @@ def compute_advantages(
         raise ValueError(f"estimator {name!r} returned shape {tuple(advantages.shape)}, expected {tuple(batch.rewards.shape)}")
     return (advantages, dict(info)) if return_info else advantages
 
-
-def _same_function(a, b) -> bool:
-    """The same definition, possibly from a module loaded twice (by name and by file path, as verl's reward hook does)."""
-    def origin(fn):
-        code = getattr(fn, "__code__", None)
-        return (getattr(fn, "__qualname__", None), code.co_filename if code else None)
-
-    return a is b or origin(a) == origin(b)

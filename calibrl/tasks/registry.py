@@ -10,30 +10,20 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from calibrl._registry import registering_decorator
+
 _DATASETS: dict[str, Callable[..., Any]] = {}
 _REWARDS: dict[str, Callable[..., list[float]]] = {}
 
 
-def _register(table: dict, kind: str, name: str, overwrite: bool):
-    def decorator(fn):
-        if name in table and not overwrite:
-            if _same_function(table[name], fn):
-                return fn  # keep the first registration of a definition loaded twice
-            raise ValueError(f"{kind} {name!r} is already registered; pass overwrite=True to replace it")
-        table[name] = fn
-        return fn
-
-    return decorator
-
-
 def register_dataset(name: str, *, overwrite: bool = False):
     """Decorator registering ``loader(split: str = ..., **kwargs) -> datasets.Dataset`` under ``name``."""
-    return _register(_DATASETS, "dataset", name, overwrite)
+    return registering_decorator(_DATASETS, "dataset", name, overwrite)
 
 
 def register_reward(name: str, *, overwrite: bool = False):
     """Decorator registering a TRL-style reward function under ``name``."""
-    return _register(_REWARDS, "reward", name, overwrite)
+    return registering_decorator(_REWARDS, "reward", name, overwrite)
 
 
 def _builtins() -> None:
@@ -74,11 +64,3 @@ def available_rewards() -> list[str]:
     _builtins()
     return sorted(_REWARDS)
 
-
-def _same_function(a, b) -> bool:
-    """The same definition, possibly from a module loaded twice (by name and by file path, as verl's reward hook does)."""
-    def origin(fn):
-        code = getattr(fn, "__code__", None)
-        return (getattr(fn, "__qualname__", None), code.co_filename if code else None)
-
-    return a is b or origin(a) == origin(b)
