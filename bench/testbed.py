@@ -39,7 +39,9 @@ TUNING_NOTES = """\
   sampling from the true distribution gives calibrated targets, but 1100 steps of SFT at this lr do not fit them.
 - CAPO: tau = 0.6 (the paper's 1.5B value), normaliser 1/G, mask = batch quantiles 0.75 / 0.25 of the reference
   perplexity (the paper's fixed 2.5 / 1.05 are for Qwen2.5-Math and do not transfer to a char-level model).
-  Not tuned here.
+  Not tuned here. CAPO tau = 0.2 (rows "CAPO (tau 0.2)", "CAPO + mask (tau 0.2)") was chosen AFTER seeing the
+  tau 0.6 results on this same task and these same test prompts: tuned on the test task itself, so read those
+  rows as a second operating point, not as a held-out result.
 - Decision-token CE: lambda = 1 (earlier exploratory runs: the paper's 1e-3 is far too weak at this scale; 1 was the
   best of {0, 1e-3, 1} in the throwaway runs). GCPO / SEED-GRPO: library defaults, not tuned.
 """

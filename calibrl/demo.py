@@ -60,6 +60,10 @@ def method_specs(*, capo_tau: float = 0.6, decision_coef: float = 1.0, seed_alph
         MethodSpec("capo_mask", SEQ_TASK, f"CAPO + mask (tau {capo_tau})",
                    {"advantage_estimator": "capo", "capo_tau": capo_tau, "capo_mask": "quantile"}),
         MethodSpec("gcpo", SEQ_TASK, "GCPO", {"advantage_estimator": "gcpo"}),
+        # tau 0.2: a second CAPO setting chosen after seeing tau 0.6 on this task (not in the default demo)
+        MethodSpec("capo_tau0.2", SEQ_TASK, "CAPO (tau 0.2)", {"advantage_estimator": "capo", "capo_tau": 0.2}),
+        MethodSpec("capo_mask_tau0.2", SEQ_TASK, "CAPO + mask (tau 0.2)",
+                   {"advantage_estimator": "capo", "capo_tau": 0.2, "capo_mask": "quantile"}),
         MethodSpec("seed_grpo", SEQ_TASK, "SEED-GRPO", {"advantage_estimator": "seed_grpo", **seed_params}),
         MethodSpec("sft", DEC_TASK, "SFT (warm start)", {}, train=False),
         MethodSpec("grpo", DEC_TASK, "GRPO", {"advantage_estimator": "grpo"}),
@@ -357,7 +361,7 @@ def prepare_warm_starts(config: DemoConfig, tasks: list[str], log: Callable[[str
                         ) -> dict[str, str]:
     from calibrl.warmstart import WarmStartConfig, warm_start
 
-    configs = {task: WarmStartConfig(task=task, max_steps=config.warmstart_steps, target=config.warmstart_target)
+    configs = {task: WarmStartConfig.for_task(task, max_steps=config.warmstart_steps, target=config.warmstart_target)
                for task in tasks}
     from calibrl.warmstart import cache_path
 

@@ -52,13 +52,41 @@ class WarmStartConfig:
     target: float | None = None  # None: the task default above
     seed: int = 0
     model: TinyModelConfig = field(default_factory=TinyModelConfig)
+    lr_scheduler: str = "constant_with_warmup"  # any transformers lr_scheduler_type
+    warmup_steps: int = 50
+
+    @classmethod
+    def for_task(cls, task: str, **settings) -> "WarmStartConfig":
+        """The config for ``task``: ``settings`` (``None`` values ignored) with the task's pinned SFT settings
+        (``TASK_SFT``) on top. Tasks without pinned settings get exactly ``WarmStartConfig(task=..., **settings)``
+        (same cache key as before)."""
+        name = tb.get_task(task).name
+        given = {k: v for k, v in settings.items() if v is not None}
+        return cls(task=name, **{**given, **TASK_SFT.get(name, {})})
 
     def resolved_target(self) -> float:
         return _DEFAULT_TARGET[tb.get_task(self.task).name] if self.target is None else self.target
 
     def key(self) -> str:
-        payload = json.dumps({"v": WARMSTART_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        fields = dataclasses.asdict(self)
+        # fields added later enter the hash only when they differ from their default, so the warm starts cached
+        # before they existed keep their keys
+        for name, default in _LATER_FIELDS.items():
+            if fields[name] == default:
+                del fields[name]
+        payload = json.dumps({"v": WARMSTART_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+# Per task: SFT settings that replace the defaults (and any --warmstart-steps) in WarmStartConfig.for_task.
+# addition: with the defaults (lr 3e-3 constant, batch 64, 5000 prompts) greedy accuracy stayed at 3% after
+# 700 steps; a lower, cosine-decayed lr with larger batches of more distinct prompts reaches the 0.5 target.
+TASK_SFT: dict[str, dict] = {
+    "addition": {"learning_rate": 1e-3, "lr_scheduler": "cosine", "warmup_steps": 100, "batch_size": 128,
+                 "n_prompts": 50000, "max_steps": 4000, "eval_every": 50},
+}
+
+_LATER_FIELDS = {"lr_scheduler": "constant_with_warmup", "warmup_steps": 50}
 
 
 def cache_root() -> Path:
@@ -228,7 +256,7 @@ def _train_sft(config: WarmStartConfig, out_dir: Path, log: Callable[[str], None
     with tempfile.TemporaryDirectory() as tmp:
         args = SFTConfig(
             output_dir=tmp, max_steps=config.max_steps, per_device_train_batch_size=config.batch_size,
-            learning_rate=config.learning_rate, lr_scheduler_type="constant_with_warmup", warmup_steps=50,
+            learning_rate=config.learning_rate, lr_scheduler_type=config.lr_scheduler, warmup_steps=config.warmup_steps,
             logging_steps=10_000, save_strategy="no", report_to="none", use_cpu=True, seed=config.seed,
             max_length=32, completion_only_loss=True, dataloader_num_workers=0, disable_tqdm=True,
             bf16=False, fp16=False, weight_decay=0.0,
@@ -252,7 +280,7 @@ def warm_start(task: str, config: WarmStartConfig | None = None, *, force: bool 
     The folder loads with ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``; its
     ``warmstart.json`` records the config, the evaluation history and the chosen step.
     """
-    config = config or WarmStartConfig(task=tb.get_task(task).name)
+    config = config or WarmStartConfig.for_task(task)
     path = cache_path(config)
     if (path / "warmstart.json").exists() and not force:
         return path
@@ -285,5 +313,5 @@ def warm_start_info(path: str | Path) -> dict:
     return json.loads((Path(path) / "warmstart.json").read_text())
 
 
-__all__ = ["WarmStartConfig", "cache_path", "cache_root", "greedy_accuracy", "load_warm_start",
+__all__ = ["TASK_SFT", "WarmStartConfig", "cache_path", "cache_root", "greedy_accuracy", "load_warm_start",
            "sample_completions", "warm_start", "warm_start_info"]
