@@ -37,6 +37,11 @@ TUNING_NOTES = """\
   accuracy, else the best. Neither task reached 97% (the constant lr oscillates): decision kept step 1100 (94.5%),
   stochastic_reasoning step 1400 (93.8%). The decision warm start is NOT well calibrated (mean |q - p| 0.19):
   sampling from the true distribution gives calibrated targets, but 1100 steps of SFT at this lr do not fit them.
+- Addition control warm start: its own SFT settings (calibrl.warmstart.TASK_SFT), set after the shared ones
+  stalled (3% greedy accuracy after 700 steps): lr 1e-3 cosine, 100 warmup steps, batch 128, 50,000 distinct
+  prompts, evaluated every 50 steps, target 50% greedy accuracy on the eval pool. The first setting tried, no search (run
+  once evaluating every 250 steps, which stopped at 65.6%, then every 50 steps to stop nearer the target: the
+  trajectory is the same, identical accuracies at shared steps). It kept step 1200 (56.2%; 27.3% at step 1150). The RL settings are the shared ones above, CAPO at tau 0.6; none tuned on it.
 - CAPO: tau = 0.6 (the paper's 1.5B value), normaliser 1/G, mask = batch quantiles 0.75 / 0.25 of the reference
   perplexity (the paper's fixed 2.5 / 1.05 are for Qwen2.5-Math and do not transfer to a char-level model).
   Not tuned here. CAPO tau = 0.2 (rows "CAPO (tau 0.2)", "CAPO + mask (tau 0.2)") was chosen AFTER seeing the

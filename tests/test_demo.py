@@ -130,3 +130,18 @@ def test_short_run_moves_metric_in_logged_direction(decision_warm, tmp_path, met
 
 
 test_short_run_moves_metric_in_logged_direction.results = {}
+
+
+def test_warmstart_task_settings_leave_other_cache_keys_unchanged():
+    from calibrl.warmstart import TASK_SFT, WarmStartConfig
+
+    for task in ("decision", "stochastic_reasoning"):
+        assert (WarmStartConfig.for_task(task, max_steps=1500, target=None).key()
+                == WarmStartConfig(task=task, max_steps=1500).key())
+    # hashed before lr_scheduler / warmup_steps existed: published warm starts keep their cache folders
+    assert WarmStartConfig(task="stochastic_reasoning").key() == "616153583d41"
+    assert WarmStartConfig(task="decision", warmup_steps=50).key() == "a914454a633d"
+    add = WarmStartConfig.for_task("addition", max_steps=1500)
+    assert add.max_steps == TASK_SFT["addition"]["max_steps"] != 1500
+    assert add.learning_rate == 1e-3 and add.lr_scheduler == "cosine"
+    assert add.key() != WarmStartConfig(task="addition", max_steps=1500).key()
