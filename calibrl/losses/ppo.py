@@ -22,9 +22,10 @@ Aggregation (verl ``agg_loss`` names):
     "seq-mean-token-mean"     mean_i [ sum_t m l / max(1, sum_t m) ]            (GRPO; TRL loss_type="grpo")
     "seq-mean-token-sum"      mean_i [ sum_t m l ]
     "seq-mean-token-sum-norm" sum_{i,t} m l / (N * max_completion_length)       (Dr.GRPO; TRL "dr_grpo")
-    "seq-mean" divides by all N rows (an all-masked row counts as a zero loss), as TRL does and as current verl
-    does without a global batch size. Old verl releases divided "seq-mean-token-sum-norm" by L only (no 1/N):
-    the same direction, a learning rate N times larger.
+    "seq-mean" divides by all N rows (an all-masked row counts as a zero loss), as TRL does. verl 0.9's
+    ``agg_loss`` divides by the non-empty rows (or its data-parallel ``global_batch_size``) instead; the verl
+    adapter (:mod:`calibrl.verl`) rescales to exactly that. Old verl releases divided "seq-mean-token-sum-norm"
+    by L only (no 1/N): the same direction, a learning rate N times larger.
 """
 
 from __future__ import annotations
