@@ -153,6 +153,7 @@ def test_calibrl_policy_losses_match_verl(mode, info):
     gen = torch.Generator().manual_seed(6)
     n = 8
     mask = (torch.arange(T)[None, :] < torch.randint(1, T + 1, (n,), generator=gen)[:, None])
+    mask[-1] = False  # an all-masked row (e.g. TRL's mask_truncated_completions): verl's seq-mean skips it
     old = -torch.rand(n, T, generator=gen)
     logp = (old + 0.3 * torch.randn(n, T, generator=gen)).requires_grad_()  # ratios within (0.3, 3): no dual clip
     adv = torch.randn(n, generator=gen)[:, None] * mask
