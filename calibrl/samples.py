@@ -283,7 +283,8 @@ def load_samples(path: str | Path, *, confidence: str | None = None) -> Samples:
             if not all(0.0 <= p <= 1.0 for p in probs):
                 raise r.fail("class_probs", f"out of range: values must lie in [0, 1], got {probs}")
             if abs(sum(probs) - 1.0) > _CLASS_PROBS_TOL:
-                raise r.fail("class_probs", f"out of range: must sum to 1 (within {_CLASS_PROBS_TOL}), sums to {sum(probs):.6g}")
+                raise r.fail("class_probs", f"out of range: must sum to 1 (within {_CLASS_PROBS_TOL}), sums to {sum(probs):.6g} "
+                             "(renormalise the class tokens' probabilities over the classes)")
             if n_classes is None:
                 n_classes = len(probs)
             elif len(probs) != n_classes:
