@@ -408,3 +408,15 @@ def test_layout_paths_agree(sizes):
     for name, params in [("capo", {}), ("capo", {"mask": "quantile"}), ("gcpo", {}),
                          ("gcpo", {"measure": "barycentric"}), ("seed_grpo", {})]:
         torch.testing.assert_close(adv(shuffled, name, **params), adv(b, name, **params)[perm], msg=name)
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
+def test_bf16_rewards_are_summed_in_float32(name):
+    # one group of 300 rewards: bf16 group sums would be off by tenths (8 bits of mantissa)
+    gen = torch.Generator().manual_seed(3)
+    rewards = torch.rand(300, generator=gen).to(torch.bfloat16)
+    group_ids = torch.zeros(300, dtype=torch.long)
+    got = compute_advantages(RolloutBatch(rewards=rewards, group_ids=group_ids), name)
+    want = compute_advantages(RolloutBatch(rewards=rewards.float(), group_ids=group_ids), name)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)

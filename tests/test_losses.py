@@ -491,3 +491,40 @@ def test_simko_shape_errors():
         _simko(d, adv, adv > 0, top_k=5)
     with pytest.raises(ValueError, match="correct"):
         _simko(d, adv, torch.ones(3, dtype=torch.bool))
+
+
+# ----------------------------------------------------------------------------------------------------- dtypes, padding
+
+
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+def test_bf16_log_probs_give_the_float32_loss_of_the_same_values(ratio_level):
+    # the loss is computed in float32 (sums of bf16 would be off in the third digit): same value and gradient as
+    # float32 inputs holding exactly the bf16 values
+    logp, old, mask, adv = _batch(n=8, t=64, seed=4, dtype=torch.float32)
+    logp16 = logp.detach().to(torch.bfloat16).requires_grad_(True)
+    logp32 = logp16.detach().float().requires_grad_(True)
+    old16 = old.to(torch.bfloat16)
+    kw = dict(completion_mask=mask, advantages=adv, ratio_level=ratio_level, aggregation="seq-mean-token-mean")
+    loss16, _ = policy_loss(logprobs=logp16, old_logprobs=old16, **kw)
+    loss32, _ = policy_loss(logprobs=logp32, old_logprobs=old16.float(), **kw)
+    assert loss16.dtype == torch.float32
+    torch.testing.assert_close(loss16, loss32)
+    torch.testing.assert_close(_grad(loss16, logp16).float(), _grad(loss32, logp32).to(torch.bfloat16).float())
+
+
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+@pytest.mark.parametrize("aggregation", AGGS)
+def test_non_finite_padding_does_not_reach_the_loss_or_its_gradient(ratio_level, aggregation):
+    logp, old, mask, adv = _batch(seed=5)
+    ref = old - 0.1
+    pad = mask == 0
+    kw = dict(completion_mask=mask, advantages=adv, ratio_level=ratio_level, aggregation=aggregation, kl_coef=0.1)
+    loss, _ = policy_loss(logprobs=logp, old_logprobs=old, ref_logprobs=ref, **kw)
+    logp_inf = torch.where(pad, torch.full_like(logp, -math.inf), logp.detach()).requires_grad_(True)
+    loss_inf, metrics = policy_loss(logprobs=logp_inf, old_logprobs=old.masked_fill(pad, -math.inf),
+                                    ref_logprobs=ref.masked_fill(pad, math.nan), **kw)
+    torch.testing.assert_close(loss_inf, loss)
+    grad_inf = _grad(loss_inf, logp_inf)
+    assert torch.isfinite(grad_inf).all()
+    torch.testing.assert_close(grad_inf, _grad(loss, logp))
+    assert math.isfinite(metrics["kl"])

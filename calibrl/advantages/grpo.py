@@ -9,14 +9,15 @@ Formulas (per group g of n_g completions of one prompt, rewards r):
                                                             Equivalently A_i = n_g/(n_g - 1) * (r_i - mean_g(r)).
 
 Shapes: every function takes flat per-completion vectors [N] and a dense group index [N] (see ``_groups``);
-groups may differ in size and need not be contiguous. Output dtype = rewards dtype.
+groups may differ in size and need not be contiguous. Output dtype = rewards dtype; the group sums are taken in
+at least float32 (bf16 sums over a group of a few hundred samples would be off by tenths).
 """
 
 from __future__ import annotations
 
 import torch
 
-from calibrl.advantages._groups import dense_group_index, group_count, group_mean, group_std
+from calibrl.advantages._groups import dense_group_index, group_count, group_mean, group_std, segment_sum
 from calibrl.advantages.registry import register_estimator
 from calibrl.batch import RolloutBatch
 
@@ -27,14 +28,15 @@ def grpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
 
     std uses Bessel's correction and eps = 1e-4, exactly as TRL's GRPOTrainer (``scale_rewards="group"``), so the
     numbers match TRL. ``scale=False`` skips the division (Dr.GRPO).
-    rewards [N] float, group_index [N] long -> [N].
+    rewards [N] float, group_index [N] long -> [N] (rewards dtype).
     """
-    mean = group_mean(rewards, group_index, n_groups)  # [G]
-    centred = rewards - mean[group_index]  # [N]
+    r = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
+    mean = group_mean(r, group_index, n_groups)  # [G]
+    centred = r - mean[group_index]  # [N]
     if not scale:
-        return centred
-    std = group_std(rewards, group_index, n_groups, unbiased=True)  # [G]
-    return centred / (std[group_index] + eps)
+        return centred.to(rewards.dtype)
+    std = group_std(r, group_index, n_groups, unbiased=True)  # [G]
+    return (centred / (std[group_index] + eps)).to(rewards.dtype)
 
 
 def rloo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_groups: int) -> torch.Tensor:
@@ -42,11 +44,12 @@ def rloo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
 
     rewards [N] float, group_index [N] long -> [N] (rewards dtype).
     """
-    count = group_count(group_index, n_groups, rewards.dtype)  # [G]
-    total = torch.zeros(n_groups, dtype=rewards.dtype, device=rewards.device).index_add_(0, group_index, rewards)
+    r = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
+    count = group_count(group_index, n_groups, r.dtype)  # [G]
+    total = segment_sum(r, group_index, n_groups)  # [G]
     n = count[group_index]  # [N]
-    others = (total[group_index] - rewards) / (n - 1.0).clamp_min(1.0)
-    return torch.where(n > 1.0, rewards - others, torch.zeros_like(rewards))
+    others = (total[group_index] - r) / (n - 1.0).clamp_min(1.0)
+    return torch.where(n > 1.0, r - others, torch.zeros_like(r)).to(rewards.dtype)
 
 
 @register_estimator("grpo")

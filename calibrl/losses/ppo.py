@@ -45,6 +45,21 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(delta) - delta - 1.0
 
 
+def on_mask(x: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` [N,T] cast to ``dtype`` with the positions outside ``mask`` set to 0.
+
+    Padding may hold anything (-inf log-probs included); zeroing it before any arithmetic keeps inf * 0 = NaN out
+    of both the loss and its gradient (a ``torch.where`` after the arithmetic would still back-propagate NaN).
+    """
+    return torch.where(mask.bool(), x.to(dtype), torch.zeros((), dtype=dtype, device=x.device))
+
+
+def work_dtype(logprobs: torch.Tensor) -> torch.dtype:
+    """The dtype the losses compute in: at least float32, so bf16 log-probs do not make bf16 sums and ratios
+    (TRL keeps its advantages in float32, which promotes its per-token loss the same way)."""
+    return torch.promote_types(logprobs.dtype, torch.float32)
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``x`` over the entries where ``mask`` is 1 (0 for an empty mask)."""
     mask = mask.to(x.dtype)
@@ -168,8 +183,10 @@ def policy_loss(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor | None, ad
     _check_2d("completion_mask", completion_mask, shape)
     if eps_high is None:
         eps_high = eps_low
-    mask = completion_mask.to(logprobs.dtype)
-    adv = broadcast_advantages(advantages.to(logprobs.dtype), shape)
+    work = work_dtype(logprobs)
+    mask = completion_mask.to(work)
+    logprobs, old_logprobs = on_mask(logprobs, mask, work), on_mask(old_logprobs, mask, work)
+    adv = broadcast_advantages(advantages.to(work), shape)
 
     ratio = torch.exp(log_importance_ratio(logprobs, old_logprobs, mask, ratio_level))
     per_token, low, high = clipped_surrogate(ratio, adv, eps_low, eps_high)
@@ -179,7 +196,7 @@ def policy_loss(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor | None, ad
     metrics = clip_metrics(pg_loss, ratio, low, high, mask)
     if ref_logprobs is not None:
         _check_2d("ref_logprobs", ref_logprobs, shape)
-        kl = kl_k3(logprobs, ref_logprobs)
+        kl = kl_k3(logprobs, on_mask(ref_logprobs, mask, work))
         kl_agg = aggregate_loss(kl, mask, aggregation, max_completion_length)
         if kl_coef != 0.0:
             loss = loss + kl_coef * kl_agg
@@ -188,5 +205,5 @@ def policy_loss(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor | None, ad
         raise ValueError("policy_loss: kl_coef != 0 needs ref_logprobs")
     if entropies is not None:
         _check_2d("entropies", entropies, shape)
-        metrics["entropy"] = float(masked_mean(entropies.detach().to(mask.dtype), mask))
+        metrics["entropy"] = float(masked_mean(on_mask(entropies.detach(), mask, work), mask))
     return loss, metrics

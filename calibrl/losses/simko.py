@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import torch
 
-from calibrl.losses.ppo import aggregate_loss, broadcast_advantages, clip_metrics, clipped_surrogate, masked_mean
+from calibrl.losses.ppo import (aggregate_loss, broadcast_advantages, clip_metrics, clipped_surrogate, masked_mean,
+                                on_mask, work_dtype)
 
 _SIMKO_EPS = 1e-8  # SimKO's epsilon in sg[r_t] / (sg[r_k] + eps)
 
@@ -110,10 +111,15 @@ def simko_policy_loss(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor | No
     if eps_high is None:
         eps_high = eps_low
 
-    mask = completion_mask.to(logprobs.dtype)
+    work = work_dtype(logprobs)
+    mask = completion_mask.to(work)
     mask_bool = completion_mask.bool()
-    entropies = entropies.detach()
-    adv = broadcast_advantages(advantages.to(logprobs.dtype), shape)
+    logprobs, old_logprobs = on_mask(logprobs, mask, work), on_mask(old_logprobs, mask, work)
+    topk_logprobs = on_mask(topk_logprobs, mask.unsqueeze(-1).expand_as(topk_logprobs), work)
+    if old_topk_logprobs is not None and old_topk_logprobs.shape == topk_logprobs.shape:
+        old_topk_logprobs = on_mask(old_topk_logprobs, mask.unsqueeze(-1).expand_as(topk_logprobs), work)
+    entropies = on_mask(entropies.detach(), mask, work)
+    adv = broadcast_advantages(advantages.to(work), shape)
 
     threshold = row_quantile(entropies, mask_bool, entropy_quantile)  # [N]
     forking = (entropies > threshold.unsqueeze(1)) & mask_bool  # [N,T]
@@ -130,7 +136,7 @@ def simko_policy_loss(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor | No
         ratio_k = torch.exp(topk - old_topk_logprobs[..., :top_k])
         topk_terms = ratio_sampled.detach().unsqueeze(-1) / (ratio_k.detach() + _SIMKO_EPS) * ratio_k
     mixed = correct.to(mask_bool.device).bool().unsqueeze(1) & forking  # [N,T]
-    mix = lam * mixed.to(logprobs.dtype)
+    mix = lam * mixed.to(work)
     ratio = (1.0 - mix) * ratio_sampled + (mix / top_k) * topk_terms.sum(-1)
 
     # 2. stronger negative push at over-confident forking tokens
