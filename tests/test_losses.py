@@ -484,6 +484,15 @@ def test_simko_negative_scaling_at_forking_top1_tokens():
     torch.testing.assert_close(_grad(loss2, d["logp"])[0], g_ppo)
 
 
+def test_simko_float_correct_means_reward_equal_to_one():
+    d = _simko_inputs(seed=2)
+    adv = torch.tensor([1.0, 1.0, -1.0, 0.7], dtype=torch.float64)
+    as_bool, metrics_bool = _simko(d, adv, torch.tensor([True, False, False, False]), lam=0.3)
+    as_float, metrics_float = _simko(d, adv, torch.tensor([1.0, 0.5, 0.0, 0.9], dtype=torch.float64), lam=0.3)
+    torch.testing.assert_close(as_float, as_bool)
+    assert metrics_float["simko_frac_topk_mixed"] == metrics_bool["simko_frac_topk_mixed"]
+
+
 def test_simko_shape_errors():
     d = _simko_inputs()
     adv = torch.ones(4, dtype=torch.float64)

@@ -18,7 +18,10 @@ Sequence ratio (GSPO, arXiv 2507.18071):
 Clipped surrogate:      l_t = -min(r_t * A_t, clip(r_t, 1 - eps_low, 1 + eps_high) * A_t)   (eps_high=None -> eps_low)
 KL (k3, Schulman 2020): kl_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1 >= 0, added as kl_coef * agg(kl).
 Aggregation (verl ``agg_loss`` names):
-    "token-mean"              sum_{i,t} m l / sum_{i,t} m                       (DAPO; TRL loss_type="dapo"/"bnpo")
+    "token-mean"              sum_{i,t} m l / sum_{i,t} m                       (DAPO; TRL "bnpo", and "dapo" for one
+                                                                                process without accumulation: TRL's
+                                                                                dapo divides by the whole generation
+                                                                                batch's token count)
     "seq-mean-token-mean"     mean_i [ sum_t m l / max(1, sum_t m) ]            (GRPO; TRL loss_type="grpo")
     "seq-mean-token-sum"      mean_i [ sum_t m l ]
     "seq-mean-token-sum-norm" sum_{i,t} m l / (N * max_completion_length)       (Dr.GRPO; TRL "dr_grpo")

@@ -81,7 +81,7 @@ def simko_policy_loss(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor | No
         sampled_is_top1: [N,T] bool, the sampled token is the current argmax.
         advantages: [N] or [N,T].
         completion_mask: [N,T] 0/1.
-        correct: [N] bool, reward == 1.
+        correct: [N] bool (SimKO: reward == 1); a float tensor counts as correct where it equals 1.
         lam: share of the positive update spread over the top-K (SimKO ``mix_topk_coef``, 0.01).
         top_k: K (SimKO ``top_k``, 3).
         entropy_quantile: per-completion entropy quantile above which a token is a forking token (0.8).
@@ -135,7 +135,9 @@ def simko_policy_loss(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor | No
                              f"({tuple(old_topk_logprobs.shape)} vs {tuple(topk_logprobs.shape)})")
         ratio_k = torch.exp(topk - old_topk_logprobs[..., :top_k])
         topk_terms = ratio_sampled.detach().unsqueeze(-1) / (ratio_k.detach() + _SIMKO_EPS) * ratio_k
-    mixed = correct.to(mask_bool.device).bool().unsqueeze(1) & forking  # [N,T]
+    # SimKO: correct = reward == 1; a float tensor is read that way (a partial reward of 0.5 is not correct)
+    correct = (correct == 1) if correct.is_floating_point() else correct.bool()
+    mixed = correct.to(mask_bool.device).unsqueeze(1) & forking  # [N,T]
     mix = lam * mixed.to(work)
     ratio = (1.0 - mix) * ratio_sampled + (mix / top_k) * topk_terms.sum(-1)
 
