@@ -112,6 +112,46 @@ def test_reliability_bins_match_sklearn_calibration_curve(seed, strategy):
     assert np.isnan(rb.accuracy[~nz]).all() and np.isnan(rb.mean_confidence[~nz]).all()
 
 
+def _sklearn_bin_ids(conf, n_bins, strategy):
+    # the bin assignment inside sklearn.calibration.calibration_curve
+    conf = np.asarray(conf, dtype=float)
+    if strategy == "quantile":
+        bins = np.percentile(conf, np.linspace(0, 1, n_bins + 1) * 100)
+    else:
+        bins = np.linspace(0.0, 1.0, n_bins + 1)
+    return np.bincount(np.searchsorted(bins[1:-1], conf), minlength=n_bins)
+
+
+def test_quantile_edges_tied_values_land_in_sklearn_bins():
+    # percentile at linspace(0, 100, 4)[1] = 33.333333333333336 interpolates to 0.4000000000000001 and moves the
+    # three tied 0.4s into the first bin; sklearn's linspace(0, 1, 4) * 100 gives exactly 0.4 -> second bin.
+    s = [0, 0.1, 0.1, 0.2, 0.4, 0.4, 0.4, 0.5, 0.5, 0.6, 0.7, 0.7, 1.0]
+    y = [0, 0, 1, 0, 1, 0, 1, 1, 0, 1, 1, 0, 1]
+    rb = M.reliability_bins(s, y, n_bins=3, strategy="quantile")
+    np.testing.assert_array_equal(rb.counts, _sklearn_bin_ids(s, 3, "quantile"))
+    prob_true, prob_pred = calibration_curve(y, s, n_bins=3, strategy="quantile")
+    nz = rb.counts > 0
+    np.testing.assert_allclose(rb.accuracy[nz], prob_true, atol=1e-12)
+    np.testing.assert_allclose(rb.mean_confidence[nz], prob_pred, atol=1e-12)
+
+
+def test_quantile_bins_match_sklearn_on_many_rounded_cases():
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        n = int(rng.integers(2, 40))
+        s = np.round(rng.random(n), int(rng.integers(1, 3)))
+        y = (rng.random(n) < s).astype(int)
+        if len(np.unique(y)) < 2:
+            y[0] = 1 - y[0]
+        b = int(rng.integers(2, 12))
+        rb = M.reliability_bins(s, y, n_bins=b, strategy="quantile")
+        np.testing.assert_array_equal(rb.counts, _sklearn_bin_ids(s, b, "quantile"))
+        prob_true, prob_pred = calibration_curve(y, s, n_bins=b, strategy="quantile")
+        nz = rb.counts > 0
+        np.testing.assert_allclose(rb.accuracy[nz], prob_true, atol=1e-12)
+        np.testing.assert_allclose(rb.mean_confidence[nz], prob_pred, atol=1e-12)
+
+
 def test_reliability_bins_empty_bins_reported():
     rb = M.reliability_bins([0.05, 0.95], [0, 1], n_bins=4)
     np.testing.assert_array_equal(rb.counts, [1, 0, 0, 1])

@@ -166,7 +166,9 @@ def bin_edges(confidence: Any, *, n_bins: int = 10, strategy: Strategy = "unifor
         return np.linspace(0.0, 1.0, int(n_bins) + 1)
     if strategy == "quantile":
         p = as_prob(confidence)
-        return np.percentile(p, np.linspace(0.0, 100.0, int(n_bins) + 1))
+        # exactly sklearn.calibration.calibration_curve(strategy="quantile"): linspace(0, 1) * 100, not
+        # linspace(0, 100), whose last-bit differences move the interpolated edges (and so tied values).
+        return np.percentile(p, np.linspace(0.0, 1.0, int(n_bins) + 1) * 100)
     raise ValueError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")
 
 
