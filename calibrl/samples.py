@@ -58,7 +58,10 @@ def _is_int(value: Any) -> bool:
 class Samples:
     """Validated samples of one file as numpy arrays, one entry per sampled completion.
 
-    ``prompt_index`` is a dense 0..n_prompts-1 index of ``prompt_ids`` (pass it to :mod:`calibrl.metrics`).
+    ``prompt_index`` is a dense 0..n_prompts-1 index of the prompts (pass it to :mod:`calibrl.metrics`): of
+    ``prompt_ids``, or, when a ``benchmark`` field is present, of the pairs (benchmark, prompt_id), so prompt 0 of
+    one benchmark and prompt 0 of another are different prompts everywhere (pass@k, maj@k, per-prompt AUROC,
+    bootstrap, answer clustering, selection).
     Optional arrays are None when no row has the field. ``labels`` are class indices into ``classes``.
     """
 
@@ -79,8 +82,14 @@ class Samples:
     prompt_index: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        _, self.prompt_index = np.unique(self.prompt_ids, return_inverse=True)
-        self.prompt_index = self.prompt_index.astype(np.int64).reshape(-1)
+        _, index = np.unique(self.prompt_ids, return_inverse=True)
+        index = index.astype(np.int64).reshape(-1)
+        if self.benchmarks is not None and len(index):
+            _, bench = np.unique(self.benchmarks, return_inverse=True)
+            key = bench.astype(np.int64).reshape(-1) * (int(index.max()) + 1) + index
+            _, index = np.unique(key, return_inverse=True)
+            index = index.astype(np.int64).reshape(-1)
+        self.prompt_index = index
 
     def __len__(self) -> int:
         return int(self.correct.shape[0])

@@ -132,3 +132,41 @@ def test_plot_training_curves_writes_png(tmp_path):
     assert path == tmp_path / "sub" / "curves.png" and imread(path).shape[1] > 600  # three panels
     with pytest.raises(TypeError, match="path"):
         plot_training_curves(history)
+
+
+def _two_benchmark_rows(seed=3, n_prompts=20, n=4):
+    # prompt ids 0..19 in BOTH aime and math500: 40 different prompts
+    rng = np.random.default_rng(seed)
+    rows = []
+    for bench in ("aime", "math500"):
+        for p in range(n_prompts):
+            for _ in range(n):
+                correct = bool(rng.random() < 0.5)
+                answer = str(p) if correct else str(100 + int(rng.integers(0, 2)))
+                rows.append({"prompt_id": p, "benchmark": bench, "correct": correct, "answer": answer,
+                             "logprob_mean": float(-rng.exponential(0.2 if correct else 0.5))})
+    return rows
+
+
+def test_same_prompt_id_in_two_benchmarks_is_two_prompts(tmp_path):
+    rows = _two_benchmark_rows()
+    src = _jsonl(tmp_path / "two.jsonl", rows)
+    out = tmp_path / "rep"
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", "majority,weighted"])
+    assert res.exit_code == 0, res.output
+    m = json.loads((out / "metrics.json").read_text())["results"]["overall"]["two"]
+    key = np.asarray([f"{r['benchmark']}/{r['prompt_id']}" for r in rows])
+    y = np.asarray([r["correct"] for r in rows])
+    lpm = np.asarray([r["logprob_mean"] for r in rows])
+    ans = [r["answer"] for r in rows]
+    assert m["n_prompts"] == 40 and m["samples_per_prompt"] == {"min": 4, "max": 4}
+    assert m["pass@4"] == pytest.approx(M.pass_at_k(y, key, 4))
+    ppa = M.per_prompt_auroc(lpm, y, key)
+    assert m["per_prompt_auroc"]["n_prompts"] == ppa.n_prompts
+    assert m["per_prompt_auroc"]["mean"] == pytest.approx(ppa.mean)
+    ids = S.answer_clusters(ans, key, use_math_verify=False)
+    assert m["selection"]["majority"] == pytest.approx(S.majority_vote(ids, y, key).accuracy)
+    assert m["selection"]["weighted"] == pytest.approx(S.weighted_vote(ids, y, key, logprob_mean=lpm).accuracy)
+    # merged (wrong) keying gives different figures on this data
+    assert M.pass_at_k(y, [r["prompt_id"] for r in rows], 4) != pytest.approx(m["pass@4"])
+    assert load_samples(src).n_prompts == 40

@@ -163,7 +163,7 @@ def _run(loaded, labels, files, tmp: Path, *, posthoc, n_bins, n_boot, use_math_
             ids = None
             if samples.answers is not None and methods:
                 step(f"{label}: clustering answers" + (" (math-verify)" if use_math_verify else ""))
-                ids = answer_clusters(samples.answers, samples.prompt_ids, use_math_verify=use_math_verify,
+                ids = answer_clusters(samples.answers, samples.prompt_index, use_math_verify=use_math_verify,
                                       progress=track)
             parts = [(_SCOPE_OVERALL, samples, ids)]
             if samples.benchmarks is not None:
