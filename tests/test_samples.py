@@ -33,7 +33,7 @@ def test_jsonl_round_trip(tmp_path):
     np.testing.assert_allclose(s.score(), [-0.1, -1.2, -0.3])
     assert s.answers.tolist() == ["3", "4", None]
     assert s.prompt_ids.tolist() == ["q1", "q1", "2"]
-    assert s.group_sizes().tolist() == [1, 2]  # dense index sorts "2" before "q1"
+    assert s.group_sizes().tolist() == [2, 1]  # dense index over (benchmark, prompt_id): aime/q1, math/2
     assert np.isnan(s.n_tokens[1]) and s.n_tokens[0] == 5
     parts = s.by_benchmark()
     assert list(parts) == ["aime", "math"] and len(parts["aime"]) == 2 and parts["math"].n_prompts == 1
