@@ -170,3 +170,47 @@ def test_same_prompt_id_in_two_benchmarks_is_two_prompts(tmp_path):
     # merged (wrong) keying gives different figures on this data
     assert M.pass_at_k(y, [r["prompt_id"] for r in rows], 4) != pytest.approx(m["pass@4"])
     assert load_samples(src).n_prompts == 40
+
+
+def test_out_containing_the_input_is_refused_and_nothing_deleted(tmp_path):
+    rep = tmp_path / "rep"
+    rep.mkdir()
+    src = _jsonl(rep / "my_samples.jsonl", _rows(0))
+    (rep / "NOTES.txt").write_text("mine")
+    res = runner.invoke(app, ["eval", str(src), "--out", str(rep), *FAST, "--methods", ""])
+    assert res.exit_code == 2
+    assert "lies inside --out" in res.output
+    assert sorted(p.name for p in rep.iterdir()) == ["NOTES.txt", "my_samples.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]  # no temp folder left
+
+
+def test_previous_report_plus_user_file_is_refused_then_clean_rerun_replaces(tmp_path):
+    src = _jsonl(tmp_path / "s.jsonl", _rows(0))
+    out = tmp_path / "rep"
+    args = ["eval", str(src), "--out", str(out), *FAST, "--methods", "", "--bootstrap", "0"]
+    assert runner.invoke(app, args).exit_code == 0
+    first = sorted(p.name for p in out.iterdir())
+    assert "metrics.json" in first and "overall_roc.png" in first
+    # a normal rerun into the same --out replaces calibrl's own files
+    (out / "overall_roc.png").write_bytes(b"stale")
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in out.iterdir()) == first
+    assert (out / "overall_roc.png").read_bytes()[:4] == b"\x89PNG"
+    # a user's file beside a previous report: refused, nothing touched
+    (out / "NOTES.txt").write_text("mine")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2
+    assert "did not write (NOTES.txt)" in res.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # a sub-folder is not calibrl's either
+    (out / "NOTES.txt").unlink()
+    (out / "extra").mkdir()
+    assert runner.invoke(app, args).exit_code == 2 and (out / "extra").is_dir()
+    # a metrics.json that is not calibrl's (no figures/results) is refused too
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "metrics.json").write_text('{"loss": 1.0}')
+    assert runner.invoke(app, ["eval", str(src), "--out", str(other), *FAST, "--methods", ""]).exit_code == 2
+    assert (other / "metrics.json").read_text() == '{"loss": 1.0}'

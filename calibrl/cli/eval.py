@@ -3,7 +3,9 @@
 Writes ``metrics.json``, ``report.md`` and PNG figures for the whole input ("overall") and per benchmark, with
 several files compared side by side (each labelled by its file stem). Every input is read and validated before
 anything is written; the report is built in a temporary folder beside DIR and renamed into place at the end, so an
-error never leaves a half-written DIR. Invalid input exits with code 2 and a ``file:line: field 'x': problem``
+error never leaves a half-written DIR. Only calibrl's own output is ever replaced: DIR must be absent, empty, or hold
+exactly a previous report (its metrics.json, report.md and the figures metrics.json lists), and no input file may
+lie inside it; otherwise the command exits with code 2 before writing anything. Invalid input exits with code 2 and a ``file:line: field 'x': problem``
 message.
 """
 
@@ -59,11 +61,42 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "scope"
 
 
-def _check_out_dir(out: Path) -> None:
+def _own_files(out: Path) -> set[str] | None:
+    """The files a previous ``calibrl eval`` wrote in ``out`` (metrics.json, report.md and the figures its
+    metrics.json lists), or None when ``out`` has no readable calibrl metrics.json."""
+    try:
+        payload = json.loads((out / "metrics.json").read_text())
+        figures = payload["figures"]
+        names = {"metrics.json", "report.md"}
+        for listed in figures.values():
+            names.update(str(n) for n in listed)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return names if isinstance(payload.get("results"), dict) else None
+
+
+def _check_out_dir(out: Path, files: list[Path]) -> None:
+    """Refuse an --out that is a file, that contains an input file, or that holds anything a previous calibrl
+    eval did not write: only calibrl's own report is ever replaced."""
     if out.exists() and not out.is_dir():
         _fail(f"--out {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / "metrics.json").is_file():
+    root = out.resolve()
+    for path in files:
+        if root in path.resolve().parents:
+            _fail(f"input {path} lies inside --out {out}, which is replaced by the report; choose another --out")
+    if not out.is_dir():
+        return
+    present = sorted(p.name for p in out.iterdir())
+    if not present:
+        return
+    own = _own_files(out)
+    if own is None:
         _fail(f"--out {out} is a non-empty folder that is not a previous calibrl eval report; choose another")
+    foreign = [n for n in present if n not in own or not (out / n).is_file() or (out / n).is_symlink()]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        _fail(f"--out {out} holds files a previous calibrl eval did not write ({shown}); move them or choose "
+              "another --out")
 
 
 @app.command("eval")
@@ -99,7 +132,7 @@ def eval_command(
     unknown = [m for m in method_list if m not in METHODS]
     if unknown:
         _fail(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(METHODS)}")
-    _check_out_dir(out)
+    _check_out_dir(out, files)
 
     # 1. read and validate everything before writing anything
     loaded = []
@@ -110,6 +143,7 @@ def eval_command(
             _fail(str(exc))
     labels = _labels(files)
 
+    shown_out, out = out, out.resolve()  # "." or "rep/" have no usable name/parent for the temp folder and the swap
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
@@ -126,7 +160,7 @@ def eval_command(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _print_summary(results, out)
+    _print_summary(results, shown_out)
 
 
 def _run(loaded, labels, files, tmp: Path, *, posthoc, n_bins, n_boot, use_math_verify, methods, scaling_draws,
