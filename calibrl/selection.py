@@ -306,7 +306,14 @@ def _first_occurrence(pidx, answer_ids, text_ids) -> np.ndarray:
 def _need_logprob(method: str, logprob_mean) -> np.ndarray:
     if logprob_mean is None:
         raise ValueError(f"selection method {method!r} needs logprob_mean (mean token log-prob of each path)")
-    return np.asarray(logprob_mean, dtype=np.float64).reshape(-1)
+    lpm = np.asarray(logprob_mean, dtype=np.float64).reshape(-1)
+    bad = ~np.isfinite(lpm)
+    if bad.any():
+        raise ValueError(
+            f"selection method {method!r} needs a finite logprob_mean on every path; {int(bad.sum())} of {lpm.size} "
+            f"are NaN or infinite (first at index {int(np.flatnonzero(bad)[0])})"
+        )
+    return lpm
 
 
 def majority_vote(answer_ids, correct, prompt_ids, **_: Any) -> SelectionResult:

@@ -214,3 +214,24 @@ def test_previous_report_plus_user_file_is_refused_then_clean_rerun_replaces(tmp
     (other / "metrics.json").write_text('{"loss": 1.0}')
     assert runner.invoke(app, ["eval", str(src), "--out", str(other), *FAST, "--methods", ""]).exit_code == 2
     assert (other / "metrics.json").read_text() == '{"loss": 1.0}'
+
+
+def test_partial_logprob_mean_skips_logprob_methods_with_a_note(tmp_path):
+    rows = _rows(4)
+    for i, r in enumerate(rows):
+        r["decision_prob"] = float(np.exp(r["logprob_mean"]))
+        if i % 2:
+            del r["logprob_mean"]
+    src = _jsonl(tmp_path / "partial.jsonl", rows)
+    out = tmp_path / "rep"
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--confidence", "decision_prob"])
+    assert res.exit_code == 0, res.output
+    m = json.loads((out / "metrics.json").read_text())["results"]["overall"]["partial"]
+    assert set(m["selection"]) == {"majority", "best_of_n"}
+    assert m["selection_skipped"] == {k: "logprob_mean missing on 20 of 40 rows" for k in ("weighted", "pc", "rpc")}
+    s = load_samples(src, confidence="decision_prob")
+    ids = S.answer_clusters(s.answers, s.prompt_index, use_math_verify=False)
+    assert m["selection"]["best_of_n"] == pytest.approx(
+        S.best_of_n(ids, s.correct, s.prompt_index, confidence=s.decision_prob).accuracy)
+    report = (out / "report.md").read_text()
+    assert "Not run for partial: weighted, pc, rpc (logprob_mean missing on 20 of 40 rows" in report

@@ -143,3 +143,15 @@ def test_errors():
         S.select("pc", [0], [True], [0])
     with pytest.raises(ValueError, match="unknown selection method"):
         S.select("nope", [0], [True], [0])
+
+
+@pytest.mark.parametrize("method", ["weighted", "pc", "rpc"])
+def test_logprob_methods_reject_nan_and_inf(method):
+    ans, correct, pid, lpm = _random_groups(n_prompts=3, n=4)
+    for bad in (np.nan, -np.inf):
+        lpm2 = lpm.copy()
+        lpm2[5] = bad
+        with pytest.raises(ValueError, match=r"finite logprob_mean on every path; 1 of 12 .*first at index 5"):
+            S.select(method, ans, correct, pid, logprob_mean=lpm2)
+        with pytest.raises(ValueError, match="finite logprob_mean"):
+            S.scaling_curve(method, ans, correct, pid, logprob_mean=lpm2, n_draws=1)

@@ -9,7 +9,8 @@ only decides which arrays go in:
   AUROC ranks ``Samples.score()`` (logprob_mean itself for sequence confidence, which orders like exp(.));
 - bootstrap intervals resample prompts (:func:`calibrl.metrics.bootstrap_ci`);
 - ``--posthoc`` figures are out-of-fold (folds split by prompt, :func:`calibrl.posthoc.cross_validated_posthoc`);
-- selection and scaling need ``answer`` on every row (and logprob_mean for weighted / pc / rpc).
+- selection and scaling need ``answer`` on every row (and logprob_mean on every row for weighted / pc / rpc;
+  a logprob_mean column with gaps counts as absent, and the skipped methods are listed in ``selection_skipped``).
 """
 
 from __future__ import annotations
@@ -134,7 +135,13 @@ def evaluate_samples(
 
     if answer_ids is not None and methods:
         lpm = samples.logprob_mean
+        reason = "no logprob_mean in the input"
+        if lpm is not None and np.isnan(lpm).any():
+            # a partial logprob_mean column counts as absent: weighted / pc / rpc need it on every path
+            reason = f"logprob_mean missing on {int(np.isnan(lpm).sum())} of {lpm.size} rows"
+            lpm = None
         usable = [m for m in methods if lpm is not None or m in ("majority", "best_of_n")]
+        skipped = {m: reason for m in methods if m not in usable}
         kwargs = {"logprob_mean": lpm, "completions": samples.completions, "confidence": score}
         sel: dict[str, Any] = {}  # accuracy of each method on all of each prompt's paths
         for method in usable:
@@ -144,5 +151,7 @@ def evaluate_samples(
             curve = scaling_curve(method, answer_ids, samples.correct, pidx, n_draws=draws, seed=seed, **kwargs)
             result.curves[method] = curve
         out["selection"] = sel
+        if skipped:
+            out["selection_skipped"] = skipped
         out["scaling"] = {m: c.to_dict() for m, c in result.curves.items()}
     return result

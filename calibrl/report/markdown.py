@@ -110,9 +110,15 @@ def render_eval_report(
             for l in labels:
                 methods += [m for m in by_label[l].get("selection", {}) if m not in methods]
             out += ["", "Answer selection with all N paths per prompt (accuracy; ties split evenly):", ""]
-            out.append(markdown_table(["method"] + labels, [
-                [m] + [_fmt(by_label[l].get("selection", {}).get(m)) for l in labels] for m in methods
-            ]))
+            if methods:
+                out.append(markdown_table(["method"] + labels, [
+                    [m] + [_fmt(by_label[l].get("selection", {}).get(m)) for l in labels] for m in methods
+                ]))
+            for l in labels:
+                skipped = by_label[l].get("selection_skipped") or {}
+                for why in dict.fromkeys(skipped.values()):
+                    names = ", ".join(m for m, w in skipped.items() if w == why)
+                    out += ["", f"Not run for {l}: {names} ({why}; these methods need it on every path)."]
         if figures.get(scope):
             out.append("")
             out += [f"![{name}]({name})" for name in figures[scope]]
