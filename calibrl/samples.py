@@ -154,14 +154,28 @@ class Samples:
 
 
 def _rows_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """JSON Lines rows. Lines are decoded one by one (so a bad byte is reported on its line); a leading UTF-8
+    byte-order mark is accepted; a gzip file or a JSON array gets an error saying so."""
     try:
-        handle = path.open("r", encoding="utf-8")
+        handle = path.open("rb")
     except OSError as exc:
         raise SamplesError(f"{path}: cannot open ({exc.strerror or exc})") from None
     with handle:
-        for lineno, line in enumerate(handle, start=1):
+        first = True
+        for lineno, data in enumerate(handle, start=1):
+            if lineno == 1 and data.startswith(b"\x1f\x8b"):
+                raise SamplesError(f"{path.name}:1: not UTF-8 text (the file is gzip-compressed; decompress it first)")
+            try:
+                line = data.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise SamplesError(f"{path.name}:{lineno}: not UTF-8 text (byte {data[exc.start]:#04x} at column "
+                                   f"{exc.start + 1})") from None
             if not line.strip():
                 continue
+            if first and line.lstrip().startswith("["):
+                raise SamplesError(f"{path.name}:{lineno}: the file is a JSON array; JSON Lines is expected (one "
+                                   "object per line, no enclosing [ ])")
+            first = False
             try:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as exc:

@@ -235,3 +235,13 @@ def test_partial_logprob_mean_skips_logprob_methods_with_a_note(tmp_path):
         S.best_of_n(ids, s.correct, s.prompt_index, confidence=s.decision_prob).accuracy)
     report = (out / "report.md").read_text()
     assert "Not run for partial: weighted, pc, rpc (logprob_mean missing on 20 of 40 rows" in report
+
+
+def test_gzipped_input_exits_2_with_a_message(tmp_path):
+    import gzip
+
+    gz = tmp_path / "s.jsonl.gz"
+    gz.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in _rows(0)).encode()))
+    res = runner.invoke(app, ["eval", str(gz), "--out", str(tmp_path / "rep"), *FAST])
+    assert res.exit_code == 2 and "s.jsonl.gz:1: not UTF-8 text" in res.output
+    assert not (tmp_path / "rep").exists()

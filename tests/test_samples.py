@@ -127,3 +127,32 @@ def test_parquet_errors_name_the_row(tmp_path):
                    tmp_path / "p.parquet")
     with pytest.raises(SamplesError, match=r"^p\.parquet:2: field 'logprob_mean': must be finite"):
         load_samples(tmp_path / "p.parquet")
+
+
+def test_non_utf8_gzip_bom_and_json_array(tmp_path):
+    import gzip
+
+    good = "".join(json.dumps(r) + "\n" for r in ROWS)
+    # a bad byte on line 2 is reported on line 2
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(good.encode().replace(b'"answer": 4', b'"answer": "\xe94"'))
+    with pytest.raises(SamplesError, match=r"^latin\.jsonl:2: not UTF-8 text \(byte 0xe9"):
+        load_samples(latin)
+    gz = tmp_path / "s.jsonl.gz"
+    gz.write_bytes(gzip.compress(good.encode()))
+    with pytest.raises(SamplesError, match=r"^s\.jsonl\.gz:1: not UTF-8 text \(the file is gzip-compressed"):
+        load_samples(gz)
+    # a leading UTF-8 byte-order mark is accepted
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + good.encode())
+    s = load_samples(bom)
+    assert len(s) == 3 and s.prompt_ids.tolist() == ["q1", "q1", "2"]
+    # CRLF line ends are fine
+    crlf = tmp_path / "crlf.jsonl"
+    crlf.write_bytes(good.replace("\n", "\r\n").encode())
+    assert len(load_samples(crlf)) == 3
+    # a JSON array (one line or pretty-printed) is named as such
+    for name, text in (("a.json", json.dumps(ROWS)), ("b.json", json.dumps(ROWS, indent=2))):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(SamplesError, match=rf"^{name[0]}\.json:1: the file is a JSON array; JSON Lines is expected"):
+            load_samples(tmp_path / name)
