@@ -99,13 +99,16 @@ class ScalingCurve:
 
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{(.*)\}\s*$", re.S)
+_THOUSANDS = re.compile(r"^-?\d{1,3}(,\d{3})+(\.\d+)?$")
 _SPACES = re.compile(r"\s+|\\[ ,;:!]|\\(?:left|right)(?![a-zA-Z])|\\(?:dfrac|tfrac)")
 
 
 def normalize_answer(answer: str | None) -> str | None:
     """Cheap canonical form used for exact matching: strip $...$ and \\boxed{}, spaces, \\left/\\right, spacing
     commands, a trailing period; \\dfrac/\\tfrac -> \\frac; numbers as Python floats print them (``0.50`` -> ``0.5``,
-    ``1,000`` -> ``1000.0``, ``3`` -> ``3.0``)."""
+    ``1,000`` -> ``1000.0``, ``3`` -> ``3.0``); commas are dropped only as thousands separators
+    (``-?\\d{1,3}(,\\d{3})+(\\.\\d+)?`` with no space after a comma), so ``2,3``, ``2, 3`` and ``2, 300`` stay
+    distinct from ``23`` and ``2300``."""
     if answer is None:
         return None
     s = str(answer).strip()
@@ -115,9 +118,12 @@ def normalize_answer(answer: str | None) -> str | None:
         if not m:
             break
         s = m.group(1)
+    spaced_comma = re.search(r",\s", s) is not None
     s = _SPACES.sub(lambda m: "\\frac" if "frac" in m.group(0) else "", s).rstrip(".")
+    if _THOUSANDS.match(s) and not spaced_comma:  # "1,000" -> 1000; "2, 3" stays a pair
+        s = s.replace(",", "")
     try:
-        return repr(float(s.replace(",", "")))
+        return repr(float(s))
     except ValueError:
         return s.lower()
 

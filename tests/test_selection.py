@@ -155,3 +155,14 @@ def test_logprob_methods_reject_nan_and_inf(method):
             S.select(method, ans, correct, pid, logprob_mean=lpm2)
         with pytest.raises(ValueError, match="finite logprob_mean"):
             S.scaling_curve(method, ans, correct, pid, logprob_mean=lpm2, n_draws=1)
+
+
+def test_normalize_answer_drops_only_thousands_separators():
+    n = S.normalize_answer
+    assert n("1,000") == n("1000") == n("\\boxed{1,000}") == n("$1,000$") == "1000.0"
+    assert n("-1,234.5") == "-1234.5" and n("12,345,678") == "12345678.0"
+    for pair in ("2, 3", "2,3", "2, 300", "1,0000", "(1, 2)"):
+        assert n(pair) not in (n("23"), n("2300"), n("10000"), n("12")), pair
+    assert n("2, 3") == n("2,3") == "2,3"
+    ids = S.answer_clusters(["2, 3", "23", "1,000", "1000"], [0, 0, 0, 0], use_math_verify=False)
+    assert ids[0] != ids[1] and ids[2] == ids[3]
