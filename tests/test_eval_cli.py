@@ -245,3 +245,17 @@ def test_gzipped_input_exits_2_with_a_message(tmp_path):
     res = runner.invoke(app, ["eval", str(gz), "--out", str(tmp_path / "rep"), *FAST])
     assert res.exit_code == 2 and "s.jsonl.gz:1: not UTF-8 text" in res.output
     assert not (tmp_path / "rep").exists()
+
+
+def test_posthoc_section_says_pooled_out_of_fold_auroc_can_change(tmp_path):
+    src = _jsonl(tmp_path / "s.jsonl", _rows(5, n_prompts=20))
+    out = tmp_path / "rep"
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", "", "--posthoc", "temperature"])
+    assert res.exit_code == 0, res.output
+    m = json.loads((out / "metrics.json").read_text())["results"]["overall"]["s"]
+    s = load_samples(src)
+    from calibrl.posthoc import cross_validated_posthoc
+
+    cal = cross_validated_posthoc("temperature", s.confidence(), s.correct, s.prompt_index, n_splits=5, seed=0)
+    assert m["posthoc"]["auroc"] == pytest.approx(M.auroc(cal, s.correct))
+    assert "pools out-of-fold values from maps fit on different folds" in (out / "report.md").read_text()

@@ -422,3 +422,23 @@ def test_property_auroc_and_per_prompt_match_sklearn(rows):
     cov, prec = M.precision_coverage(conf, y)
     assert cov[-1] == 1.0 and prec[-1] == pytest.approx(y.mean())
     assert 0.0 <= M.aurc(conf, y) <= 1.0
+
+
+def test_nll_clip_differs_from_sklearn_log_loss_only_at_the_ends():
+    # documented: clipped at 1e-12 here, machine epsilon in sklearn
+    assert M.nll([1.0], [0]) == pytest.approx(-np.log(1e-12))
+    assert log_loss([0, 1], [1.0, 0.5]) > M.nll([1.0, 0.5], [0, 1]) + 4
+    p, y = [0.2, 0.7, 1e-9, 0.999], [0, 1, 0, 1]
+    assert M.nll(p, y) == pytest.approx(log_loss(y, p), rel=1e-12)
+
+
+def test_aurc_and_precision_at_coverage_tie_rules_documented_example():
+    s, y = [0.9, 0.5, 0.5], [0, 1, 0]
+    assert M.aurc(s, y) == pytest.approx(1 / 3 + (2 / 3) * (2 / 3))
+    pac = M.precision_at_coverage(s, y, [1 / 3, 2 / 3, 1.0])
+    assert list(pac.values()) == pytest.approx([0.0, 0.25, 1 / 3])
+    assert np.mean([1 - v for v in pac.values()]) == pytest.approx((1 + 0.75 + 2 / 3) / 3)
+    # without ties the two agree
+    s2 = [0.9, 0.6, 0.5]
+    pac2 = M.precision_at_coverage(s2, y, [1 / 3, 2 / 3, 1.0])
+    assert M.aurc(s2, y) == pytest.approx(np.mean([1 - v for v in pac2.values()]))

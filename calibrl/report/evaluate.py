@@ -129,7 +129,7 @@ def evaluate_samples(
         else:
             cal = cross_validated_posthoc(posthoc, conf, target, pidx, n_splits=n_splits, seed=seed)
             result.posthoc_confidence = cal
-            # post-hoc maps are monotone on confidence, so AUROC is reported on the calibrated values themselves
+            # AUROC of the pooled out-of-fold values: per-fold maps differ, so it can move even for monotone maps
             out["posthoc"] = {"method": posthoc, "n_splits": int(min(n_splits, samples.n_prompts)),
                               **_confidence_metrics(cal, target, cal, pidx, n_bins)}
 

@@ -105,6 +105,9 @@ def render_eval_report(
             out.append(markdown_table(["metric"] + labels, [
                 [k] + [_fmt(by_label[l].get("posthoc", {}).get(k)) for l in labels] for k in _POSTHOC_ROWS
             ]))
+            out += ["", "The post-hoc AUROC pools out-of-fold values from maps fit on different folds, so it can differ "
+                    "from the uncalibrated AUROC even for monotone maps (temperature, Platt); compare discrimination "
+                    "with the AUROC above."]
         if any("selection" in by_label[l] for l in labels):
             methods = []
             for l in labels:
