@@ -5,7 +5,7 @@ eval) and logs each value as ``calibration/<key>`` through TRL's metrics, so Ten
 next to the reward. Everything here is framework-free and cheap (numpy on at most a few thousand rows).
 
 Keys (all floats; ``nan`` when undefined, which TRL's logger skips):
-    accuracy                 fraction of completions with reward > threshold
+    accuracy                 fraction of correct completions (``correct``, else reward > threshold)
     auroc                    pooled AUROC of the sequence confidence (mean token log-prob) vs correctness
     auroc_per_prompt         mean over prompts with both outcomes of the within-prompt AUROC
     auroc_n_prompts          number of prompts entering ``auroc_per_prompt``
@@ -84,6 +84,7 @@ def calibration_metrics(
     decision_probs: Any | None = None,
     decision_correct: Any | None = None,
     threshold: float = 0.5,
+    correct: Any | None = None,
 ) -> dict[str, float]:
     """Calibration metrics of one batch of rollouts (see the module docstring for the keys).
 
@@ -92,13 +93,20 @@ def calibration_metrics(
         advantages: the advantages the trainer used ([N] or [N, T]); adds ``advantage_*``.
         info: the estimator's diagnostics; finite scalars are passed through as ``estimator/<key>``.
         decision_probs: [N] probability of the chosen decision class (NaN where none), for decision tasks.
-        decision_correct: [N] bool correctness for ``decision_probs`` (default: reward > threshold).
-        threshold: a completion is correct when its reward exceeds this.
+        decision_correct: [N] bool correctness for ``decision_probs`` (default: the correctness below).
+        threshold: a completion is correct when its reward exceeds this (used when ``correct`` is None).
+        correct: [N] bool correctness, overriding ``batch.rewards > threshold``. The trainer passes it when the
+            reward is a weighted sum of several functions: correctness is then one function's own value
+            (``CalibratedGRPOConfig.correctness_reward``), not the total.
     """
     from calibrl.metrics import auroc, per_prompt_auroc
 
-    rewards = _np(batch.rewards).astype(np.float64)
-    correct = rewards > threshold
+    if correct is None:
+        correct = _np(batch.rewards).astype(np.float64) > threshold
+    else:
+        correct = _np(correct).astype(bool).reshape(-1)
+        if correct.shape[0] != len(batch):
+            raise ValueError(f"calibration_metrics: correct has {correct.shape[0]} rows, the batch {len(batch)}")
     groups = _np(batch.group_ids)
     out: dict[str, float] = {"accuracy": float(correct.mean())}
 

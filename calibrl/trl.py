@@ -14,6 +14,12 @@ How it plugs into TRL (1.16), following the maintainers' recommended extension p
 * rewards: TRL's weighted sum of the reward functions (``reward_weights``), captured from ``_calculate_rewards``.
   A completion every reward function returned ``None`` for ("unscorable") is put in a group of its own and gets
   advantage 0, as TRL does.
+* correctness: a completion is correct when the UNWEIGHTED value of ONE reward function exceeds 0.5:
+  ``correctness_reward`` (default: the first reward function), not the weighted total, so with
+  ``[math, format]`` a wrong answer in ``\boxed{}`` (total 1.0) stays wrong. Estimators that rank completions by
+  correctness (``capo``: its pairs and its noise mask) receive that function's column as their ``rewards``; the
+  others (``grpo``, ``dr_grpo``, ``rloo``, ``gcpo``, ``seed_grpo``, ``codapo``, ``cde`` and user estimators)
+  receive the weighted total. Telemetry and the decision term use the same correctness.
 * log-probs of the ROLLOUT policy: TRL keeps ``old_per_token_logps`` only when generation and optimisation are out
   of step (or with vLLM importance sampling); otherwise we compute them with TRL's own
   ``_get_per_token_logps_and_entropies`` under ``no_grad`` (one extra forward pass, only when the estimator or
@@ -25,7 +31,8 @@ How it plugs into TRL (1.16), following the maintainers' recommended extension p
   hook on the backbone during the same extra forward pass.
 * answer ids (SEED-GRPO): the final answer of each completion (last ``\\boxed{}`` content, else the decision class,
   else the stripped last line), equal strings clustered within each prompt.
-* decision tasks (``decision_classes`` set): the decision token is the last class token in the completion; its
+* decision tasks (``decision_classes`` set): the decision token is the last class token in the completion (bare or
+  space-prefixed spelling, e.g. "B" or " B"); its
   advantage is zeroed (``decision_zero_advantage``) and ``decision_loss_coef * decision_token_loss`` is added to
   the loss in ``_compute_loss``; the decision logits come from the hidden states of the forward pass TRL already
   does (captured by a hook; no second forward).
@@ -40,7 +47,6 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,7 +81,9 @@ class CalibratedGRPOConfig(GRPOConfig):
 
     > Decision-token calibration (arXiv 2601.13284)
 
-    decision_classes (`list[str]`, *optional*): single-token class strings; enables the decision-token term.
+    correctness_reward (`str`, *optional*): the reward function whose own (unweighted) value > 0.5 defines a
+        correct completion (CAPO's pairs and mask, telemetry, the decision term); default: the first one.
+    decision_classes (`list[str]`, *optional*): class strings; enables the decision-token term.
     decision_loss_coef (`float`, defaults to `1e-3`): lambda.
     decision_zero_advantage (`bool`, defaults to `True`): zero the policy-gradient advantage at the decision token.
 
@@ -145,9 +153,19 @@ class CalibratedGRPOConfig(GRPOConfig):
                   "(omega * (1 + cos(pi * step / max_steps)) / 2). The base omega is advantage_params['omega'] "
                   "(default 1.0)."},
     )
+    correctness_reward: str | None = field(
+        default=None,
+        metadata={"help": "Name of the reward function whose own (unweighted) value > 0.5 defines a correct "
+                  "completion, for the estimators that rank by correctness (capo), the telemetry and the "
+                  "decision term; the others use the weighted total. A name TRL reports for the function (its "
+                  "`__name__`, or a reward model's id) or a calibrl registered reward name (`math`). Default: the "
+                  "first reward function."},
+    )
     decision_classes: list[str] | None = field(
         default=None,
-        metadata={"help": "Single-token class strings of a decision task (e.g. [\"A\", \"B\", \"C\", \"D\"]). "
+        metadata={"help": "Class strings of a decision task (e.g. [\"A\", \"B\", \"C\", \"D\"]), each a single "
+                  "token bare or with a leading space; both spellings count (\" B\" in Qwen's BPE), a class's "
+                  "probability is the sum of its spellings'. "
                   "Enables decision-token calibration (arXiv 2601.13284): the last class token of a completion "
                   "is its decision."},
     )
@@ -230,41 +248,25 @@ def estimator_inputs(name: str, params: dict[str, Any]) -> frozenset[str]:
     return frozenset(needed)
 
 
-_BOXED = re.compile(r"\\boxed\s*\{")
-
-
-def _last_boxed(text: str) -> str | None:
-    start = None
-    for match in _BOXED.finditer(text):
-        start = match.end()
-    if start is None:
-        return None
-    depth, i = 1, start
-    while i < len(text):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start:i].strip()
-        i += 1
-    return None  # unbalanced: no complete answer
+# Estimators that use the rewards only through correctness (reward > 0.5): they receive the correctness
+# function's column (``correctness_reward``) instead of the weighted total.
+_RANKS_BY_CORRECTNESS: frozenset[str] = frozenset({"capo"})
 
 
 def extract_answer(text: str, classes: list[str] | None = None) -> str:
-    """Final answer of a completion for answer clustering: the last ``\\boxed{...}`` content, else the last
-    occurring class string (decision tasks), else the stripped last non-empty line ("" if none)."""
-    boxed = _last_boxed(text)
+    """Final answer of a completion for answer clustering: the last ``\\boxed{...}`` / ``\\fbox{...}`` content
+    (:func:`calibrl.tasks.rewards.last_boxed`, the same extraction the ``math`` reward scores), else the decision
+    (:func:`calibrl.tasks.rewards.extract_decision`, the ``decision`` reward's) for decision tasks, else the
+    stripped last non-empty line ("" if none)."""
+    from calibrl.tasks.rewards import extract_decision, last_boxed
+
+    boxed = last_boxed(text)
     if boxed is not None:
         return boxed
     if classes:
-        best, best_pos = None, -1
-        for cls in classes:
-            pos = text.rfind(cls)
-            if pos > best_pos:
-                best, best_pos = cls, pos
-        if best is not None:
-            return best
+        decision, _ = extract_decision(text, classes)
+        if decision is not None:
+            return decision
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
 
@@ -414,6 +416,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         self._calibrl_completions: list | None = None
         self.last_rollout: dict[str, Any] | None = None
         self._decision_class_ids = self._resolve_decision_classes()
+        self._correctness_index = self._resolve_correctness_reward()
 
     # ------------------------------------------------------------------ setup helpers
     def _install_own_ref(self, ref) -> None:
@@ -434,22 +437,55 @@ class CalibratedGRPOTrainer(GRPOTrainer):
             ref = self.accelerator.prepare_model(ref, evaluation_mode=True)
         self.ref_model = ref
 
+    def _resolve_correctness_reward(self) -> int:
+        """Column of ``rewards_per_func`` whose value > 0.5 means correct (``args.correctness_reward``)."""
+        name = self.args.correctness_reward
+        if name is None:
+            return 0
+        names = list(self.reward_func_names)
+        if name in names:
+            if names.count(name) > 1:
+                raise ValueError(f"correctness_reward: {name!r} names {names.count(name)} reward functions ({names})")
+            return names.index(name)
+        try:  # a calibrl registered reward name (recipes: `rewards: [math, format]`)
+            from calibrl.tasks.registry import get_reward
+
+            fn = get_reward(name)
+        except KeyError:
+            fn = None
+        matches = [i for i, f in enumerate(self.reward_funcs) if fn is not None and f is fn]
+        if len(matches) == 1:
+            return matches[0]
+        raise ValueError(f"correctness_reward: {name!r} is not one of this trainer's reward functions {names}")
+
     def _resolve_decision_classes(self) -> torch.Tensor | None:
+        """Token ids of every single-token spelling of each class ("B" and " B": BPE tokenizers such as Qwen's
+        write "Answer: B" with the token " B"), [K]; ``self._decision_owner`` [K] maps each to its class index.
+        Spellings come from :func:`calibrl.generate._class_variants` (the same rule ``calibrl generate`` uses)."""
         classes = self.args.decision_classes
+        self._decision_owner = None
         if not classes:
             return None
-        ids = []
-        for cls in classes:
-            token_ids = self._tokenizer(cls, add_special_tokens=False)["input_ids"]
-            if len(token_ids) != 1:
-                raise ValueError(
-                    f"decision_classes: {cls!r} is {len(token_ids)} tokens for this tokenizer ({token_ids}); every "
-                    "class must be a single token (e.g. include the leading space the completion uses)"
-                )
-            ids.append(token_ids[0])
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"decision_classes: {classes} map to duplicate token ids {ids}")
+        from calibrl.generate import GenerateError, _class_variants
+
+        try:
+            ids, owner = _class_variants(self._tokenizer, classes)
+        except GenerateError as exc:
+            raise ValueError(f"decision_classes: {exc}") from None
+        missing = sorted(set(range(len(classes))) - set(owner))
+        if missing:  # a spelling of this class is already another class's token
+            raise ValueError(f"decision_classes: {[classes[i] for i in missing]} share token ids with other classes")
+        self._decision_owner = torch.tensor(owner, dtype=torch.long)
         return torch.tensor(ids, dtype=torch.long)
+
+    def _decision_class_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """[N, V] vocabulary logits -> [N, C] class logits: logsumexp over each class's spellings, so the class
+        probability (softmax over classes) is the SUM of its spellings' probabilities."""
+        ids = self._decision_class_ids.to(logits.device)
+        owner = self._decision_owner.to(logits.device)
+        selected = logits[:, ids]  # [N, K]
+        n_classes = len(self.args.decision_classes)
+        return torch.stack([torch.logsumexp(selected[:, owner == c], dim=-1) for c in range(n_classes)], dim=-1)
 
     def _backbone_and_head(self, model):
         unwrapped = self.accelerator.unwrap_model(model)
@@ -470,7 +506,10 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         return (
             args.rollout_logprobs == "auto" and not self.use_vllm and not self.tools
             and self.environment_factories is None and self.rollout_func is None
-            and not getattr(args, "use_transformers_paged", False) and not args.generation_kwargs
+            and not getattr(args, "use_transformers_continuous_batching", False)
+            and not getattr(args, "use_transformers_paged", False)  # deprecated alias (TRL < 2)
+            and not getattr(self, "use_transformers_continuous_batching", False)
+            and not args.generation_kwargs
             and self.top_k in (0, None) and self.top_p in (1.0, None) and self.min_p is None
             and self.repetition_penalty in (1.0, None) and bool(self._calibrl_inputs & {"logprob_mean"})
         )
@@ -603,6 +642,10 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         unscorable = torch.isnan(rewards_per_func).all(dim=1)
         rewards = (rewards_per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
         rewards = rewards.masked_fill(unscorable, 0.0)
+        # Correctness: one reward function's own value (before weighting) > 0.5; None (NaN) counts as wrong.
+        correct_signal = torch.nan_to_num(rewards_per_func[:, self._correctness_index].float(), nan=0.0)
+        correct_signal = correct_signal.masked_fill(unscorable, 0.0).to(rewards.dtype)
+        correct_all = correct_signal > 0.5
         n_total = rewards.numel()
         group_ids = torch.arange(n_total, device=device) // num_generations
         n_groups = (n_total + num_generations - 1) // num_generations
@@ -659,7 +702,8 @@ class CalibratedGRPOTrainer(GRPOTrainer):
             fields["answer_ids"] = torch.tensor(_answer_ids(answers, group_ids.tolist()), device=device)
         fields["lengths"] = self.accelerator.gather(lengths_local)
 
-        batch = RolloutBatch(rewards=rewards, group_ids=group_ids, **fields)
+        est_rewards = correct_signal if args.advantage_estimator in _RANKS_BY_CORRECTNESS else rewards
+        batch = RolloutBatch(rewards=est_rewards, group_ids=group_ids, **fields)
         trl_advantages = output["advantages"]
         keep_trl = args.advantage_estimator == "grpo" and (
             self.scale_rewards != "group" or self.multi_objective_aggregation != "sum_then_normalize"
@@ -685,11 +729,13 @@ class CalibratedGRPOTrainer(GRPOTrainer):
             positions = find_decision_positions(
                 completion_ids=output["completion_ids"], completion_mask=mask, class_token_ids=class_ids
             )
-            chosen = chosen_classes(
+            chosen_variant = chosen_classes(
                 completion_ids=output["completion_ids"], decision_positions=positions, class_token_ids=class_ids
-            )
+            )  # index into the spellings [K]; mapped to the class index [C]
+            owner = self._decision_owner.to(device)
+            chosen = torch.where(chosen_variant >= 0, owner[chosen_variant.clamp(min=0)], chosen_variant)
             rows = torch.arange(n_local, device=device)
-            correct_local = rewards[process_slice] > 0.5
+            correct_local = correct_all[process_slice]
             output["calibrl_decision_positions"] = positions
             output["calibrl_decision_chosen"] = chosen
             output["calibrl_decision_correct"] = correct_local
@@ -699,7 +745,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
                 )
             if decision_hidden is not None and args.calibration_logging:
                 logits = self._decision_logits(decision_hidden, output["prompt_ids"].size(1), positions, self.model)
-                class_probs = torch.softmax(logits[:, class_ids], dim=-1)
+                class_probs = torch.softmax(self._decision_class_logits(logits), dim=-1)
                 p_chosen = class_probs[rows, chosen.clamp(min=0)]
                 p_chosen = torch.where(chosen >= 0, p_chosen, torch.full_like(p_chosen, float("nan")))
                 decision_probs_all = self.accelerator.gather(p_chosen)
@@ -716,11 +762,12 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         if defer_lpm:
             output["calibrl_row"] = torch.arange(n_local, device=device)
             self._calibrl_pending = {
-                "fields": dict(rewards=rewards, group_ids=group_ids, **fields), "advantages": all_adv, "info": info,
-                "mode": mode, "lpm_local": torch.full((n_local,), float("nan"), device=device),
+                "fields": dict(rewards=est_rewards, group_ids=group_ids, **fields), "advantages": all_adv,
+                "info": info, "correct": correct_all, "mode": mode, "lpm_local": torch.full((n_local,), float("nan"), device=device),
             }
         elif args.calibration_logging:
-            metrics = self._log_telemetry(batch, all_adv, info, decision_probs_all, decision_correct_all, mode)
+            metrics = self._log_telemetry(batch, all_adv, info, decision_probs_all, decision_correct_all, mode,
+                                          correct_all)
         elif info:
             for key, value in info.items():
                 if isinstance(value, (int, float)) and math.isfinite(float(value)):
@@ -728,15 +775,18 @@ class CalibratedGRPOTrainer(GRPOTrainer):
 
         self.last_rollout = {
             "batch": batch, "advantages": all_adv, "info": info, "trl_advantages": trl_advantages,
-            "process_slice": process_slice, "mode": mode, "metrics": metrics,
+            "process_slice": process_slice, "mode": mode, "metrics": metrics, "correct": correct_all,
+            "rewards": rewards,
         }
         return output
 
-    def _log_telemetry(self, batch, advantages, info, decision_probs, decision_correct, mode) -> dict[str, float]:
+    def _log_telemetry(self, batch, advantages, info, decision_probs, decision_correct, mode,
+                       correct) -> dict[str, float]:
         from calibrl.telemetry import calibration_metrics
 
         metrics = calibration_metrics(
-            batch, advantages=advantages, info=info, decision_probs=decision_probs, decision_correct=decision_correct
+            batch, advantages=advantages, info=info, decision_probs=decision_probs, decision_correct=decision_correct,
+            correct=correct,
         )
         for key, value in metrics.items():
             self._metrics[mode][f"calibration/{key}"].append(value)
@@ -762,7 +812,8 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         batch = RolloutBatch(**fields)
         if self.last_rollout is not None:
             self.last_rollout["batch"] = batch
-        self._log_telemetry(batch, pending["advantages"], pending["info"], None, None, pending["mode"])
+        self._log_telemetry(batch, pending["advantages"], pending["info"], None, None, pending["mode"],
+                            pending["correct"])
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
@@ -797,9 +848,9 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         positions = inputs["calibrl_decision_positions"]
         hidden = store[0] if len(store) == 1 else torch.cat(store, dim=0)
         logits = self._decision_logits(hidden, inputs["prompt_ids"].size(1), positions, model)
-        class_ids = self._decision_class_ids.to(logits.device)
+        class_logits = self._decision_class_logits(logits)  # [N, C]
         d_loss, d_metrics = decision_token_loss(
-            decision_logits=logits, class_token_ids=class_ids, chosen_class=inputs["calibrl_decision_chosen"],
+            decision_logits=class_logits, class_token_ids=torch.arange(class_logits.size(1), device=logits.device), chosen_class=inputs["calibrl_decision_chosen"],
             correct=inputs["calibrl_decision_correct"].bool(), lam=self.args.decision_loss_coef,
         )
         mode = "train" if self.model.training else "eval"

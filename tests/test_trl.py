@@ -307,6 +307,10 @@ def test_unknown_estimator_and_wrong_config_fail_clearly(tmp_path):
 
 def test_extract_answer():
     assert extract_answer(r"so \boxed{1} then \boxed{\frac{1}{2}}.") == r"\frac{1}{2}"
+    # one code path with the math reward's extraction (calibrl.tasks.rewards.last_boxed)
+    assert extract_answer(r"so \fbox{7}") == "7"
+    assert extract_answer(r"so \boxed 5") == "5"
+    assert extract_answer(r"\boxed{5} then \boxed{") == "5"
     assert extract_answer("reasoning...\nAnswer: B", ["A", "B", "C"]) == "B"
     assert extract_answer("first\n  42  \n\n") == "42"
     assert extract_answer("") == ""
@@ -416,3 +420,127 @@ def test_cde_omega_is_annealed(tmp_path):
     trainer._step_params = lambda: seen.append(original()["omega"]) or original()
     trainer.train()
     assert seen == pytest.approx([2.0, 1.5, 1.0, 0.5])
+
+
+# ---------------------------------------------------------------------------------------------------- correctness
+
+
+def always_one(prompts, completions, **kwargs):
+    """A shaping reward every completion earns (like `format` for a boxed wrong answer)."""
+    return [1.0] * len(completions)
+
+
+def test_correctness_is_one_reward_functions_own_value(tmp_path):
+    """rewards [parity, always_one]: the total is 1 or 2 (> 0.5 for every completion), but correctness, CAPO's
+    pairs and the telemetry follow the first function's own value."""
+    trainer = _trainer(tmp_path / "a", reward=[parity_reward, always_one], advantage_estimator="capo", max_steps=1)
+    trainer.train()
+    rec = trainer.records[0]
+    parity = torch.tensor(parity_reward(None, rec["completions"]))
+    assert 0 < parity.sum() < len(parity), "the test needs mixed outcomes"
+    batch = rec["rollout"]["batch"]
+    torch.testing.assert_close(batch.rewards, parity)
+    torch.testing.assert_close(rec["rollout"]["rewards"], parity + 1.0)  # the weighted total, for other estimators
+    expected = compute_advantages(
+        RolloutBatch(rewards=parity, group_ids=torch.arange(len(parity)) // 4, logprob_mean=rec["lpm"]), "capo",
+        **trainer.args.estimator_params())
+    torch.testing.assert_close(rec["advantages_out"], expected, atol=1e-5, rtol=1e-5)
+    assert rec["advantages_out"].abs().sum() > 0
+    assert _logged(trainer, "calibration/accuracy")[0] == pytest.approx(parity.mean().item())
+
+    # naming the other function: every completion is correct, no CAPO pair, zero advantages
+    other = _trainer(tmp_path / "b", reward=[parity_reward, always_one], advantage_estimator="capo", max_steps=1,
+                     correctness_reward="always_one")
+    other.train()
+    assert torch.all(other.records[0]["advantages_out"] == 0)
+    assert _logged(other, "calibration/accuracy")[0] == 1.0
+    # grpo keeps the weighted total as its reward
+    total = _trainer(tmp_path / "c", reward=[parity_reward, always_one], advantage_estimator="grpo", max_steps=1)
+    total.train()
+    torch.testing.assert_close(total.records[0]["rollout"]["batch"].rewards,
+                               torch.tensor(parity_reward(None, total.records[0]["completions"])) + 1.0)
+    with pytest.raises(ValueError, match="correctness_reward"):
+        _trainer(tmp_path / "d", reward=[parity_reward, always_one], correctness_reward="nope")
+
+
+def test_correctness_reward_accepts_registered_names(tmp_path):
+    from calibrl.tasks.rewards import format_reward, math_reward
+
+    trainer = _trainer(tmp_path, reward=[math_reward, format_reward], correctness_reward="format")
+    assert trainer._correctness_index == 1
+    assert _trainer(tmp_path, reward=[math_reward, format_reward])._correctness_index == 0
+
+
+def test_decision_correctness_ignores_a_shaping_reward(tmp_path):
+    trainer = _trainer(tmp_path, reward=[decision_reward, always_one], advantage_estimator="grpo",
+                       decision_classes=DECISION_CLASSES, decision_loss_coef=1.0, max_steps=1)
+    trainer.train()
+    rec = trainer.records[0]
+    expected = torch.tensor(decision_reward(None, rec["completions"])) > 0.5
+    assert (~expected).any(), "the test needs a wrong decision"
+    assert torch.equal(rec["final"]["calibrl_decision_correct"].cpu(), expected)
+
+
+# ---------------------------------------------------------------------------------------------------- generation
+
+
+def test_continuous_batching_turns_off_recording_logprobs(tmp_path):
+    """TRL 1.16's use_transformers_continuous_batching generates without the hooks calibrl records from: the
+    log-probs then come from a forward (recording there crashed with a size mismatch)."""
+    trainer = _trainer(tmp_path, advantage_estimator="capo", use_transformers_continuous_batching=True, max_steps=1)
+    assert not trainer._can_record_generation_logprobs()
+    trainer.train()
+    rec = trainer.records[0]
+    torch.testing.assert_close(rec["rollout"]["batch"].logprob_mean, rec["lpm"], atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------- decision spellings
+
+
+def _space_class_tokenizer():
+    """Char tokenizer where " a" ... " j" are single tokens too (as " B" is for Qwen's BPE)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from calibrl.models.tiny import CHARACTERS, SPECIAL_TOKENS
+
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    for token in list(CHARACTERS) + [" " + c for c in DECISION_CLASSES]:
+        vocab.setdefault(token, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r" [a-j]|[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>", padding_side="left", clean_up_tokenization_spaces=False)
+
+
+def test_decision_classes_match_space_prefixed_tokens(tmp_path):
+    tok = _space_class_tokenizer()
+    assert tok("Answer: b", add_special_tokens=False)["input_ids"][-1] == tok.convert_tokens_to_ids(" b")
+    model, _ = build_tiny_model(tokenizer=tok, seed=0)
+    trainer = Recorder(model=model, reward_funcs=decision_reward, processing_class=tok, train_dataset=_dataset(),
+                       args=_config(tmp_path, advantage_estimator="grpo", decision_classes=DECISION_CLASSES,
+                                    decision_loss_coef=1.0, max_steps=2))
+    trainer.train()
+    bare = {tok.convert_tokens_to_ids(c): i for i, c in enumerate(DECISION_CLASSES)}
+    spaced = {tok.convert_tokens_to_ids(" " + c): i for i, c in enumerate(DECISION_CLASSES)}
+    seen_spaced = False
+    for rec in trainer.records:
+        ids, mask = rec["output"]["completion_ids"], rec["output"]["completion_mask"]
+        positions, chosen = rec["final"]["calibrl_decision_positions"], rec["final"]["calibrl_decision_chosen"]
+        for row in range(ids.size(0)):
+            hits = [t for t in range(ids.size(1)) if mask[row, t] and int(ids[row, t]) in {**bare, **spaced}]
+            assert int(positions[row]) == (hits[-1] if hits else -1)
+            if hits:
+                token = int(ids[row, hits[-1]])
+                seen_spaced |= token in spaced
+                assert int(chosen[row]) == {**bare, **spaced}[token]
+    assert seen_spaced, "the test needs a decision written with the space-prefixed token"
+    assert _logged(trainer, "decision/decision_prob_mean")
+    # the class probability is the sum of its spellings' probabilities
+    logits = torch.randn(3, len(tok))
+    probs = torch.softmax(trainer._decision_class_logits(logits), -1)
+    full = torch.softmax(logits, -1)
+    b_ids, s_ids = list(bare), list(spaced)
+    mass = full[:, b_ids] + full[:, s_ids]
+    torch.testing.assert_close(probs, mass / mass.sum(-1, keepdim=True))
