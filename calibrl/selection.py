@@ -81,7 +81,12 @@ class SelectionResult:
 
 @dataclass(frozen=True)
 class ScalingCurve:
-    """Accuracy of a selection method vs the number N of paths per prompt, mean and std over random draws."""
+    """Accuracy of a selection method vs the number N of paths per prompt, mean and std over random draws.
+
+    ``n_draws`` is the largest number of random draws actually taken at any N (N = 1 and an N covering every
+    prompt's whole group are exact, with 0 and 1 draws), so a curve of exact points reports 1, not the requested
+    count.
+    """
 
     method: str
     ns: np.ndarray
@@ -527,12 +532,14 @@ def scaling_curve(
     rng = np.random.default_rng(seed)
     per_prompt_acc = np.bincount(p, weights=c, minlength=n_prompts) / sizes
     means, stds = [], []
+    used = 1
     for n in ns:
         if n == 1:
             means.append(float(per_prompt_acc.mean()))
             stds.append(0.0)
             continue
         draws = 1 if n >= sizes.max() else n_draws
+        used = max(used, draws)
         accs = []
         for _ in range(draws):
             # rank paths within each prompt by a random key, keep the first n
@@ -550,7 +557,7 @@ def scaling_curve(
             accs.append(res.accuracy)
         means.append(float(np.mean(accs)))
         stds.append(float(np.std(accs)))
-    return ScalingCurve(method, np.asarray(ns), np.asarray(means), np.asarray(stds), n_draws)
+    return ScalingCurve(method, np.asarray(ns), np.asarray(means), np.asarray(stds), used)
 
 
 def maj_at_k(answer_ids, correct, prompt_ids, *, k: int, n_draws: int = 20, seed: int = 0) -> float:

@@ -259,3 +259,33 @@ def test_posthoc_section_says_pooled_out_of_fold_auroc_can_change(tmp_path):
     cal = cross_validated_posthoc("temperature", s.confidence(), s.correct, s.prompt_index, n_splits=5, seed=0)
     assert m["posthoc"]["auroc"] == pytest.approx(M.auroc(cal, s.correct))
     assert "pools out-of-fold values from maps fit on different folds" in (out / "report.md").read_text()
+
+
+def test_labels_figure_names_and_short_prompt_note(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from calibrl.cli.eval import _labels
+
+    assert _labels([tmp_path / "x.jsonl", tmp_path / "x.parquet"]) == [f"{tmp_path.name}/x.jsonl",
+                                                                       f"{tmp_path.name}/x.parquet"]
+    rows = _rows(6)
+    for r in rows:
+        r["benchmark"] = "a/b" if r["benchmark"] == "easy" else "a b"
+    rows = [r for r in rows if not (r["prompt_id"] == "q0" and r["completion"] != "path 0 " + r["answer"])]
+    rows = [r for i, r in enumerate(rows) if r["prompt_id"] != "q0" or i == 0]  # q0 keeps one path
+    _jsonl(tmp_path / "x.jsonl", rows)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "x.parquet")
+    out = tmp_path / "rep"
+    res = runner.invoke(app, ["eval", str(tmp_path / "x.jsonl"), str(tmp_path / "x.parquet"), "--out", str(out),
+                              *FAST, "--methods", "majority"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "metrics.json").read_text())
+    assert list(data["results"]["overall"]) == [f"{tmp_path.name}/x.jsonl", f"{tmp_path.name}/x.parquet"]
+    figs = data["figures"]
+    assert figs["a/b"][0] != figs["a b"][0]
+    assert all((out / n).is_file() for names in figs.values() for n in names)
+    m = data["results"]["overall"][f"{tmp_path.name}/x.jsonl"]
+    assert m["scaling"]["majority"]["ns"] == [1]
+    assert m["scaling_note"] == "the scaling curves stop at N = 1: 1 of 10 prompts have only 1 path(s) (others up to 4)"
+    assert "Note for" in (out / "report.md").read_text() and "stop at N = 1" in (out / "report.md").read_text()

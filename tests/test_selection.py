@@ -166,3 +166,12 @@ def test_normalize_answer_drops_only_thousands_separators():
     assert n("2, 3") == n("2,3") == "2,3"
     ids = S.answer_clusters(["2, 3", "23", "1,000", "1000"], [0, 0, 0, 0], use_math_verify=False)
     assert ids[0] != ids[1] and ids[2] == ids[3]
+
+
+def test_scaling_curve_n_draws_reports_draws_used():
+    ans, correct, pid, lpm = _random_groups(n_prompts=5, n=4)
+    assert S.scaling_curve("majority", ans, correct, pid, n_draws=3).n_draws == 3  # N = 2 is drawn
+    assert S.scaling_curve("majority", ans, correct, pid, ns=(1, 4), n_draws=7).n_draws == 1  # all exact
+    ans, correct, pid, _ = _random_groups(n_prompts=5, n=2)
+    c = S.scaling_curve("majority", ans, correct, pid, n_draws=9)
+    assert c.ns.tolist() == [1, 2] and c.n_draws == 1 and c.to_dict()["n_draws"] == 1

@@ -46,15 +46,15 @@ def _fail(message: str) -> None:
 
 
 def _labels(paths: list[Path]) -> list[str]:
-    """File stems, made unique with the parent folder name (then an index) when two files share a stem."""
+    """File stems, made unique with the parent folder name, then the extension, then an index when two files
+    share a stem."""
     stems = [p.stem for p in paths]
     labels = []
     for p, stem in zip(paths, stems):
         labels.append(f"{p.parent.name}/{stem}" if stems.count(stem) > 1 and p.parent.name else stem)
-    for i, label in enumerate(labels):
-        if labels.count(label) > 1:
-            labels[i] = f"{label}#{i + 1}"
-    return labels
+    # same stem and folder: x.jsonl vs x.parquet
+    labels = [f"{lab}{p.suffix}" if labels.count(lab) > 1 else lab for p, lab in zip(paths, labels)]
+    return [f"{lab}#{i + 1}" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels)]
 
 
 def _safe(name: str) -> str:
@@ -213,9 +213,13 @@ def _run(loaded, labels, files, tmp: Path, *, posthoc, n_bins, n_boot, use_math_
                     step=step)
 
         figures: dict[str, list[str]] = {}
+        bases: set[str] = set()
         for scope, by_label in scoped.items():
             step(f"{scope}: figures")
             base = _safe(scope)
+            if base.lower() in bases:  # "a/b" and "a b" both read a_b: keep every scope's figures
+                base = next(f"{base}_{i}" for i in range(2, len(scoped) + 2) if f"{base}_{i}".lower() not in bases)
+            bases.add(base.lower())
             names = [f"{base}_reliability.png", f"{base}_roc.png", f"{base}_precision_coverage.png"]
             series = {lab: (r.confidence, r.target) for lab, r in by_label.items()}
             plot_reliability(series, tmp / names[0], n_bins=n_bins, title=f"Reliability: {scope}")

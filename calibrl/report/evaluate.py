@@ -154,4 +154,8 @@ def evaluate_samples(
         if skipped:
             out["selection_skipped"] = skipped
         out["scaling"] = {m: c.to_dict() for m, c in result.curves.items()}
+        if result.curves and int(sizes.min()) < int(sizes.max()):
+            short = int((sizes == sizes.min()).sum())
+            out["scaling_note"] = (f"the scaling curves stop at N = {int(sizes.min())}: {short} of {len(sizes)} "
+                                   f"prompts have only {int(sizes.min())} path(s) (others up to {int(sizes.max())})")
     return result

@@ -118,6 +118,8 @@ def render_eval_report(
                     [m] + [_fmt(by_label[l].get("selection", {}).get(m)) for l in labels] for m in methods
                 ]))
             for l in labels:
+                if by_label[l].get("scaling_note"):
+                    out += ["", f"Note for {l}: {by_label[l]['scaling_note']}."]
                 skipped = by_label[l].get("selection_skipped") or {}
                 for why in dict.fromkeys(skipped.values()):
                     names = ", ".join(m for m, w in skipped.items() if w == why)
