@@ -267,14 +267,26 @@ class _TransformersBackend:
         self.eos = _eos_ids(model, tokenizer)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos), 0)
         greedy = self.temperature <= 0
+        # Plain temperature sampling, so logprob_mean is the model's own log p_T. transformers fills every field
+        # left None from the model's generation_config.json (Qwen Instruct ships repetition_penalty 1.05, top_k 20,
+        # top_p 0.8), so every field that shapes the distribution is set to its neutral value here, and the
+        # fields whose mere presence adds a processor (min_p, suppress_tokens, bad_words_ids, ...) are dropped by
+        # generating against a bare model generation config (``generate``).
         self.generation_config = GenerationConfig(
             max_new_tokens=int(max_new_tokens),
             do_sample=not greedy,
             temperature=None if greedy else self.temperature,
             top_k=None if greedy else 0,
             top_p=None if greedy else 1.0,
+            typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0, min_length=0,
+            repetition_penalty=1.0, encoder_repetition_penalty=1.0, no_repeat_ngram_size=0,
+            encoder_no_repeat_ngram_size=0, num_beams=1, renormalize_logits=False, remove_invalid_values=False,
             pad_token_id=pad,
             eos_token_id=sorted(self.eos) or None,
+            bos_token_id=getattr(model.generation_config, "bos_token_id", None),
+        )
+        self._bare_model_config = GenerationConfig(
+            pad_token_id=pad, eos_token_id=sorted(self.eos) or None,
             bos_token_id=getattr(model.generation_config, "bos_token_id", None),
         )
         scale = 1.0 if greedy else self.temperature
@@ -307,11 +319,15 @@ class _TransformersBackend:
         attention_mask = enc["attention_mask"].to(device).repeat_interleave(n, dim=0)
         recorder = self.Recorder()
         torch.manual_seed(seed)
-        with torch.no_grad():
-            sequences = self.model.generate(
-                input_ids=input_ids, attention_mask=attention_mask, generation_config=self.generation_config,
-                logits_processor=[recorder],
-            )
+        model_config, self.model.generation_config = self.model.generation_config, self._bare_model_config
+        try:
+            with torch.no_grad():
+                sequences = self.model.generate(
+                    input_ids=input_ids, attention_mask=attention_mask, generation_config=self.generation_config,
+                    logits_processor=[recorder],
+                )
+        finally:
+            self.model.generation_config = model_config
         completion = sequences[:, input_ids.shape[1]:]
         steps = completion.shape[1]
         if recorder.prev is not None and len(recorder.token_logps) == steps - 1:

@@ -224,3 +224,30 @@ def test_scan_existing_rejects_foreign_files(tmp_path):
     f.write_text("garbage\n{}\n")
     with pytest.raises(GenerateError, match="x.jsonl:1"):
         scan_existing(f, 2)
+
+
+def test_logprob_mean_ignores_the_models_sampling_settings(tmp_path):
+    """A generation_config.json with a repetition penalty, top-k, min-p, no-repeat n-grams and suppressed tokens
+    (Qwen Instruct ships repetition_penalty 1.05): generate still samples from the model's own distribution at T,
+    so logprob_mean equals the mean token log-prob of a plain forward pass."""
+    model, tokenizer = build_tiny_model(config=TinyModelConfig(max_position_embeddings=512), seed=1)
+    gc = model.generation_config
+    gc.repetition_penalty, gc.do_sample, gc.top_k, gc.top_p, gc.min_p = 5.0, True, 3, 0.5, 0.2
+    gc.no_repeat_ngram_size, gc.suppress_tokens = 2, [tokenizer.convert_tokens_to_ids("a")]
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    out = tmp_path / "s.jsonl"
+    generate(model=str(tmp_path / "m"), dataset="deepscaler", path=str(FIXTURES / "deepscaler.jsonl"), n=4,
+             max_new_tokens=12, template="none", progress=False, out=out, backend="transformers")
+    prompts = {r["prompt_id"]: r["prompt"] for r in
+               get_dataset_loader("deepscaler")(path=str(FIXTURES / "deepscaler.jsonl"), template="none")}
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    checked = 0
+    for r in rows:
+        ids = tokenizer(r["completion"], add_special_tokens=False)["input_ids"]
+        if len(ids) != r["n_tokens"]:  # a special token (EOS, unk) was dropped from the text: ids not recoverable
+            continue
+        checked += 1
+        expected = _reference_logps(model.eval(), tokenizer, prompts[r["prompt_id"]], ids, 1.0).mean().item()
+        assert r["logprob_mean"] == pytest.approx(expected, abs=1e-4)
+    assert checked >= 6
