@@ -16,7 +16,10 @@ A recipe::
       capo_tau: 0.6
 
 Unknown keys are errors that name the key, the section and the file (with the closest valid name). Extra keys
-in a dataset section are passed to the dataset loader (e.g. ``template: qwen-math-chat``) when it accepts them.
+in a dataset section (or its ``options:`` mapping) are passed to the dataset loader (e.g. ``template:
+qwen-math-chat``) and must be one of its named parameters, so a typo (``tempalte``) is an error. Keyword
+arguments for the hub's ``datasets.load_dataset`` (``revision``, ``data_dir``, ...) go under ``load_kwargs:``
+(a mapping), accepted only by loaders that take ``**kwargs`` (the built-in benchmark loaders do).
 
 API: :func:`load_recipe`, :func:`build_trainer`, :func:`train`.
 """
@@ -61,7 +64,8 @@ class DatasetSpec:
     split: str | None = None
     path: str | None = None
     limit: int | None = None
-    options: dict = field(default_factory=dict)  # extra keyword arguments for the loader
+    options: dict = field(default_factory=dict)  # extra keyword arguments for the loader (its named parameters)
+    load_kwargs: dict = field(default_factory=dict)  # passed through the loader's **kwargs (hub load_dataset)
 
 
 @dataclass
@@ -124,10 +128,14 @@ def _parse_dataset(raw: Any, section: str, source: str) -> DatasetSpec:
         raise RecipeError(f"{source}: section {section!r} must be a mapping, got {type(raw).__name__}")
     raw = dict(raw)
     options = dict(raw.pop("options", None) or {})
+    load_kwargs = raw.pop("load_kwargs", None) or {}
+    if not isinstance(load_kwargs, dict):
+        raise RecipeError(f"{source}: {section}.load_kwargs must be a mapping of datasets.load_dataset arguments")
     known = {"name", "split", "path", "limit"}
     spec = DatasetSpec(**{k: raw.pop(k) for k in list(raw) if k in known})
     options.update(raw)  # extra keys go to the loader; checked against its signature in _load_dataset
     spec.options = options
+    spec.load_kwargs = dict(load_kwargs)
     if not spec.name:
         raise RecipeError(f"{source}: section {section!r} needs 'name' (a registered dataset; path= for local files)")
     if spec.limit is not None and (not isinstance(spec.limit, int) or spec.limit <= 0):
@@ -221,10 +229,20 @@ def _load_dataset(spec: DatasetSpec, section: str, source: str):
         kwargs["limit"] = spec.limit
     kwargs.update(spec.options)
     params = inspect.signature(loader).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        for key in kwargs:
-            if key not in params:
-                raise _unknown(key, section, [k for k in params if k != "self"], source)
+    named = [k for k, p in params.items() if k != "self" and p.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    for key in kwargs:  # only the loader's named parameters: a typo must not vanish into **kwargs
+        if key not in named:
+            raise _unknown(key, section, named + ["load_kwargs"], source)
+    if spec.load_kwargs:
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            raise RecipeError(f"{source}: {section}.load_kwargs: the {spec.name!r} loader takes no extra keyword "
+                              f"arguments (its parameters: {', '.join(named)})")
+        clash = sorted(set(spec.load_kwargs) & set(named))
+        if clash:
+            raise RecipeError(f"{source}: {section}.load_kwargs: {clash} are loader parameters; set them in "
+                              f"section {section!r} itself")
+        kwargs.update(spec.load_kwargs)
     dataset = loader(**kwargs)
     if spec.limit is not None and hasattr(dataset, "select") and len(dataset) > spec.limit:
         dataset = dataset.select(range(spec.limit))

@@ -79,3 +79,31 @@ def test_tiny_cpu_recipe_trains(tmp_path, monkeypatch):
     assert result["global_step"] == 1
     assert any("calibration/estimator/mask_fraction" in h or "reward" in h for h in result["log_history"])
     assert (tmp_path / "run" / "config.json").exists()
+
+
+def test_dataset_section_typos_are_errors(tmp_path):
+    """A misspelt loader option (`tempalte`) names the key and the file instead of vanishing into the loader's
+    **kwargs; hub load_dataset arguments pass only under `load_kwargs:`."""
+    from calibrl.models.tiny import build_tiny_model
+
+    text = (CONFIGS / "tiny_cpu.yaml").read_text()
+    assert "  template: none" in text
+    fixture = str(FIXTURES / "deepscaler.jsonl")
+    cases = {
+        "typo": text.replace("  template: none", "  tempalte: none"),
+        "typo_in_options": text.replace("  template: none", "  options: {tempalte: none}"),
+        "load_kwargs": text.replace("  template: none", "  template: none\n  load_kwargs: {revision: main}"),
+    }
+    for name, body in cases.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(body.replace("tests/fixtures/deepscaler.jsonl", fixture))
+        recipe = training.load_recipe(path)
+        model, tokenizer = build_tiny_model()
+        build = lambda: training.build_trainer(recipe, model=model, tokenizer=tokenizer,  # noqa: E731
+                                               overrides={**CPU, "output_dir": str(tmp_path / "out")})
+        if name == "load_kwargs":
+            assert recipe.dataset.load_kwargs == {"revision": "main"}
+            assert len(build().train_dataset) >= 1
+        else:
+            with pytest.raises(training.RecipeError, match=rf"{name}\.yaml.*'tempalte'.*'dataset'.*'template'"):
+                build()
