@@ -169,8 +169,10 @@ def _math_equal_cached(pred: str, gold: str, timeout: int | None) -> bool:
 def math_equal(pred: str | None, gold: Any, *, timeout: int | None = MATH_TIMEOUT_SECONDS) -> bool:
     """True when answer string ``pred`` equals ``gold`` (math-verify, normalised-string shortcut first).
 
-    ``gold`` may be a string, a number, or a list of acceptable answers (OlympiadBench ``final_answer``); a gold
-    given with its own ``\\boxed{}`` or ``$...$`` is unwrapped. Results are cached per (pred, gold).
+    ``gold`` may be a string, a number, or a list of ALTERNATIVE answers (any one matching counts). Not for
+    multi-part answers: OlympiadBench's list-valued ``final_answer`` needs every part, and the dataset loaders
+    join it into one string (:mod:`calibrl.tasks.datasets`) before it reaches here. A gold given with its own
+    ``\\boxed{}`` or ``$...$`` is unwrapped. Results are cached per (pred, gold).
     """
     if pred is None or gold is None:
         return False
