@@ -6,7 +6,8 @@
 Writes to ``--out`` (default docs/results/): ``testbed.md`` (tables per task with mean ± std over seeds, the
 warm start, curves and reliability diagrams), ``testbed_curves_*.png`` / ``testbed_reliability_*.png``,
 ``testbed_results.json`` (every evaluation of every run) and ``headline.md`` (the README's table, with the exact
-command). Per-run scratch files go to ``runs/bench_testbed``.
+command). Per-run scratch files go to ``runs/bench_testbed``. A hand-written ``## Findings`` section already in
+``--out``/testbed.md is kept when the tables are rebuilt (re-read it against them).
 
 Every method gets the same budget (steps x 16 prompts x 8 samples), the same warm start, the same seeds and the
 same evaluation prompts and outcome stream. What was tuned, and on what, is written into the report (``--notes``).
@@ -50,6 +51,26 @@ TUNING_NOTES = """\
 - Decision-token CE: lambda = 1 (earlier exploratory runs: the paper's 1e-3 is far too weak at this scale; 1 was the
   best of {0, 1e-3, 1} in the throwaway runs). GCPO / SEED-GRPO: library defaults, not tuned.
 """
+
+
+FINDINGS_HEADING = "## Findings"
+
+
+def kept_findings(old_report: str) -> str:
+    """The hand-written ``## Findings`` section of an earlier ``testbed.md`` (up to the tuning notes, the next
+    ``## `` heading or the wall time line), so that rebuilding the tables does not drop it; ``""`` if it has none.
+    The findings are read against the numbers, so the caller prints a reminder to re-read them."""
+    lines = old_report.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(FINDINGS_HEADING)), None)
+    if start is None:
+        return ""
+    tuning = TUNING_NOTES.splitlines()[0]
+    end = len(lines)
+    for i in range(start + 1, len(lines)):
+        if lines[i] == tuning or lines[i].startswith("## ") or lines[i].startswith("Wall time:"):
+            end = i
+            break
+    return "\n".join(lines[start:end]).strip() + "\n"
 
 
 def headline(summary: dict, command: str) -> str:
@@ -181,8 +202,19 @@ def main(argv: list[str] | None = None) -> int:
         command += "\n" + invoked
     summary["command"] = command
     backfill(summary)
+    missing = [f"{r['key']} seed {r['seed']}" for r in summary["results"]
+               if not (Path(r.get("run_dir") or "") / "final_samples.npz").exists()]
+    if missing:
+        print(f"no final_samples.npz for {len(missing)} run(s) ({', '.join(missing[:4])}"
+              f"{', ...' if len(missing) > 4 else ''}): the reliability diagrams leave them out "
+              "(their run folders are not where the results file says)", file=sys.stderr)
     scratch.mkdir(parents=True, exist_ok=True)
-    report = write_demo_report(summary, scratch, title="Testbed study", command=command, extra=TUNING_NOTES)
+    previous = args.out / "testbed.md"
+    findings = kept_findings(previous.read_text()) if previous.exists() else ""
+    if findings:
+        print(f"kept the Findings section of {previous}: re-read it against the new tables", file=sys.stderr)
+    report = write_demo_report(summary, scratch, title="Testbed study", command=command,
+                               extra="\n".join(part for part in (findings, TUNING_NOTES) if part))
     # copy the report and figures into docs/results with a testbed_ prefix
     text = report.read_text()
     for png in scratch.glob("*.png"):
