@@ -148,7 +148,7 @@ def backfill(summary: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from calibrl.demo import CONTROL_METHODS, DEFAULT_METHODS, DemoConfig, run_demo
-    from calibrl.report.training import write_demo_report
+    from calibrl.report.training import final_samples_path, write_demo_report
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3)
@@ -202,8 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         command += "\n" + invoked
     summary["command"] = command
     backfill(summary)
-    missing = [f"{r['key']} seed {r['seed']}" for r in summary["results"]
-               if not (Path(r.get("run_dir") or "") / "final_samples.npz").exists()]
+    missing = [f"{r['key']} seed {r['seed']}" for r in summary["results"] if final_samples_path(scratch, r) is None]
     if missing:
         print(f"no final_samples.npz for {len(missing)} run(s) ({', '.join(missing[:4])}"
               f"{', ...' if len(missing) > 4 else ''}): the reliability diagrams leave them out "

@@ -152,16 +152,23 @@ def _histories(summary: dict, task: str) -> dict[str, list[dict]]:
             for runs in _runs_by_method(summary, task).values()}
 
 
+def final_samples_path(out: str | Path, run: dict) -> Path | None:
+    """The final_samples.npz of one run record: in its ``run_dir``, else under ``out``/runs; None if neither."""
+    for path in (Path(run.get("run_dir") or "") / "final_samples.npz",
+                 Path(out) / "runs" / run["task"] / run["method"] / f"seed{run['seed']}" / "final_samples.npz"):
+        if path.exists():
+            return path
+    return None
+
+
 def _final_samples(out: Path, summary: dict, task: str) -> dict[str, dict[str, np.ndarray]]:
     """Final evaluation samples per method (seeds pooled), read from each run's final_samples.npz."""
     pooled: dict[str, dict[str, list]] = {}
     for runs in _runs_by_method(summary, task).values():
         label = runs[0]["label"]
         for r in runs:
-            path = Path(r.get("run_dir") or "") / "final_samples.npz"
-            if not path.exists():
-                path = out / "runs" / task / r["method"] / f"seed{r['seed']}" / "final_samples.npz"
-            if not path.exists():
+            path = final_samples_path(out, r)
+            if path is None:
                 continue
             data = np.load(path, allow_pickle=False)
             bucket = pooled.setdefault(label, defaultdict(list))
@@ -236,4 +243,4 @@ def write_demo_report(summary: dict, out: str | Path, *, title: str = "calibrl d
     return path
 
 
-__all__ = ["aggregate", "markdown_table", "summary_table", "write_demo_report", "write_figures"]
+__all__ = ["aggregate", "final_samples_path", "markdown_table", "summary_table", "write_demo_report", "write_figures"]
