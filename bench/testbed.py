@@ -38,7 +38,7 @@ TUNING_NOTES = """\
   accuracy, else the best. Neither task reached 97% (the constant lr oscillates): decision kept step 1100 (94.5%),
   stochastic_reasoning step 1400 (93.8%). The decision warm start is NOT well calibrated (mean |q - p| 0.19):
   sampling from the true distribution gives calibrated targets, but 1100 steps of SFT at this lr do not fit them.
-- Addition control warm start: its own SFT settings (calibrl.warmstart.TASK_SFT), set after the shared ones
+- Addition control warm start: its own SFT settings (calibrl.testbed.warmstart.TASK_SFT), set after the shared ones
   stalled (3% greedy accuracy after 700 steps): lr 1e-3 cosine, 100 warmup steps, batch 128, 50,000 distinct
   prompts, evaluated every 50 steps, target 50% greedy accuracy on the eval pool. The first setting tried, no search (run
   once evaluating every 250 steps, which stopped at 65.6%, then every 50 steps to stop nearer the target: the
@@ -74,7 +74,7 @@ def kept_findings(old_report: str) -> str:
 
 
 def headline(summary: dict, command: str) -> str:
-    from calibrl.report.training import aggregate
+    from calibrl.testbed.report import aggregate
 
     def cell(agg, method, key):
         e = agg.get(method)
@@ -131,8 +131,8 @@ def headline(summary: dict, command: str) -> str:
 
 def backfill(summary: dict) -> None:
     """Runs made before ``greedy_decision_accuracy`` existed: compute it for their final evaluation from the
-    saved final samples (the same formula, :func:`calibrl.demo.greedy_decision_accuracy`)."""
-    from calibrl.demo import greedy_decision_accuracy
+    saved final samples (the same formula, :func:`calibrl.testbed.demo.greedy_decision_accuracy`)."""
+    from calibrl.testbed.demo import greedy_decision_accuracy
 
     for rec in summary["results"]:
         final = rec["history"][-1]
@@ -147,8 +147,8 @@ def backfill(summary: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from calibrl.demo import CONTROL_METHODS, DEFAULT_METHODS, DemoConfig, run_demo
-    from calibrl.report.training import final_samples_path, write_demo_report
+    from calibrl.testbed.demo import CONTROL_METHODS, DEFAULT_METHODS, DemoConfig, run_demo
+    from calibrl.testbed.report import final_samples_path, write_demo_report
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3)

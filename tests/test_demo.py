@@ -29,14 +29,14 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def decision_warm(cache):
-    from calibrl.warmstart import WarmStartConfig, warm_start
+    from calibrl.testbed.warmstart import WarmStartConfig, warm_start
 
     return warm_start("decision", WarmStartConfig(task="decision", max_steps=WS_STEPS, target=WS_TARGET))
 
 
 def test_warm_start_is_cached_and_chosen_by_evaluation(decision_warm, monkeypatch, cache):
-    from calibrl import warmstart
-    from calibrl.warmstart import WarmStartConfig, load_warm_start, warm_start, warm_start_info
+    from calibrl.testbed import warmstart
+    from calibrl.testbed.warmstart import WarmStartConfig, load_warm_start, warm_start, warm_start_info
 
     assert str(decision_warm).startswith(str(cache))
     info = warm_start_info(decision_warm)
@@ -58,7 +58,7 @@ def test_warm_start_is_cached_and_chosen_by_evaluation(decision_warm, monkeypatc
     assert again == decision_warm
     model, tok = load_warm_start(again)
     # the reloaded model reproduces the recorded accuracy (same greedy evaluation)
-    from calibrl.tasks import testbed as tb
+    from calibrl.testbed import tasks as tb
 
     prompts = [r["prompt"] for r in tb.build_rows("decision", 128, split="eval")]
     assert warmstart.greedy_accuracy(model, tok, "decision", prompts) == pytest.approx(chosen["accuracy"])
@@ -106,7 +106,7 @@ def _sign(x: float, tol: float) -> int:
 def test_short_run_moves_metric_in_logged_direction(decision_warm, tmp_path, method, config):
     """The decision confidence measured by the demo's evaluation moves the way the trainer's own telemetry
     (calibration/decision_prob_mean on its rollouts) says; and GRPO sharpens decisions more than the CE term."""
-    from calibrl.demo import run_method
+    from calibrl.testbed.demo import run_method
 
     steps = 8
     job = dict(key=f"decision/{method}", task="decision", method=method, label=method, config=config, train=True,
@@ -133,7 +133,7 @@ test_short_run_moves_metric_in_logged_direction.results = {}
 
 
 def test_warmstart_task_settings_leave_other_cache_keys_unchanged():
-    from calibrl.warmstart import TASK_SFT, WarmStartConfig
+    from calibrl.testbed.warmstart import TASK_SFT, WarmStartConfig
 
     for task in ("decision", "stochastic_reasoning"):
         assert (WarmStartConfig.for_task(task, max_steps=1500, target=None).key()

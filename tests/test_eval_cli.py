@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from calibrl import metrics as M
 from calibrl import selection as S
 from calibrl.cli import app
-from calibrl.samples import load_samples
+from calibrl.evaluation.samples import load_samples
 
 runner = CliRunner()
 FAST = ["--bootstrap", "20", "--scaling-draws", "2", "--rpc-draws", "1", "--no-math-verify"]
@@ -121,7 +121,7 @@ def test_refuses_foreign_output_folder_but_replaces_previous_report(tmp_path):
 def test_plot_training_curves_writes_png(tmp_path):
     from matplotlib.image import imread
 
-    from calibrl.report.plots import plot_training_curves
+    from calibrl.evaluation.plots import plot_training_curves
 
     history = {
         "grpo": [{"step": 0, "auroc": 0.6, "ece": 0.1}, {"step": 0, "auroc": 0.7, "ece": 0.2},

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from calibrl.generate import GenerateError, _decision_fields, _Sample, _TransformersBackend, generate, scan_existing
-from calibrl.models.tiny import TinyModelConfig, build_tiny_model, save_tiny_model
+from calibrl.evaluation.generate import GenerateError, _decision_fields, _Sample, _TransformersBackend, generate, scan_existing
+from calibrl.testbed.model import TinyModelConfig, build_tiny_model, save_tiny_model
 from calibrl.tasks.registry import get_dataset_loader
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -86,7 +86,7 @@ def test_generate_math_rows_and_resume(tiny_dir, tmp_path):
 
 
 def test_samples_load_in_calibrl_eval_format(tiny_dir, tmp_path):
-    import calibrl.samples as samples_module
+    import calibrl.evaluation.samples as samples_module
     out = tmp_path / "s.jsonl"
     generate(model=str(tiny_dir), dataset="aime25", path=str(FIXTURES / "aime25.jsonl"), n=2, max_new_tokens=6,
              template="none", progress=False, out=out)
@@ -127,7 +127,7 @@ def test_decision_class_probs_at_the_decision_token(tiny, tmp_path):
             expected = probs[class_ids] / probs[class_ids].sum()
             assert torch.allclose(torch.tensor(r["class_probs"]), expected, atol=1e-4)
             assert r["class_mass"] == pytest.approx(probs[class_ids].sum().item(), abs=1e-4)
-        import calibrl.samples as samples_module
+        import calibrl.evaluation.samples as samples_module
         loaded = samples_module.load_samples(out, confidence="class_probs")
         assert len(loaded.correct) == 12
     finally:

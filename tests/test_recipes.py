@@ -10,7 +10,7 @@ CONFIGS = ROOT / "configs"
 FIXTURES = Path(__file__).parent / "fixtures"
 RECIPES = sorted(p.name for p in CONFIGS.glob("*.yaml"))
 
-import calibrl.training as training  # noqa: E402
+import calibrl.trl.recipes as training  # noqa: E402
 
 # hub datasets replaced by the local files in the same format
 LOCAL = {name: FIXTURES / f"{name}.jsonl" for name in
@@ -34,7 +34,7 @@ def test_the_expected_recipes_exist():
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_recipe_builds_with_the_tiny_stand_in(name, tmp_path):
-    from calibrl.models.tiny import build_tiny_model
+    from calibrl.testbed.model import build_tiny_model
 
     recipe = _localise(training.load_recipe(CONFIGS / name))
     model, tokenizer = build_tiny_model()
@@ -84,7 +84,7 @@ def test_tiny_cpu_recipe_trains(tmp_path, monkeypatch):
 def test_dataset_section_typos_are_errors(tmp_path):
     """A misspelt loader option (`tempalte`) names the key and the file instead of vanishing into the loader's
     **kwargs; hub load_dataset arguments pass only under `load_kwargs:`."""
-    from calibrl.models.tiny import build_tiny_model
+    from calibrl.testbed.model import build_tiny_model
 
     text = (CONFIGS / "tiny_cpu.yaml").read_text()
     assert "  template: none" in text

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from calibrl.samples import SamplesError, load_samples
+from calibrl.evaluation.samples import SamplesError, load_samples
 
 
 def _write(path, rows, raw_lines=()):

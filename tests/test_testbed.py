@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from calibrl.tasks import testbed as tb
+from calibrl.testbed import tasks as tb
 from calibrl.tasks.registry import available_datasets, available_rewards, get_dataset_loader, get_reward
 
 
@@ -124,8 +124,8 @@ def test_sft_dataset_follows_the_format(task):
 
 
 def test_sample_completions_scores_exactly():
-    from calibrl.models.tiny import build_tiny_model
-    from calibrl.warmstart import sample_completions
+    from calibrl.testbed.model import build_tiny_model
+    from calibrl.testbed.warmstart import sample_completions
 
     torch.manual_seed(0)
     model, tok = build_tiny_model(seed=0)

@@ -16,8 +16,8 @@ import trl  # noqa: E402,F401
 from datasets import Dataset  # noqa: E402
 
 from calibrl import RolloutBatch, compute_advantages  # noqa: E402
-from calibrl.models.tiny import build_tiny_model  # noqa: E402
-from calibrl.telemetry import calibration_metrics  # noqa: E402
+from calibrl.testbed.model import build_tiny_model  # noqa: E402
+from calibrl.trl.telemetry import calibration_metrics  # noqa: E402
 from calibrl.trl import CalibratedGRPOConfig, CalibratedGRPOTrainer, extract_answer  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -366,7 +366,7 @@ def _registered():
 
 
 def test_recipe_errors_name_the_key_and_file(tmp_path, _registered):
-    from calibrl.training import RecipeError, load_recipe
+    from calibrl.trl.recipes import RecipeError, load_recipe
 
     path = _write_recipe(tmp_path, trainer={"learning_rat": 1e-6})
     with pytest.raises(RecipeError, match=r"recipe\.yaml.*'learning_rat'.*'trainer'.*learning_rate"):
@@ -386,13 +386,13 @@ def test_train_from_recipe_and_cli(tmp_path, _registered):
     from typer.testing import CliRunner
 
     from calibrl.cli import app
-    from calibrl.training import build_trainer, load_recipe, train
+    from calibrl.trl.recipes import build_trainer, load_recipe, train
 
     recipe = load_recipe(_write_recipe(tmp_path))
     assert recipe.model.name_or_path == "builtin:tiny" and recipe.trainer["advantage_estimator"] == "capo"
     trainer = build_trainer(recipe, overrides={"capo_tau": 0.3})
     assert isinstance(trainer, CalibratedGRPOTrainer) and trainer.args.capo_tau == 0.3
-    from calibrl.training import RecipeError
+    from calibrl.trl.recipes import RecipeError
 
     with pytest.raises(RecipeError, match="'capo_taux'.*'overrides'"):
         build_trainer(recipe, overrides={"capo_taux": 0.3})
@@ -502,7 +502,7 @@ def _space_class_tokenizer():
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from calibrl.models.tiny import CHARACTERS, SPECIAL_TOKENS
+    from calibrl.testbed.model import CHARACTERS, SPECIAL_TOKENS
 
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
     for token in list(CHARACTERS) + [" " + c for c in DECISION_CLASSES]:

@@ -125,7 +125,7 @@ def eval_command(
     """Evaluate calibration (AUROC, ECE, Brier, reliability), abstention (precision-coverage, AURC), post-hoc
     calibration and inference-time answer selection (majority, weighted, PC, RPC, best-of-N) of sampled
     completions; several FILEs are compared side by side."""
-    from calibrl.samples import SamplesError, load_samples
+    from calibrl.evaluation.samples import SamplesError, load_samples
     from calibrl.selection import METHODS
 
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
@@ -168,7 +168,7 @@ def _run(loaded, labels, files, tmp: Path, *, posthoc, n_bins, n_boot, use_math_
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from calibrl.report import (
+    from calibrl.evaluation import (
         evaluate_samples,
         plot_precision_coverage,
         plot_reliability,

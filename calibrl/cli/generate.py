@@ -38,7 +38,7 @@ def generate_command(
     """
     from rich.console import Console
 
-    from calibrl.generate import GenerateConfig, GenerateError, generate
+    from calibrl.evaluation.generate import GenerateConfig, GenerateError, generate
 
     console = Console(stderr=True)
     config = GenerateConfig(

@@ -31,7 +31,7 @@ def _builtins() -> None:
     # registries work in partial installs.
     import importlib
 
-    for module in ("calibrl.tasks.testbed", "calibrl.tasks.datasets", "calibrl.tasks.rewards"):
+    for module in ("calibrl.testbed.tasks", "calibrl.tasks.datasets", "calibrl.tasks.rewards"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:

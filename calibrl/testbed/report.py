@@ -1,10 +1,10 @@
 """Report of a training comparison (the demo and bench/testbed.py): tables over seeds, curves, reliability.
 
-Input: the summary dict :func:`calibrl.demo.run_demo` writes to ``results.json`` (``results``: one record per
+Input: the summary dict :func:`calibrl.testbed.demo.run_demo` writes to ``results.json`` (``results``: one record per
 method x seed with its evaluation ``history``). Output: ``report.md`` with one table per task (final evaluation,
 mean +- std over seeds, and the change from the shared warm start), training curves
-(:func:`calibrl.report.plots.plot_training_curves`) and reliability diagrams of the final models
-(:func:`calibrl.report.plots.plot_reliability`).
+(:func:`calibrl.evaluation.plots.plot_training_curves`) and reliability diagrams of the final models
+(:func:`calibrl.evaluation.plots.plot_reliability`).
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def _final_samples(out: Path, summary: dict, task: str) -> dict[str, dict[str, n
 
 def write_figures(summary: dict, out: str | Path, task: str) -> list[Path]:
     """Training curves and final reliability diagrams for ``task`` into ``out``; returns the PNG paths."""
-    from calibrl.report.plots import plot_reliability, plot_training_curves
+    from calibrl.evaluation.plots import plot_reliability, plot_training_curves
 
     out = Path(out)
     paths = []

@@ -3,7 +3,7 @@
 A recipe::
 
     model:                                 # or simply  model: Qwen/Qwen2.5-Math-1.5B  /  model: "builtin:tiny"
-      name_or_path: Qwen/Qwen2.5-Math-1.5B # hub id, local folder, or "builtin:tiny" (calibrl.models.tiny)
+      name_or_path: Qwen/Qwen2.5-Math-1.5B # hub id, local folder, or "builtin:tiny" (calibrl.testbed.model)
       dtype: bfloat16                      # float32 | bfloat16 | float16 | auto
       peft: {r: 16, lora_alpha: 32, target_modules: all-linear}   # optional LoRA (peft.LoraConfig fields)
     dataset: {name: deepscaler, split: train, path: null, limit: null}   # calibrl.tasks.registry name
@@ -252,7 +252,7 @@ def _load_dataset(spec: DatasetSpec, section: str, source: str):
 def _load_model(spec: ModelSpec):
     """(model or model id, tokenizer or None, model_init_kwargs)."""
     if spec.name_or_path == TINY:
-        from calibrl.models.tiny import TinyModelConfig, build_tiny_model
+        from calibrl.testbed.model import TinyModelConfig, build_tiny_model
 
         tiny = dict(spec.tiny or {})
         seed = int(tiny.pop("seed", 0))

@@ -1,6 +1,6 @@
 """The built-in demo: one warm start per task, then every method trained from it with the same seeds.
 
-Two comparisons on the testbed (:mod:`calibrl.tasks.testbed`), every run going through
+Two comparisons on the testbed (:mod:`calibrl.testbed.tasks`), every run going through
 :class:`calibrl.trl.CalibratedGRPOTrainer` with the same budget (steps x 16 prompts x 8 samples, T = 1, AdamW
 lr 1e-4, beta 0):
 
@@ -13,7 +13,7 @@ lr 1e-4, beta 0):
   the noise-free calibration error mean |q(Y|x) - p(x)|, AUROC of the sequence confidence, accuracy.
 
 Evaluation (before training and every ``eval_every`` steps) samples ``eval_samples`` completions at T = 1 for
-``eval_prompts`` held-out prompts, scores them exactly (:func:`calibrl.warmstart.sample_completions`) and draws
+``eval_prompts`` held-out prompts, scores them exactly (:func:`calibrl.testbed.warmstart.sample_completions`) and draws
 their outcomes from the true distribution with a FIXED stream (common random numbers across methods and steps).
 ``auroc_ceiling`` is the AUROC of the true success probability on the same samples: no confidence can beat it.
 
@@ -128,8 +128,8 @@ def evaluate(model, tokenizer, task: str, prompts: list[str], p_true: list[float
     seeded by ``seed`` (common random numbers: the same uniforms for every method and step).
     """
     from calibrl import metrics as M
-    from calibrl.tasks import testbed as tb
-    from calibrl.warmstart import sample_completions
+    from calibrl.testbed import tasks as tb
+    from calibrl.testbed.warmstart import sample_completions
 
     spec = tb.get_task(task)
     class_ids = None
@@ -192,7 +192,7 @@ def greedy_decision_accuracy(p_yes: np.ndarray, p_true_yes: np.ndarray, q_true: 
 
 
 def eval_prompts_for(task: str, n: int) -> list[str]:
-    from calibrl.tasks import testbed as tb
+    from calibrl.testbed import tasks as tb
 
     return [r["prompt"] for r in tb.build_rows(task, n, split="test", seed=0)]
 
@@ -217,7 +217,7 @@ def run_method(job: dict, progress: Callable[[dict], None] | None = None) -> dic
 
     Writes ``history.json`` and ``final_samples.npz`` to ``run_dir``; returns the history record.
     """
-    from calibrl.warmstart import one_torch_thread
+    from calibrl.testbed.warmstart import one_torch_thread
 
     with one_torch_thread():
         return _run_method(job, progress)
@@ -231,8 +231,8 @@ def _run_method(job: dict, progress: Callable[[dict], None] | None = None) -> di
     from transformers import TrainerCallback
     from transformers.utils import logging as hf_logging
 
-    from calibrl.tasks import testbed as tb
-    from calibrl.warmstart import load_warm_start
+    from calibrl.testbed import tasks as tb
+    from calibrl.testbed.warmstart import load_warm_start
 
     warnings.filterwarnings("ignore")
     hf_logging.set_verbosity_error()
@@ -359,11 +359,11 @@ def build_jobs(config: DemoConfig, runs_dir: Path, warm_paths: dict[str, str]) -
 
 def prepare_warm_starts(config: DemoConfig, tasks: list[str], log: Callable[[str], None] | None = None
                         ) -> dict[str, str]:
-    from calibrl.warmstart import WarmStartConfig, warm_start
+    from calibrl.testbed.warmstart import WarmStartConfig, warm_start
 
     configs = {task: WarmStartConfig.for_task(task, max_steps=config.warmstart_steps, target=config.warmstart_target)
                for task in tasks}
-    from calibrl.warmstart import cache_path
+    from calibrl.testbed.warmstart import cache_path
 
     missing = [t for t in tasks if not (cache_path(configs[t]) / "warmstart.json").exists()]
     if len(missing) > 1 and config.workers > 1:
@@ -382,7 +382,7 @@ def _warm_worker(ws_config) -> str:
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     _set_threads()
-    from calibrl.warmstart import warm_start
+    from calibrl.testbed.warmstart import warm_start
 
     return str(warm_start(ws_config.task, ws_config))
 
@@ -446,7 +446,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, console=None, write_report:
     with console.status("warm starts (SFT, cached after the first run)..."):
         warm = prepare_warm_starts(config, tasks, log=None)
     for task, path in warm.items():
-        from calibrl.warmstart import warm_start_info
+        from calibrl.testbed.warmstart import warm_start_info
 
         info = warm_start_info(path)
         console.print(f"  warm start {task}: step {info['chosen_step']}, greedy accuracy "
@@ -475,11 +475,11 @@ def run_demo(config: DemoConfig, out: str | Path, *, console=None, write_report:
                "seconds": round(time.perf_counter() - t0, 1)}
     (out / "results.json").write_text(json.dumps(summary, indent=1, default=float))
     if write_report:
-        from calibrl.report.training import write_demo_report
+        from calibrl.testbed.report import write_demo_report
 
         report = write_demo_report(summary, out, title=title, command=command)
         console.print(f"report: {report}")
-        from calibrl.report.training import summary_table
+        from calibrl.testbed.report import summary_table
 
         for task in tasks:
             console.print(summary_table(summary, task, rich=True))

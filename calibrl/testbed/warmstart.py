@@ -1,7 +1,7 @@
 """Warm starts for the testbed: SFT of the tiny char-level Llama through TRL's SFTTrainer, cached on disk.
 
 RL needs a policy that already produces the format and mostly-right reasoning. The SFT data are drawn from the
-TRUE outcome distribution (:func:`calibrl.tasks.testbed.sft_dataset`), so the warm start is calibrated by
+TRUE outcome distribution (:func:`calibrl.testbed.tasks.sft_dataset`), so the warm start is calibrated by
 construction and every RL method starts from the same point. SFT accuracy jumps abruptly on these tasks, so the
 checkpoint is chosen by periodic evaluation (greedy reasoning accuracy on held-out prompts): the first evaluation
 reaching ``target`` is kept (the addition task stops at ~0.5 accuracy on purpose, leaving RL room to improve);
@@ -29,8 +29,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from calibrl.models.tiny import TinyModelConfig, build_tiny_model
-from calibrl.tasks import testbed as tb
+from calibrl.testbed.model import TinyModelConfig, build_tiny_model
+from calibrl.testbed import tasks as tb
 
 WARMSTART_VERSION = 1  # bump when the procedure changes so stale caches are not reused
 

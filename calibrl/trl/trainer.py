@@ -461,12 +461,12 @@ class CalibratedGRPOTrainer(GRPOTrainer):
     def _resolve_decision_classes(self) -> torch.Tensor | None:
         """Token ids of every single-token spelling of each class ("B" and " B": BPE tokenizers such as Qwen's
         write "Answer: B" with the token " B"), [K]; ``self._decision_owner`` [K] maps each to its class index.
-        Spellings come from :func:`calibrl.generate._class_variants` (the same rule ``calibrl generate`` uses)."""
+        Spellings come from :func:`calibrl.evaluation.generate._class_variants` (the same rule ``calibrl generate`` uses)."""
         classes = self.args.decision_classes
         self._decision_owner = None
         if not classes:
             return None
-        from calibrl.generate import GenerateError, _class_variants
+        from calibrl.evaluation.generate import GenerateError, _class_variants
 
         try:
             ids, owner = _class_variants(self._tokenizer, classes)
@@ -782,7 +782,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
 
     def _log_telemetry(self, batch, advantages, info, decision_probs, decision_correct, mode,
                        correct) -> dict[str, float]:
-        from calibrl.telemetry import calibration_metrics
+        from calibrl.trl.telemetry import calibration_metrics
 
         metrics = calibration_metrics(
             batch, advantages=advantages, info=info, decision_probs=decision_probs, decision_correct=decision_correct,

@@ -429,7 +429,7 @@ def _load_hf(config: GenerateConfig):
         kind = config.model.split(":", 1)[1]
         if kind != "tiny":
             raise GenerateError(f"unknown builtin model {config.model!r} (only builtin:tiny)")
-        from calibrl.models.tiny import TinyModelConfig, build_tiny_model
+        from calibrl.testbed.model import TinyModelConfig, build_tiny_model
 
         # RoPE has no learned positions: a longer context costs nothing and real prompts fit
         model, tokenizer = build_tiny_model(config=TinyModelConfig(max_position_embeddings=4096), seed=config.seed)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from calibrl import metrics as M
-from calibrl.samples import Samples
+from calibrl.evaluation.samples import Samples
 from calibrl.selection import METHODS, ScalingCurve, scaling_curve, select
 
 __all__ = ["ScopeResult", "evaluate_samples"]
