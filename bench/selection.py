@@ -1,7 +1,8 @@
 """Time answer selection and scaling curves on synthetic groups: python bench/selection.py [--prompts 500 --n 16].
 
 Prints seconds per call of each method on all paths, and of one scaling curve (ns 1,2,4,...,N) per method.
-RPC fits one 2-component Weibull mixture per prompt (scipy L-BFGS-B, as the reference code), so it dominates.
+RPC fits one 2-component Weibull mixture per prompt (scipy L-BFGS-B, as the reference code; calibrl.selection.pruning),
+so it dominates.
 """
 
 import argparse

@@ -10,146 +10,27 @@ command). Per-run scratch files go to ``runs/bench_testbed``. A hand-written ``#
 ``--out``/testbed.md is kept when the tables are rebuilt (re-read it against them).
 
 Every method gets the same budget (steps x 16 prompts x 8 samples), the same warm start, the same seeds and the
-same evaluation prompts and outcome stream. What was tuned, and on what, is written into the report (``--notes``).
+same evaluation prompts and outcome stream. What was tuned, and on what, is written into the report
+(``calibrl.testbed.study.TUNING_NOTES``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
-import shutil
 import sys
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-TUNING_NOTES = """\
-### What was tuned, on what
-
-- Shared by all methods, taken from earlier exploratory runs on this tiny model (not on these
-  evaluation prompts): lr 1e-4 (5e-4 collapsed), 16 prompts x 8 samples per step, T = 1, beta 0, one torch thread
-  per process.
-- Warm starts: SFT lr 3e-3 (constant), batch 64, up to 1500 steps, evaluated every 100 steps (greedy, on the
-  *eval* prompt pool, disjoint from the *test* prompts used here); the first checkpoint reaching 97% reasoning
-  accuracy, else the best. Neither task reached 97% (the constant lr oscillates): decision kept step 1100 (94.5%),
-  stochastic_reasoning step 1400 (93.8%). The decision warm start is NOT well calibrated (mean |q - p| 0.19):
-  sampling from the true distribution gives calibrated targets, but 1100 steps of SFT at this lr do not fit them.
-- Addition control warm start: its own SFT settings (calibrl.testbed.warmstart.TASK_SFT), set after the shared ones
-  stalled (3% greedy accuracy after 700 steps): lr 1e-3 cosine, 100 warmup steps, batch 128, 50,000 distinct
-  prompts, evaluated every 50 steps, target 50% greedy accuracy on the eval pool. The first setting tried, no search (run
-  once evaluating every 250 steps, which stopped at 65.6%, then every 50 steps to stop nearer the target: the
-  trajectory is the same, identical accuracies at shared steps). It kept step 1200 (56.2%; 27.3% at step 1150). The RL settings are the shared ones above, CAPO at tau 0.6; none tuned on it.
-- CAPO: tau = 0.6 (the paper's 1.5B value), normaliser 1/G, mask = batch quantiles 0.75 / 0.25 of the reference
-  perplexity (the paper's fixed 2.5 / 1.05 are for Qwen2.5-Math and do not transfer to a char-level model).
-  Not tuned here. CAPO tau = 0.2 (rows "CAPO (tau 0.2)", "CAPO + mask (tau 0.2)") was chosen AFTER seeing the
-  tau 0.6 results on this same task and these same test prompts: tuned on the test task itself, so read those
-  rows as a second operating point, not as a held-out result.
-- Decision-token CE: lambda = 1 (earlier exploratory runs: the paper's 1e-3 is far too weak at this scale; 1 was the
-  best of {0, 1e-3, 1} in the throwaway runs). GCPO / SEED-GRPO: library defaults, not tuned.
-"""
+from calibrl.testbed.methods import CONTROL_METHODS, DEFAULT_METHODS, DemoConfig  # noqa: E402
+# TUNING_NOTES and kept_findings stay reachable from the command's module (the report checks use them)
+from calibrl.testbed.study import TUNING_NOTES, kept_findings, run_study  # noqa: E402,F401
 
 
-FINDINGS_HEADING = "## Findings"
-
-
-def kept_findings(old_report: str) -> str:
-    """The hand-written ``## Findings`` section of an earlier ``testbed.md`` (up to the tuning notes, the next
-    ``## `` heading or the wall time line), so that rebuilding the tables does not drop it; ``""`` if it has none.
-    The findings are read against the numbers, so the caller prints a reminder to re-read them."""
-    lines = old_report.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith(FINDINGS_HEADING)), None)
-    if start is None:
-        return ""
-    tuning = TUNING_NOTES.splitlines()[0]
-    end = len(lines)
-    for i in range(start + 1, len(lines)):
-        if lines[i] == tuning or lines[i].startswith("## ") or lines[i].startswith("Wall time:"):
-            end = i
-            break
-    return "\n".join(lines[start:end]).strip() + "\n"
-
-
-def headline(summary: dict, command: str) -> str:
-    from calibrl.testbed.report import aggregate
-
-    def cell(agg, method, key):
-        e = agg.get(method)
-        if not e or key not in e["metrics"]:
-            return "n/a"
-        m = e["metrics"][key]
-        s = f"{m['mean']:.3f}"
-        if np.isfinite(m["std"]):
-            s += f" ± {m['std']:.3f}"
-        return s
-
-    n = len(summary["config"]["seeds"])
-    lines = [
-        f"Testbed (tiny char-level Llama, CPU; {summary['config']['steps']} RL steps from one SFT warm start, "
-        f"{n} seed(s), mean ± std over seeds; evaluation on held-out prompts):",
-        "",
-    ]
-    seq = aggregate(summary, "stochastic_reasoning")
-    if seq:
-        ceiling = next(iter(seq.values()))["metrics"].get("auroc_ceiling", {}).get("start", float("nan"))
-        lines += ["| sequence confidence | accuracy (expected) ↑ | AUROC of mean log-prob ↑ | ceiling − AUROC ↓ | "
-                  "ECE seq. prob. ↓ |", "|---|---:|---:|---:|---:|"]
-        w = next(iter(seq.values()))["metrics"]
-        lines.append(f"| warm start (SFT) | {w['expected_accuracy']['start']:.3f} | {w['auroc']['start']:.3f} | "
-                     f"{w['auroc_gap']['start']:.3f} | {w['seq_ece']['start']:.3f} |")
-        for method, e in seq.items():
-            lines.append(f"| {e['label']} | {cell(seq, method, 'expected_accuracy')} | {cell(seq, method, 'auroc')} | "
-                         f"{cell(seq, method, 'auroc_gap')} | {cell(seq, method, 'seq_ece')} |")
-        lines += ["", f"AUROC ceiling (true probability, warm-start samples): {ceiling:.3f}."]
-        if any("tau0.2" in method for method in seq):
-            lines.append("CAPO tau 0.2 was chosen after seeing tau 0.6 on these test prompts (tuned on the test task).")
-        lines.append("")
-    dec = aggregate(summary, "decision")
-    if dec:
-        lines += ["| decisions | accuracy (expected, sampled) ↑ | accuracy (argmax decision) ↑ | decision ECE ↓ | "
-                  "mean abs(q - p) ↓ | conf > 0.99 ↓ |", "|---|---:|---:|---:|---:|---:|"]
-
-        for method, e in dec.items():
-            lines.append(f"| {e['label']} | {cell(dec, method, 'expected_accuracy')} | "
-                         f"{cell(dec, method, 'greedy_decision_accuracy')} | {cell(dec, method, 'dec_ece')} | "
-                         f"{cell(dec, method, 'calib_err')} | {cell(dec, method, 'frac_conf_99')} |")
-        lines.append("")
-    add = aggregate(summary, "addition")
-    if add:
-        lines += ["| deterministic control (addition) | accuracy ↑ | AUROC of mean log-prob ↑ |", "|---|---:|---:|"]
-        first = next(iter(add.values()))["metrics"]
-        lines.append(f"| warm start (SFT) | {first['expected_accuracy']['start']:.3f} | {first['auroc']['start']:.3f} |")
-        for method, e in add.items():
-            lines.append(f"| {e['label']} | {cell(add, method, 'expected_accuracy')} | {cell(add, method, 'auroc')} |")
-        lines.append("")
-    lines += ["Reproduce:", "", f"```\n{command}\n```", "", "Full report: [docs/results/testbed.md](testbed.md)."]
-    return "\n".join(lines) + "\n"
-
-
-def backfill(summary: dict) -> None:
-    """Runs made before ``greedy_decision_accuracy`` existed: compute it for their final evaluation from the
-    saved final samples (the same formula, :func:`calibrl.testbed.demo.greedy_decision_accuracy`)."""
-    from calibrl.testbed.demo import greedy_decision_accuracy
-
-    for rec in summary["results"]:
-        final = rec["history"][-1]
-        if rec["task"] != "decision" or "greedy_decision_accuracy" in final:
-            continue
-        path = Path(rec.get("run_dir", "")) / "final_samples.npz"
-        if path.exists():
-            d = np.load(path)
-            final["greedy_decision_accuracy"] = greedy_decision_accuracy(d["p_yes"], d["p_true_yes"], d["q_true"])
-            if len(rec["history"]) == 1 or rec["method"] == "sft":
-                rec["history"][0]["greedy_decision_accuracy"] = final["greedy_decision_accuracy"]
-
-
-def main(argv: list[str] | None = None) -> int:
-    from calibrl.testbed.demo import CONTROL_METHODS, DEFAULT_METHODS, DemoConfig, run_demo
-    from calibrl.testbed.report import final_samples_path, write_demo_report
-
+def build_parser() -> argparse.ArgumentParser:
+    """The command's flags: the study's budget and methods, where it writes, and which earlier results it merges."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--first-seed", type=int, default=0)
@@ -168,63 +49,28 @@ def main(argv: list[str] | None = None) -> int:
                         help="earlier testbed_results.json files whose runs are merged in (more seeds)")
     parser.add_argument("--report-only", action="store_true",
                         help="train nothing: rebuild the report from the --merge files")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def config_from_args(args: argparse.Namespace) -> DemoConfig:
+    """The study's DemoConfig: the demo's methods (plus the addition control with ``--control``) and budget."""
     methods = tuple(args.methods.split(",")) if args.methods else DEFAULT_METHODS
     if args.control:
         methods = methods + tuple(m for m in CONTROL_METHODS if m not in methods)
-    config = DemoConfig(steps=args.steps, eval_every=args.eval_every, eval_prompts=args.eval_prompts,
-                        seeds=tuple(range(args.first_seed, args.first_seed + args.seeds)), workers=args.workers,
-                        capo_tau=args.capo_tau, decision_coef=args.decision_coef, methods=methods,
-                        warmstart_steps=args.warmstart_steps)
+    return DemoConfig(steps=args.steps, eval_every=args.eval_every, eval_prompts=args.eval_prompts,
+                      seeds=tuple(range(args.first_seed, args.first_seed + args.seeds)), workers=args.workers,
+                      capo_tau=args.capo_tau, decision_coef=args.decision_coef, methods=methods,
+                      warmstart_steps=args.warmstart_steps)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.report_only and not args.merge:
+        parser.error("--report-only needs --merge FILE...")
     invoked = "python bench/testbed.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    command = invoked
-    args.out.mkdir(parents=True, exist_ok=True)
-    scratch = args.runs / "report"
-    if args.report_only:
-        if not args.merge:
-            parser.error("--report-only needs --merge FILE...")
-        summary = json.loads(Path(args.merge[0]).read_text())
-        command = summary.get("command", command)
-        merge = args.merge[1:]
-    else:
-        summary = run_demo(config, scratch, runs_dir=args.runs, title="Testbed study", command=command,
-                           write_report=False)
-        summary["command"] = command
-        merge = args.merge
-    for extra in merge:
-        old = json.loads(Path(extra).read_text())
-        seen = {(r["key"], r["seed"]) for r in summary["results"]}
-        summary["results"] += [r for r in old["results"] if (r["key"], r["seed"]) not in seen]
-        summary["config"]["seeds"] = sorted({r["seed"] for r in summary["results"]})
-        command += "\n" + old.get("command", str(extra))
-    if args.report_only:
-        command += "\n" + invoked
-    summary["command"] = command
-    backfill(summary)
-    missing = [f"{r['key']} seed {r['seed']}" for r in summary["results"] if final_samples_path(scratch, r) is None]
-    if missing:
-        print(f"no final_samples.npz for {len(missing)} run(s) ({', '.join(missing[:4])}"
-              f"{', ...' if len(missing) > 4 else ''}): the reliability diagrams leave them out "
-              "(their run folders are not where the results file says)", file=sys.stderr)
-    scratch.mkdir(parents=True, exist_ok=True)
-    previous = args.out / "testbed.md"
-    findings = kept_findings(previous.read_text()) if previous.exists() else ""
-    if findings:
-        print(f"kept the Findings section of {previous}: re-read it against the new tables", file=sys.stderr)
-    report = write_demo_report(summary, scratch, title="Testbed study", command=command,
-                               extra="\n".join(part for part in (findings, TUNING_NOTES) if part))
-    # copy the report and figures into docs/results with a testbed_ prefix
-    text = report.read_text()
-    for png in scratch.glob("*.png"):
-        target = args.out / f"testbed_{png.name}"
-        shutil.copyfile(png, target)
-        text = text.replace(f"]({png.name})", f"]({target.name})")
-    (args.out / "testbed.md").write_text(text)
-    slim = {k: v for k, v in summary.items() if k != "results"}
-    slim["results"] = [{k: v for k, v in r.items() if k != "train_logs"} for r in summary["results"]]
-    (args.out / "testbed_results.json").write_text(json.dumps(slim, indent=1, default=float))
-    (args.out / "headline.md").write_text(headline(summary, command))
+    run_study(config_from_args(args), out=args.out, runs=args.runs, merge=args.merge, report_only=args.report_only,
+              command=invoked)
     print((args.out / "headline.md").read_text())
     return 0
 

@@ -134,3 +134,12 @@ class RolloutBatch:
         """A copy with every tensor on ``device``."""
         kwargs = {f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device)) for f in fields(self)}
         return RolloutBatch(**kwargs)
+
+
+def masked_row_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` [N, T] over ``mask`` [N, T] per row -> [N] float32: how every engine adapter turns
+    per-token log-probs into ``logprob_mean`` / ``ref_logprob_mean``. Masked-out entries are never read (a -inf
+    or NaN pad is harmless); a row without tokens gives 0."""
+    mask = mask.bool()
+    summed = torch.where(mask, values.float(), torch.zeros((), dtype=torch.float32, device=values.device)).sum(-1)
+    return summed / mask.sum(-1).clamp(min=1).to(summed.dtype)

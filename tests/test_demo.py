@@ -106,7 +106,7 @@ def _sign(x: float, tol: float) -> int:
 def test_short_run_moves_metric_in_logged_direction(decision_warm, tmp_path, method, config):
     """The decision confidence measured by the demo's evaluation moves the way the trainer's own telemetry
     (calibration/decision_prob_mean on its rollouts) says; and GRPO sharpens decisions more than the CE term."""
-    from calibrl.testbed.demo import run_method
+    from calibrl.testbed.runner import run_method
 
     steps = 8
     job = dict(key=f"decision/{method}", task="decision", method=method, label=method, config=config, train=True,

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from calibrl.evaluation.generate import GenerateError, _decision_fields, _Sample, _TransformersBackend, generate, scan_existing
+from calibrl.evaluation.backends import _decision_fields, _Sample, _TransformersBackend
+from calibrl.evaluation.generate import GenerateError, generate, scan_existing
 from calibrl.testbed.model import TinyModelConfig, build_tiny_model, save_tiny_model
 from calibrl.tasks.registry import get_dataset_loader
 

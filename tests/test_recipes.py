@@ -10,7 +10,7 @@ CONFIGS = ROOT / "configs"
 FIXTURES = Path(__file__).parent / "fixtures"
 RECIPES = sorted(p.name for p in CONFIGS.glob("*.yaml"))
 
-import calibrl.trl.recipes as training  # noqa: E402
+import calibrl.trl.train as training  # noqa: E402
 
 # hub datasets replaced by the local files in the same format
 LOCAL = {name: FIXTURES / f"{name}.jsonl" for name in

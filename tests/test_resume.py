@@ -1,6 +1,6 @@
 """Kill a training run with SIGKILL after a checkpoint exists, resume it, and compare with an uninterrupted run.
 
-Both runs go through calibrl.trl.recipes.train (the ``calibrl train`` code path) in subprocesses. With the same seed,
+Both runs go through calibrl.trl.train.train (the ``calibrl train`` code path) in subprocesses. With the same seed,
 a resumed run that restores the optimizer state, the LR schedule, the data position and the RNG state ends with
 exactly the weights of the uninterrupted run; losing any of them would change the weights. Work lost to the kill
 is at most one checkpoint interval: the resumed run starts at the last checkpoint.

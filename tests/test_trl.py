@@ -386,7 +386,7 @@ def test_train_from_recipe_and_cli(tmp_path, _registered):
     from typer.testing import CliRunner
 
     from calibrl.cli import app
-    from calibrl.trl.recipes import build_trainer, load_recipe, train
+    from calibrl.trl.train import build_trainer, load_recipe, train
 
     recipe = load_recipe(_write_recipe(tmp_path))
     assert recipe.model.name_or_path == "builtin:tiny" and recipe.trainer["advantage_estimator"] == "capo"

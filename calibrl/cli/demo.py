@@ -26,7 +26,8 @@ def demo_command(
     calibration (decisions), with GCPO and SEED-GRPO beside them, from one warm start; writes report.md + plots."""
     import warnings
 
-    from calibrl.testbed.demo import DemoConfig, run_demo
+    from calibrl.testbed.demo import run_demo
+    from calibrl.testbed.methods import DemoConfig
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' deprecation notes inside TRL
 

@@ -5,18 +5,22 @@ several files compared side by side (each labelled by its file stem). Every inpu
 anything is written; the report is built in a temporary folder beside DIR and renamed into place at the end, so an
 error never leaves a half-written DIR. Only calibrl's own output is ever replaced: DIR must be absent, empty, or hold
 exactly a previous report (its metrics.json, report.md and the figures metrics.json lists), and no input file may
-lie inside it; otherwise the command exits with code 2 before writing anything. Invalid input exits with code 2 and a ``file:line: field 'x': problem``
-message.
+lie inside it; otherwise the command exits with code 2 before writing anything. Invalid input exits with code 2 and
+a ``file:line: field 'x': problem`` message.
+
+This module parses the options, applies those rules and shows progress and the summary; the report itself is
+computed and written by :func:`calibrl.evaluation.pipeline.write_eval_report`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -24,8 +28,6 @@ from typing import Any, Optional
 import typer
 
 from calibrl.cli.app import app
-
-_SCOPE_OVERALL = "overall"
 
 
 class Posthoc(str, Enum):
@@ -55,10 +57,6 @@ def _labels(paths: list[Path]) -> list[str]:
     # same stem and folder: x.jsonl vs x.parquet
     labels = [f"{lab}{p.suffix}" if labels.count(lab) > 1 else lab for p, lab in zip(paths, labels)]
     return [f"{lab}#{i + 1}" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels)]
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "scope"
 
 
 def _own_files(out: Path) -> set[str] | None:
@@ -125,6 +123,7 @@ def eval_command(
     """Evaluate calibration (AUROC, ECE, Brier, reliability), abstention (precision-coverage, AURC), post-hoc
     calibration and inference-time answer selection (majority, weighted, PC, RPC, best-of-N) of sampled
     completions; several FILEs are compared side by side."""
+    from calibrl.evaluation.pipeline import write_eval_report
     from calibrl.evaluation.samples import SamplesError, load_samples
     from calibrl.selection import METHODS
 
@@ -141,15 +140,26 @@ def eval_command(
             loaded.append(load_samples(path, confidence=confidence.value if confidence else None))
         except SamplesError as exc:
             _fail(str(exc))
-    labels = _labels(files)
 
-    shown_out, out = out, out.resolve()  # "." or "rep/" have no usable name/parent for the temp folder and the swap
+    # 2. build the report in a temporary folder, then swap it in
+    options = dict(labels=_labels(files), files=files, posthoc=posthoc.value if posthoc else None, n_bins=n_bins,
+                   n_boot=bootstrap, use_math_verify=not no_math_verify, methods=method_list,
+                   scaling_draws=scaling_draws, rpc_draws=rpc_draws, seed=seed)
+    with _progress() as (step, track):
+        results = _replace_folder(
+            out, lambda folder: write_eval_report(folder, loaded, step=step, track=track, **options))
+    _print_summary(results, out)
+
+
+def _replace_folder(out: Path, build: Callable[[Path], Any]) -> Any:
+    """Run ``build(folder)`` on a fresh temporary folder beside ``out`` and rename it to ``out`` (replacing a
+    previous one) once it returns; on any error the temporary folder is removed and ``out`` is left as it was.
+    Returns what ``build`` returned."""
+    out = out.resolve()  # "." or "rep/" have no usable name/parent for the temp folder and the swap
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        results = _run(loaded, labels, files, tmp, posthoc=posthoc.value if posthoc else None, n_bins=n_bins,
-                       n_boot=bootstrap, use_math_verify=not no_math_verify, methods=method_list,
-                       scaling_draws=scaling_draws, rpc_draws=rpc_draws, seed=seed)
+        result = build(tmp)
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             out.rename(old)
@@ -160,28 +170,20 @@ def eval_command(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _print_summary(results, shown_out)
+    return result
 
 
-def _run(loaded, labels, files, tmp: Path, *, posthoc, n_bins, n_boot, use_math_verify, methods, scaling_draws,
-         rpc_draws, seed) -> dict[str, dict[str, Any]]:
+@contextlib.contextmanager
+def _progress() -> Iterator[tuple[Callable[[str], None], Callable[[Iterable, int], Iterator]]]:
+    """A transient progress display on stderr: yields ``step(description)``, which relabels the running stage, and
+    ``track(iterable, total)``, which shows a bar for answer clustering's loop over prompts."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from calibrl.evaluation import (
-        evaluate_samples,
-        plot_precision_coverage,
-        plot_reliability,
-        plot_roc,
-        plot_scaling_curves,
-        render_eval_report,
-    )
-    from calibrl.selection import answer_clusters
-
-    console = Console(stderr=True)
-    scoped: dict[str, dict[str, Any]] = {}  # scope -> label -> ScopeResult
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
+                  console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("evaluating", total=None)
+
         def step(description: str) -> None:
             progress.update(task, description=description)
 
@@ -192,60 +194,7 @@ def _run(loaded, labels, files, tmp: Path, *, posthoc, n_bins, n_boot, use_math_
                 progress.advance(sub)
             progress.remove_task(sub)
 
-        task = progress.add_task("evaluating", total=None)
-        for samples, label in zip(loaded, labels):
-            ids = None
-            if samples.answers is not None and methods:
-                step(f"{label}: clustering answers" + (" (math-verify)" if use_math_verify else ""))
-                ids = answer_clusters(samples.answers, samples.prompt_index, use_math_verify=use_math_verify,
-                                      progress=track)
-            parts = [(_SCOPE_OVERALL, samples, ids)]
-            if samples.benchmarks is not None:
-                for bench in sorted(set(samples.benchmarks.tolist())):
-                    mask = samples.benchmarks == bench
-                    scope = bench if bench != _SCOPE_OVERALL else f"benchmark {bench}"  # keep "overall" unique
-                    parts.append((scope, samples.subset(mask), None if ids is None else ids[mask]))
-            for scope, part, part_ids in parts:
-                step(f"{label}/{scope}: metrics")
-                scoped.setdefault(scope, {})[label] = evaluate_samples(
-                    part, label=label, scope=scope, answer_ids=part_ids, n_bins=n_bins, n_boot=n_boot,
-                    posthoc=posthoc, methods=methods, scaling_draws=scaling_draws, rpc_draws=rpc_draws, seed=seed,
-                    step=step)
-
-        figures: dict[str, list[str]] = {}
-        bases: set[str] = set()
-        for scope, by_label in scoped.items():
-            step(f"{scope}: figures")
-            base = _safe(scope)
-            if base.lower() in bases:  # "a/b" and "a b" both read a_b: keep every scope's figures
-                base = next(f"{base}_{i}" for i in range(2, len(scoped) + 2) if f"{base}_{i}".lower() not in bases)
-            bases.add(base.lower())
-            names = [f"{base}_reliability.png", f"{base}_roc.png", f"{base}_precision_coverage.png"]
-            series = {lab: (r.confidence, r.target) for lab, r in by_label.items()}
-            plot_reliability(series, tmp / names[0], n_bins=n_bins, title=f"Reliability: {scope}")
-            plot_roc(series, tmp / names[1], title=f"ROC: {scope}")
-            plot_precision_coverage(series, tmp / names[2], title=f"Precision vs coverage: {scope}")
-            if posthoc and any(r.posthoc_confidence is not None for r in by_label.values()):
-                names.append(f"{base}_reliability_{posthoc}.png")
-                plot_reliability({lab: (r.posthoc_confidence, r.target) for lab, r in by_label.items()
-                                  if r.posthoc_confidence is not None}, tmp / names[-1], n_bins=n_bins,
-                                 title=f"Reliability after {posthoc} (out-of-fold): {scope}")
-            curves = {lab: r.curves for lab, r in by_label.items() if r.curves}
-            if curves:
-                names.append(f"{base}_scaling.png")
-                plot_scaling_curves(curves if len(curves) > 1 else next(iter(curves.values())), tmp / names[-1],
-                                    title=f"Accuracy vs N: {scope}")
-            figures[scope] = names
-
-    metrics = {scope: {lab: r.metrics for lab, r in by_label.items()} for scope, by_label in scoped.items()}
-    inputs = [{"label": lab, "file": str(f), "rows": len(s), "prompts": s.n_prompts,
-               "confidence": s.confidence_kind} for s, lab, f in zip(loaded, labels, files)]
-    settings = {"n_bins": n_bins, "bootstrap": n_boot, "posthoc": posthoc, "math_verify": use_math_verify,
-                "methods": ",".join(methods), "scaling_draws": scaling_draws, "rpc_draws": rpc_draws, "seed": seed}
-    payload = {"inputs": inputs, "settings": settings, "results": metrics, "figures": figures}
-    (tmp / "metrics.json").write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
-    (tmp / "report.md").write_text(render_eval_report(metrics, figures, inputs=inputs, settings=settings))
-    return metrics
+        yield step, track
 
 
 def _print_summary(metrics: dict[str, dict[str, Any]], out: Path) -> None:

@@ -38,7 +38,7 @@ def train_command(
     """Train with a calibration-aware advantage (CAPO, GCPO, ...) through TRL, from a YAML recipe."""
     from rich.console import Console
 
-    from calibrl.trl.recipes import RecipeError, load_recipe, train
+    from calibrl.trl.train import RecipeError, load_recipe, train
 
     console = Console(stderr=True)
     try:

@@ -12,7 +12,9 @@ Registered names (:mod:`calibrl.tasks.registry`):
   differs, when there is no ``\boxed{}``, when it cannot be parsed, or when the check times out.
 * ``"format"``: 1.0 when the completion contains a non-empty ``\boxed{}``, else 0.0 (optional shaping term).
 * ``"decision"``: 1.0 when the decision (the LAST standalone class string of the completion, from the ``classes``
-  column) equals ``label`` (index into ``classes`` or the class string), else 0.0.
+  column) equals ``label`` (index into ``classes`` or the class string), else 0.0. The decision's token and its
+  class probability are read at the class's single-token spellings, :func:`class_token_variants` (``calibrl
+  generate`` and the trainer's decision term share that rule).
 
 verl: :func:`verl_compute_score` (and the per-task ``verl_math_score`` / ``verl_decision_score``) follow verl's
 custom reward hook, ``compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float``. In verl
@@ -56,6 +58,7 @@ __all__ = [
     "math_equal",
     "check_math",
     "extract_decision",
+    "class_token_variants",
     "label_to_class",
     "math_reward",
     "format_reward",
@@ -230,6 +233,31 @@ def extract_decision(text: str, classes: Sequence[str]) -> tuple[str | None, int
     if last is None:
         return None, -1
     return last.group(1), last.start(1)
+
+
+def class_token_variants(tokenizer, classes: Sequence[str]) -> tuple[list[int], list[int]]:
+    """Single-token spellings of each decision class ("A" and " A"): (token ids, class index of each).
+
+    A class's probability at the decision token is the sum over its spellings (BPE tokenizers write "Answer: B"
+    with the token " B"), so ``calibrl generate`` and the trainer's decision term read the same ids. A spelling
+    whose token is already listed (for an earlier class) is skipped. Raises ``ValueError`` when a class has no
+    single-token spelling: decision tasks need single-token class strings.
+    """
+    ids, owner = [], []
+    for index, cls in enumerate(classes):
+        found = False
+        for spelling in (cls, " " + cls):
+            enc = tokenizer.encode(spelling, add_special_tokens=False)
+            if len(enc) == 1 and enc[0] not in ids:
+                ids.append(enc[0])
+                owner.append(index)
+                found = True
+        if not found:
+            raise ValueError(
+                f"class {cls!r} is not a single token for this tokenizer (neither {cls!r} nor {' ' + cls!r}); "
+                "decision tasks need single-token class strings"
+            )
+    return ids, owner
 
 
 def _column(columns: dict, name: str, n: int, default: Any = None) -> list:

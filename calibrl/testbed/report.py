@@ -1,10 +1,10 @@
-"""Report of a training comparison (the demo and bench/testbed.py): tables over seeds, curves, reliability.
+"""Report of a training comparison (the demo and the study): tables over seeds, curves, reliability diagrams.
 
 Input: the summary dict :func:`calibrl.testbed.demo.run_demo` writes to ``results.json`` (``results``: one record per
-method x seed with its evaluation ``history``). Output: ``report.md`` with one table per task (final evaluation,
-mean +- std over seeds, and the change from the shared warm start), training curves
-(:func:`calibrl.evaluation.plots.plot_training_curves`) and reliability diagrams of the final models
-(:func:`calibrl.evaluation.plots.plot_reliability`).
+method x seed with its evaluation ``history``; :func:`calibrl.testbed.study.run_study` merges several). Output:
+``report.md`` with one table per task (final evaluation, mean +- std over seeds, and the change from the shared warm
+start), training curves (:func:`calibrl.evaluation.plots.plot_training_curves`) and reliability diagrams of the final
+models (:func:`calibrl.evaluation.plots.plot_reliability`).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ Keys (all floats; ``nan`` when undefined, which TRL's logger skips):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ import torch
 
 from calibrl.batch import RolloutBatch
 
-__all__ = ["calibration_metrics", "advantage_metrics", "decision_metrics"]
+__all__ = ["PendingTelemetry", "advantage_metrics", "calibration_metrics", "decision_metrics"]
 
 
 def _np(x: Any) -> np.ndarray:
@@ -139,3 +140,26 @@ def calibration_metrics(
     if decision_probs is not None:
         out.update(decision_metrics(decision_probs, correct if decision_correct is None else decision_correct))
     return out
+
+
+@dataclass
+class PendingTelemetry:
+    """Telemetry of one generation batch whose ``logprob_mean`` is read from the loss passes TRL does anyway (no
+    extra forward: until the optimizer steps, the loss pass's per-token log-probs are the rollout policy's).
+
+    ``fields`` are the :class:`RolloutBatch` keyword arguments without ``logprob_mean``; ``lpm_local`` [n_local]
+    holds this process's values, NaN until the row went through a loss pass.
+    """
+
+    fields: dict[str, Any]
+    advantages: torch.Tensor
+    info: dict[str, Any]
+    correct: torch.Tensor
+    mode: str
+    lpm_local: torch.Tensor
+
+    def fill(self, rows: torch.Tensor, logprob_mean: torch.Tensor) -> bool:
+        """Record ``logprob_mean`` [B] of local ``rows`` [B] (first value of a row wins); True once every row has one."""
+        fresh = torch.isnan(self.lpm_local[rows])
+        self.lpm_local[rows[fresh]] = logprob_mean[fresh]
+        return not bool(torch.isnan(self.lpm_local).any())

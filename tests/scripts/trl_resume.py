@@ -1,6 +1,6 @@
 """Launched by tests/test_resume.py: ``python trl_resume.py RECIPE.yaml [--resume]``.
 
-Registers a tiny local dataset and reward, then runs ``calibrl.trl.recipes.train`` on the recipe (the code path of
+Registers a tiny local dataset and reward, then runs ``calibrl.trl.train.train`` on the recipe (the code path of
 ``calibrl train``). With CALIBRL_TEST_STEP_SLEEP set, sleeps that many seconds after every optimizer step so the
 test can SIGKILL the run between checkpoints. Writes OUT/result-<tag>.json with the final global step and the
 global steps this process trained."""
@@ -21,7 +21,7 @@ from datasets import Dataset  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from calibrl.tasks.registry import register_dataset, register_reward  # noqa: E402
-from calibrl.trl.recipes import load_recipe, train  # noqa: E402
+from calibrl.trl.train import load_recipe, train  # noqa: E402
 
 
 @register_dataset("test/resume_tiny", overwrite=True)
@@ -51,7 +51,7 @@ def main() -> None:
     recipe = load_recipe(sys.argv[1])
     resume = "--resume" in sys.argv
     sleep = float(os.environ.get("CALIBRL_TEST_STEP_SLEEP", "0"))
-    import calibrl.trl.recipes as training
+    import calibrl.trl.train as training
 
     recorder = StepRecorder(sleep)
     original = training.build_trainer

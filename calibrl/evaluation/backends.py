@@ -1,0 +1,354 @@
+"""How ``calibrl generate`` samples: the transformers and vLLM backends, and what is read off each completion.
+
+A backend turns a batch of prompts into ``n`` :class:`_Sample` records per prompt (token ids up to and including
+EOS, the log-probability of each sampled token, and for decision tasks a reader of the class tokens' log-probs at
+any position); :func:`_decision_fields` reads a decision task's class distribution off such a record.
+:func:`open_backend` picks and builds the backend for a run. The row format these records end up in is described
+in :mod:`calibrl.evaluation.generate`.
+
+Backends: vLLM when importable and a GPU is present (``SamplingParams(logprobs=1)``, or 20 for decision tasks so
+the class tokens' log-probs are returned; a class outside the top 20 counts as probability 0; the engine is
+asked for ``logprobs_mode="processed_logprobs"`` so the log-probs are the sampling distribution's, and on vLLM
+versions without that option they are the model's raw ones, identical at ``T = 1``), else batched transformers
+``generate`` with a logits processor that records the log-prob of each sampled token (transformers applies its
+temperature warper after user processors, so the recorder divides by ``T`` itself and the only warper left is
+that temperature).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from calibrl.evaluation.generate import GenerateConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DECISION_TOP_LOGPROBS", "GenerateError", "open_backend"]
+
+DECISION_TOP_LOGPROBS = 20
+
+
+class GenerateError(RuntimeError):
+    """Bad settings or inputs for ``calibrl generate`` (message says what to change)."""
+
+
+# --------------------------------------------------------------------------------------------------- samples
+
+
+@dataclass
+class _Sample:
+    """One sampled completion: its token ids (up to and including EOS) and per-token log-probs."""
+
+    ids: list[int]
+    logps: list[float]
+    ended: bool  # stopped at EOS (else truncated at max_new_tokens)
+    class_logps: Any = None  # callable pos -> list[float] (log-prob of each class variant), decision tasks only
+
+
+def _decision_variants(tokenizer, classes: Sequence[str]) -> tuple[list[int], list[int]]:
+    """:func:`calibrl.tasks.rewards.class_token_variants`, its ``ValueError`` reported as a :class:`GenerateError`."""
+    from calibrl.tasks.rewards import class_token_variants
+
+    try:
+        return class_token_variants(tokenizer, classes)
+    except ValueError as exc:
+        raise GenerateError(str(exc)) from None
+
+
+def _class_mass(sample: _Sample, position: int, owner: list[int], n_classes: int) -> list[float]:
+    mass = [0.0] * n_classes
+    for lp, cls_index in zip(sample.class_logps(position), owner):
+        if lp is not None and math.isfinite(lp):
+            mass[cls_index] += math.exp(lp)
+    return mass
+
+
+def _decision_fields(sample: _Sample, text: str, classes: Sequence[str], variants: tuple[list[int], list[int]]):
+    """(decision, class_probs, decision_prob, class_mass) of one completion.
+
+    The decision is the text's last standalone class letter (the ``"decision"`` reward's rule). The class
+    distribution is read at that letter's own token (the last token spelling the decided class); failing that at
+    the last class token; and when the completion has no class token at all, at the position where the model put
+    the most probability on class tokens (its would-be decision). ``decision_prob`` is the decided class's entry,
+    or the largest entry when there is no decision (such a sample is wrong, so that is confidence in a wrong
+    answer). Uniform when no position carries class probability (vLLM: all classes outside the top-k).
+    """
+    from calibrl.tasks.rewards import extract_decision
+
+    decision, _ = extract_decision(text, classes)
+    ids, owner = variants
+    id_to_class = dict(zip(ids, owner))
+    wanted = classes.index(decision) if decision is not None else None
+    n = len(classes)
+
+    def last(condition) -> int:
+        for p in range(len(sample.ids) - 1, -1, -1):
+            if condition(sample.ids[p]):
+                return p
+        return -1
+
+    position = last(lambda t: id_to_class.get(t, -1) == wanted) if wanted is not None else -1
+    if position < 0:
+        position = last(lambda t: t in id_to_class)
+    if position < 0 and sample.ids and sample.class_logps is not None:
+        position = max(range(len(sample.ids)), key=lambda p: sum(_class_mass(sample, p, owner, n)))
+    mass = _class_mass(sample, position, owner, n) if position >= 0 else [0.0] * n
+    total = sum(mass)
+    probs = [m / total for m in mass] if total > 0 else [1.0 / n] * n
+    decision_prob = probs[wanted] if wanted is not None else max(probs)
+    return decision, probs, decision_prob, total
+
+
+# --------------------------------------------------------------------------------------------------- backends
+
+
+def _render_prompts(tokenizer, prompts: Sequence[Any]) -> list[str]:
+    texts = []
+    for p in prompts:
+        if isinstance(p, str):
+            texts.append(p)
+        else:
+            if getattr(tokenizer, "chat_template", None) is None:
+                raise GenerateError("conversational prompts need a tokenizer with a chat template; use a text template")
+            texts.append(tokenizer.apply_chat_template(list(p), tokenize=False, add_generation_prompt=True))
+    return texts
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer.eos_token_id):
+        if source is None:
+            continue
+        ids.update(source if isinstance(source, (list, tuple)) else [source])
+    return ids
+
+
+class _TransformersBackend:
+    name = "transformers"
+
+    def __init__(self, model, tokenizer, *, temperature: float, max_new_tokens: int, class_ids: list[int] | None):
+        import torch
+        from transformers import GenerationConfig, LogitsProcessor
+
+        self.torch = torch
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.temperature = float(temperature)
+        self.class_ids = class_ids
+        self.eos = _eos_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos), 0)
+        greedy = self.temperature <= 0
+        # Plain temperature sampling, so logprob_mean is the model's own log p_T. transformers fills every field
+        # left None from the model's generation_config.json (Qwen Instruct ships repetition_penalty 1.05, top_k 20,
+        # top_p 0.8), so every field that shapes the distribution is set to its neutral value here, and the
+        # fields whose mere presence adds a processor (min_p, suppress_tokens, bad_words_ids, ...) are dropped by
+        # generating against a bare model generation config (``generate``).
+        self.generation_config = GenerationConfig(
+            max_new_tokens=int(max_new_tokens),
+            do_sample=not greedy,
+            temperature=None if greedy else self.temperature,
+            top_k=None if greedy else 0,
+            top_p=None if greedy else 1.0,
+            typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0, min_length=0,
+            repetition_penalty=1.0, encoder_repetition_penalty=1.0, no_repeat_ngram_size=0,
+            encoder_no_repeat_ngram_size=0, num_beams=1, renormalize_logits=False, remove_invalid_values=False,
+            pad_token_id=pad,
+            eos_token_id=sorted(self.eos) or None,
+            bos_token_id=getattr(model.generation_config, "bos_token_id", None),
+        )
+        self._bare_model_config = GenerationConfig(
+            pad_token_id=pad, eos_token_id=sorted(self.eos) or None,
+            bos_token_id=getattr(model.generation_config, "bos_token_id", None),
+        )
+        scale = 1.0 if greedy else self.temperature
+
+        class Recorder(LogitsProcessor):
+            """Records log p_T(sampled token) one step late (the token is visible in input_ids at the next call)."""
+
+            def __init__(self):
+                self.prev = None
+                self.token_logps: list = []
+                self.class_logps: list = []
+
+            def __call__(self, input_ids, scores):
+                if self.prev is not None:
+                    self.token_logps.append(self.prev.gather(1, input_ids[:, -1:]).squeeze(1))
+                logp = torch.log_softmax(scores.float() / scale, dim=-1)
+                if class_ids:
+                    self.class_logps.append(logp[:, class_ids])
+                self.prev = logp
+                return scores
+
+        self.Recorder = Recorder
+
+    def generate(self, prompts: Sequence[Any], n: int, seed: int) -> list[list[_Sample]]:
+        torch = self.torch
+        texts = _render_prompts(self.tokenizer, prompts)
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+        device = next(self.model.parameters()).device
+        input_ids = enc["input_ids"].to(device).repeat_interleave(n, dim=0)
+        attention_mask = enc["attention_mask"].to(device).repeat_interleave(n, dim=0)
+        recorder = self.Recorder()
+        torch.manual_seed(seed)
+        model_config, self.model.generation_config = self.model.generation_config, self._bare_model_config
+        try:
+            with torch.no_grad():
+                sequences = self.model.generate(
+                    input_ids=input_ids, attention_mask=attention_mask, generation_config=self.generation_config,
+                    logits_processor=[recorder],
+                )
+        finally:
+            self.model.generation_config = model_config
+        completion = sequences[:, input_ids.shape[1]:]
+        steps = completion.shape[1]
+        if recorder.prev is not None and len(recorder.token_logps) == steps - 1:
+            recorder.token_logps.append(recorder.prev.gather(1, completion[:, -1:]).squeeze(1))
+        if len(recorder.token_logps) != steps:
+            raise GenerateError(f"internal: recorded {len(recorder.token_logps)} log-probs for {steps} generated tokens")
+        token_logps = torch.stack(recorder.token_logps, dim=1).cpu() if steps else torch.zeros(len(completion), 0)
+        class_logps = torch.stack(recorder.class_logps, dim=1).cpu() if (self.class_ids and steps) else None
+        completion = completion.cpu()
+        out: list[list[_Sample]] = []
+        for i in range(len(prompts)):
+            group = []
+            for j in range(n):
+                r = i * n + j
+                ids = completion[r].tolist()
+                length, ended = len(ids), False
+                for k, t in enumerate(ids):
+                    if t in self.eos:
+                        length, ended = k + 1, True
+                        break
+                rows_class = class_logps[r] if class_logps is not None else None
+                group.append(_Sample(
+                    ids=ids[:length], logps=token_logps[r, :length].tolist(), ended=ended,
+                    class_logps=(lambda p, rc=rows_class: rc[p].tolist()) if rows_class is not None else None,
+                ))
+            out.append(group)
+        return out
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class _VLLMBackend:
+    name = "vllm"
+
+    def __init__(self, model_name: str, *, temperature: float, max_new_tokens: int, class_ids: list[int] | None,
+                 seed: int, dtype: str, vllm_kwargs: dict):
+        import vllm
+
+        kwargs = dict(model=model_name, seed=seed, dtype=dtype, **vllm_kwargs)
+        try:
+            self.llm = vllm.LLM(logprobs_mode="processed_logprobs", **kwargs)
+        except TypeError:  # vLLM without logprobs_mode: raw log-probs (identical at T = 1)
+            if abs(temperature - 1.0) > 1e-6 and temperature > 0:
+                logger.warning("this vLLM has no logprobs_mode: log-probs are the model's (T=1), not the sampling "
+                               "distribution's at T=%s", temperature)
+            self.llm = vllm.LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.SamplingParams = vllm.SamplingParams
+        self.temperature = float(temperature)
+        self.max_new_tokens = int(max_new_tokens)
+        self.class_ids = class_ids
+
+    def generate(self, prompts: Sequence[Any], n: int, seed: int) -> list[list[_Sample]]:
+        texts = _render_prompts(self.tokenizer, prompts)
+        params = self.SamplingParams(
+            n=n, temperature=max(self.temperature, 0.0), top_p=1.0, top_k=-1, max_tokens=self.max_new_tokens,
+            logprobs=DECISION_TOP_LOGPROBS if self.class_ids else 1, seed=seed,
+        )
+        requests = [{"prompt_token_ids": self.tokenizer.encode(t, add_special_tokens=False)} for t in texts]
+        results = self.llm.generate(requests, params, use_tqdm=False)
+        out = []
+        for result in results:
+            group = []
+            for o in result.outputs:
+                ids = list(o.token_ids)
+                entries = list(o.logprobs or [])
+                logps = [float(entries[k][t].logprob) for k, t in enumerate(ids)]
+                ended = o.finish_reason == "stop"
+                class_ids = self.class_ids
+
+                def class_logps(p, entries=entries, class_ids=class_ids):
+                    return [float(entries[p][c].logprob) if c in entries[p] else float("-inf") for c in class_ids]
+
+                group.append(_Sample(ids=ids, logps=logps, ended=ended, class_logps=class_logps if class_ids else None))
+            out.append(group)
+        return out
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+# --------------------------------------------------------------------------------------------------- loading
+
+
+def _vllm_usable() -> bool:
+    try:
+        import importlib.util
+
+        import torch
+
+        return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def _load_hf(config: GenerateConfig):
+    import torch
+
+    device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if config.model.startswith("builtin:"):
+        kind = config.model.split(":", 1)[1]
+        if kind != "tiny":
+            raise GenerateError(f"unknown builtin model {config.model!r} (only builtin:tiny)")
+        from calibrl.testbed.model import TinyModelConfig, build_tiny_model
+
+        # RoPE has no learned positions: a longer context costs nothing and real prompts fit
+        model, tokenizer = build_tiny_model(config=TinyModelConfig(max_position_embeddings=4096), seed=config.seed)
+        return model.to(device), tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if config.dtype == "auto":
+        dtype = torch.bfloat16 if (device.startswith("cuda") and torch.cuda.is_bf16_supported()) else torch.float32
+    else:
+        dtype = getattr(torch, config.dtype)
+    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype)
+    return model.to(device), tokenizer
+
+
+def open_backend(config: GenerateConfig, *, model=None, tokenizer=None, classes: Sequence[str] | None = None):
+    """The backend for a run and the class token variants (None unless ``classes``, a decision task's classes).
+
+    vLLM when ``config.backend`` says so, or on ``auto`` when vLLM is usable, no model was passed in and the model
+    is not a builtin; else transformers, with ``model`` / ``tokenizer`` when given (loaded from ``config.model``
+    otherwise).
+    """
+    use_vllm = config.backend == "vllm" or (config.backend == "auto" and model is None and _vllm_usable()
+                                            and not config.model.startswith("builtin:"))
+    decision_task = classes is not None
+    if use_vllm:
+        from transformers import AutoTokenizer
+
+        variants = _decision_variants(AutoTokenizer.from_pretrained(config.model), classes) if decision_task else None
+        backend = _VLLMBackend(config.model, temperature=config.temperature, max_new_tokens=config.max_new_tokens,
+                               class_ids=variants[0] if variants else None, seed=config.seed, dtype=config.dtype,
+                               vllm_kwargs=config.vllm_kwargs)
+    else:
+        if model is None:
+            model, tokenizer = _load_hf(config)
+        elif tokenizer is None:
+            raise GenerateError("pass the tokenizer with the model")
+        variants = _decision_variants(tokenizer, classes) if decision_task else None
+        backend = _TransformersBackend(model, tokenizer, temperature=config.temperature,
+                                       max_new_tokens=config.max_new_tokens,
+                                       class_ids=variants[0] if variants else None)
+    return backend, variants

@@ -1,0 +1,138 @@
+"""``calibrl eval`` from loaded samples to a report folder: every scope's metrics, the figures, metrics.json and
+report.md.
+
+A scope is the whole of an input ("overall") or one of its benchmarks (the ``benchmark`` field); each scope is
+scored per input (:func:`calibrl.evaluation.scoring.evaluate_samples`) and its figures overlay all inputs, so
+several files are compared side by side. Answers are clustered once per input
+(:func:`calibrl.selection.answer_clusters`) and the clusters are cut per benchmark. The command line
+(:mod:`calibrl.cli.eval`) reads and validates the inputs, chooses the folder and shows progress; this module only
+computes and writes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from calibrl.evaluation.plots import plot_precision_coverage, plot_reliability, plot_roc, plot_scaling_curves
+from calibrl.evaluation.report import render_eval_report
+from calibrl.evaluation.samples import Samples
+from calibrl.evaluation.scoring import ScopeResult, evaluate_samples
+from calibrl.selection import answer_clusters
+
+__all__ = ["SCOPE_OVERALL", "write_eval_report"]
+
+SCOPE_OVERALL = "overall"
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "scope"
+
+
+def _scope_parts(samples: Samples, ids) -> list[tuple[str, Samples, Any]]:
+    """(scope, samples, answer clusters) of the whole input and of each of its benchmarks."""
+    parts = [(SCOPE_OVERALL, samples, ids)]
+    if samples.benchmarks is not None:
+        for bench in sorted(set(samples.benchmarks.tolist())):
+            mask = samples.benchmarks == bench
+            scope = bench if bench != SCOPE_OVERALL else f"benchmark {bench}"  # keep "overall" unique
+            parts.append((scope, samples.subset(mask), None if ids is None else ids[mask]))
+    return parts
+
+
+def _score_inputs(loaded: Sequence[Samples], labels: Sequence[str], *, posthoc, n_bins, n_boot, use_math_verify,
+                  methods, scaling_draws, rpc_draws, seed, step, track) -> dict[str, dict[str, ScopeResult]]:
+    """``{scope: {label: ScopeResult}}`` of every input, scope "overall" first."""
+    scoped: dict[str, dict[str, ScopeResult]] = {}
+    for samples, label in zip(loaded, labels):
+        ids = None
+        if samples.answers is not None and methods:
+            step(f"{label}: clustering answers" + (" (math-verify)" if use_math_verify else ""))
+            ids = answer_clusters(samples.answers, samples.prompt_index, use_math_verify=use_math_verify,
+                                  progress=track)
+        for scope, part, part_ids in _scope_parts(samples, ids):
+            step(f"{label}/{scope}: metrics")
+            scoped.setdefault(scope, {})[label] = evaluate_samples(
+                part, label=label, scope=scope, answer_ids=part_ids, n_bins=n_bins, n_boot=n_boot,
+                posthoc=posthoc, methods=methods, scaling_draws=scaling_draws, rpc_draws=rpc_draws, seed=seed,
+                step=step)
+    return scoped
+
+
+def _figure_base(scope: str, taken: set[str], n_scopes: int) -> str:
+    """File-name stem of a scope's figures, unique (case-insensitively) among ``taken``, which it joins."""
+    base = _safe(scope)
+    if base.lower() in taken:  # "a/b" and "a b" both read a_b: keep every scope's figures
+        base = next(f"{base}_{i}" for i in range(2, n_scopes + 2) if f"{base}_{i}".lower() not in taken)
+    taken.add(base.lower())
+    return base
+
+
+def _scope_figures(scope: str, by_label: dict[str, ScopeResult], folder: Path, base: str, *, n_bins: int,
+                   posthoc: str | None) -> list[str]:
+    """Draw one scope's figures into ``folder``; returns their file names."""
+    names = [f"{base}_reliability.png", f"{base}_roc.png", f"{base}_precision_coverage.png"]
+    series = {lab: (r.confidence, r.target) for lab, r in by_label.items()}
+    plot_reliability(series, folder / names[0], n_bins=n_bins, title=f"Reliability: {scope}")
+    plot_roc(series, folder / names[1], title=f"ROC: {scope}")
+    plot_precision_coverage(series, folder / names[2], title=f"Precision vs coverage: {scope}")
+    if posthoc and any(r.posthoc_confidence is not None for r in by_label.values()):
+        names.append(f"{base}_reliability_{posthoc}.png")
+        plot_reliability({lab: (r.posthoc_confidence, r.target) for lab, r in by_label.items()
+                          if r.posthoc_confidence is not None}, folder / names[-1], n_bins=n_bins,
+                         title=f"Reliability after {posthoc} (out-of-fold): {scope}")
+    curves = {lab: r.curves for lab, r in by_label.items() if r.curves}
+    if curves:
+        names.append(f"{base}_scaling.png")
+        plot_scaling_curves(curves if len(curves) > 1 else next(iter(curves.values())), folder / names[-1],
+                            title=f"Accuracy vs N: {scope}")
+    return names
+
+
+def write_eval_report(
+    folder: Path,
+    loaded: Sequence[Samples],
+    *,
+    labels: Sequence[str],
+    files: Sequence[Path],
+    posthoc: str | None,
+    n_bins: int,
+    n_boot: int,
+    use_math_verify: bool,
+    methods: Sequence[str],
+    scaling_draws: int,
+    rpc_draws: int,
+    seed: int,
+    step: Callable[[str], Any] | None = None,
+    track: Callable[[Iterable, int], Iterable] | None = None,
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Score every input (``loaded``, labelled ``labels``, read from ``files``) per scope and write the PNG figures,
+    ``metrics.json`` and ``report.md`` into the existing ``folder``; returns ``{scope: {label: metrics}}``.
+
+    ``step(description)`` is called before each slow stage and ``track(iterable, total)`` wraps answer
+    clustering's loop over prompts (progress reporting; both optional). The other options are ``calibrl eval``'s
+    and are listed in metrics.json's and report.md's settings.
+    """
+    step = step or (lambda _desc: None)
+    scoped = _score_inputs(loaded, labels, posthoc=posthoc, n_bins=n_bins, n_boot=n_boot,
+                           use_math_verify=use_math_verify, methods=methods, scaling_draws=scaling_draws,
+                           rpc_draws=rpc_draws, seed=seed, step=step, track=track or False)
+    figures: dict[str, list[str]] = {}
+    taken: set[str] = set()
+    for scope, by_label in scoped.items():
+        step(f"{scope}: figures")
+        base = _figure_base(scope, taken, len(scoped))
+        figures[scope] = _scope_figures(scope, by_label, folder, base, n_bins=n_bins, posthoc=posthoc)
+
+    metrics = {scope: {lab: r.metrics for lab, r in by_label.items()} for scope, by_label in scoped.items()}
+    inputs = [{"label": lab, "file": str(f), "rows": len(s), "prompts": s.n_prompts,
+               "confidence": s.confidence_kind} for s, lab, f in zip(loaded, labels, files)]
+    settings = {"n_bins": n_bins, "bootstrap": n_boot, "posthoc": posthoc, "math_verify": use_math_verify,
+                "methods": ",".join(methods), "scaling_draws": scaling_draws, "rpc_draws": rpc_draws, "seed": seed}
+    payload = {"inputs": inputs, "settings": settings, "results": metrics, "figures": figures}
+    (folder / "metrics.json").write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
+    (folder / "report.md").write_text(render_eval_report(metrics, figures, inputs=inputs, settings=settings))
+    return metrics

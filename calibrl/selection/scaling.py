@@ -1,0 +1,115 @@
+"""Inference-time scaling curves: accuracy of a selection method vs the number N of sampled paths per prompt,
+and maj@k (majority's point at N = k)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from calibrl.selection.registry import _FUNCS, _NEEDS_LOGPROB, METHODS
+from calibrl.selection.voting import _need_logprob, _prepare, _text_ids
+
+__all__ = ["ScalingCurve", "maj_at_k", "scaling_curve"]
+
+
+@dataclass(frozen=True)
+class ScalingCurve:
+    """Accuracy of a selection method vs the number N of paths per prompt, mean and std over random draws.
+
+    ``n_draws`` is the largest number of random draws actually taken at any N (N = 1 and an N covering every
+    prompt's whole group are exact, with 0 and 1 draws), so a curve of exact points reports 1, not the requested
+    count.
+    """
+
+    method: str
+    ns: np.ndarray
+    accuracy: np.ndarray
+    std: np.ndarray
+    n_draws: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ns": self.ns.tolist(), "accuracy": self.accuracy.tolist(), "std": self.std.tolist(),
+                "n_draws": self.n_draws}
+
+
+def _default_ns(min_group: int) -> list[int]:
+    ns, n = [], 1
+    while n <= min_group:
+        ns.append(n)
+        n *= 2
+    if ns[-1] != min_group:
+        ns.append(min_group)
+    return ns
+
+
+def scaling_curve(
+    method: str,
+    answer_ids,
+    correct,
+    prompt_ids,
+    *,
+    logprob_mean=None,
+    completions=None,
+    confidence=None,
+    ns: Sequence[int] | None = None,
+    n_draws: int = 20,
+    seed: int = 0,
+) -> ScalingCurve:
+    """Accuracy of ``method`` with N paths per prompt, averaged over ``n_draws`` random subsets (without
+    replacement, drawn independently per prompt).
+
+    ``ns`` defaults to 1, 2, 4, ... up to the smallest group size (plus that size). A prompt with fewer than N
+    paths uses all of its paths. N = 1 is exact: every method then returns the one path drawn, so the expected
+    accuracy is the mean over prompts of the per-prompt accuracy (mean@k), with std 0. When N covers every
+    prompt's whole group, a single draw is exact too.
+    """
+    a, c, p, n_prompts, _ = _prepare(answer_ids, correct, prompt_ids)
+    if method not in _FUNCS:
+        raise ValueError(f"unknown selection method {method!r}; choose one of {', '.join(METHODS)}")
+    sizes = np.bincount(p, minlength=n_prompts)
+    ns = _default_ns(int(sizes.min())) if ns is None else [int(n) for n in ns]
+    if any(n < 1 for n in ns):
+        raise ValueError(f"ns must be >= 1, got {ns}")
+    lpm = None if logprob_mean is None else np.asarray(logprob_mean, dtype=np.float64).reshape(-1)
+    if method in _NEEDS_LOGPROB:
+        _need_logprob(method, lpm)
+    conf = None if confidence is None else np.asarray(confidence, dtype=np.float64).reshape(-1)
+    text_ids = _text_ids(completions, len(a))
+    rng = np.random.default_rng(seed)
+    per_prompt_acc = np.bincount(p, weights=c, minlength=n_prompts) / sizes
+    means, stds = [], []
+    used = 1
+    for n in ns:
+        if n == 1:
+            means.append(float(per_prompt_acc.mean()))
+            stds.append(0.0)
+            continue
+        draws = 1 if n >= sizes.max() else n_draws
+        used = max(used, draws)
+        accs = []
+        for _ in range(draws):
+            # rank paths within each prompt by a random key, keep the first n
+            order = np.lexsort((rng.random(len(a)), p))
+            start = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+            rank = np.empty(len(a), dtype=np.int64)
+            rank[order] = np.arange(len(a)) - start[p[order]]
+            m = rank < n
+            res = _FUNCS[method](
+                a[m], c[m], p[m],
+                logprob_mean=None if lpm is None else lpm[m],
+                completions=text_ids[m],
+                confidence=None if conf is None else conf[m],
+            )
+            accs.append(res.accuracy)
+        means.append(float(np.mean(accs)))
+        stds.append(float(np.std(accs)))
+    return ScalingCurve(method, np.asarray(ns), np.asarray(means), np.asarray(stds), used)
+
+
+def maj_at_k(answer_ids, correct, prompt_ids, *, k: int, n_draws: int = 20, seed: int = 0) -> float:
+    """maj@k: accuracy of a majority vote over k random paths per prompt, averaged over ``n_draws`` draws."""
+    return float(scaling_curve("majority", answer_ids, correct, prompt_ids, ns=(k,), n_draws=n_draws,
+                               seed=seed).accuracy[0])

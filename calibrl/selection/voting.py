@@ -1,0 +1,174 @@
+"""Voting over one prompt's sampled paths, and best-of-N.
+
+- ``majority``: self-consistency; the answer cluster with the most paths wins.
+- ``weighted``: probability-weighted vote; score(y) = sum over paths with answer y of exp(logprob_mean).
+- ``pc``: Perplexity Consistency (arXiv 2502.00511): like ``weighted`` but identical completion texts count once.
+- ``best_of_n``: the single path with the highest confidence.
+
+Every method takes flat arrays (one entry per sampled path, answers as cluster ids from
+:func:`calibrl.selection.answers.answer_clusters`) and a prompt id per path. Ties follow the reference code
+(WNJXYK/RPC, compute_sc.py / compute_rpc.py): when k answers tie for the top score, the prompt counts as (number
+of correct among them) / k, i.e. the expected accuracy of a uniform tie-break. The helpers (:func:`_prepare`,
+:func:`_vote`, :func:`_first_occurrence`, ...) are shared with :mod:`calibrl.selection.pruning`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["SelectionResult", "best_of_n", "majority_vote", "perplexity_consistency", "weighted_vote"]
+
+
+@dataclass(frozen=True)
+class SelectionResult:
+    """Per-prompt outcome of a selection method.
+
+    ``prompts``: the sorted unique prompt ids; ``correct``: expected correctness per prompt (fractional on ties);
+    ``answer_ids``: the chosen answer cluster (the first of tied ones); ``confidence``: the winner's share of the
+    prompt's total score (vote share, normalised probability mass; best_of_n: the path's own confidence).
+    """
+
+    method: str
+    prompts: np.ndarray
+    correct: np.ndarray
+    answer_ids: np.ndarray
+    confidence: np.ndarray
+
+    @property
+    def accuracy(self) -> float:
+        return float(np.mean(self.correct)) if self.correct.size else float("nan")
+
+
+def _dense(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    uniq, inv = np.unique(np.asarray(values), return_inverse=True)
+    return uniq, inv.reshape(-1).astype(np.int64)
+
+
+def _vote(
+    method: str,
+    weights: np.ndarray,
+    answer_ids: np.ndarray,
+    correct: np.ndarray,
+    pidx: np.ndarray,
+    n_prompts: int,
+    prompts: np.ndarray,
+) -> SelectionResult:
+    """Sum ``weights`` per (prompt, answer); the top answer of each prompt wins, ties split fractionally."""
+    _, aidx = _dense(answer_ids)
+    pair = pidx * (int(aidx.max()) + 1) + aidx
+    _, pair_first, pair_idx = np.unique(pair, return_index=True, return_inverse=True)
+    pair_idx = pair_idx.reshape(-1)
+    n_pairs = len(pair_first)
+    score = np.bincount(pair_idx, weights=weights, minlength=n_pairs)
+    pair_correct = np.bincount(pair_idx, weights=correct.astype(np.float64), minlength=n_pairs) / np.bincount(
+        pair_idx, minlength=n_pairs
+    )
+    pair_prompt = pidx[pair_first]
+    top = np.full(n_prompts, -np.inf)
+    np.maximum.at(top, pair_prompt, score)
+    is_top = score >= top[pair_prompt] - 1e-12 * np.abs(top[pair_prompt])
+    n_top = np.bincount(pair_prompt, weights=is_top, minlength=n_prompts)
+    acc = np.bincount(pair_prompt, weights=is_top * pair_correct, minlength=n_prompts) / n_top
+    total = np.bincount(pair_prompt, weights=score, minlength=n_prompts)
+    # first tied pair per prompt (pairs are sorted by prompt, so the smallest pair index among the top ones)
+    winner = np.full(n_prompts, n_pairs, dtype=np.int64)
+    np.minimum.at(winner, pair_prompt[is_top], np.flatnonzero(is_top))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        conf = np.where(total > 0, top / total, 1.0 / n_top)
+    return SelectionResult(method, prompts, acc, np.asarray(answer_ids)[pair_first[winner]], conf)
+
+
+def _prepare(answer_ids, correct, prompt_ids):
+    answer_ids = np.asarray(answer_ids).reshape(-1)
+    correct = np.asarray(correct).astype(bool).reshape(-1)
+    prompts, pidx = _dense(np.asarray(prompt_ids).reshape(-1))
+    if not (answer_ids.shape == correct.shape == pidx.shape):
+        raise ValueError(
+            f"answer_ids ({answer_ids.shape[0]}), correct ({correct.shape[0]}) and prompt_ids ({pidx.shape[0]}) "
+            "need one entry per sampled path"
+        )
+    if pidx.size == 0:
+        raise ValueError("no sampled paths")
+    return answer_ids, correct, pidx, len(prompts), prompts
+
+
+def _text_ids(completions, n: int) -> np.ndarray:
+    """Integer id per completion text (equal texts share an id); all distinct when texts are unknown."""
+    if completions is None:
+        return np.arange(n)
+    if isinstance(completions, np.ndarray) and completions.dtype.kind in "iu":
+        return completions
+    completions = np.asarray(completions, dtype=object)
+    missing = np.array([c is None for c in completions])
+    texts = np.where(missing, "", completions).astype(str)
+    _, ids = np.unique(texts, return_inverse=True)
+    ids = ids.reshape(-1).astype(np.int64)
+    # a missing text never equals another path's
+    ids[missing] = ids.max(initial=0) + 1 + np.flatnonzero(missing)
+    return ids
+
+
+def _first_occurrence(pidx, answer_ids, text_ids) -> np.ndarray:
+    """Mask keeping the first path of each (prompt, answer, completion text): identical texts count once."""
+    _, aidx = _dense(answer_ids)
+    _, tidx = _dense(text_ids)
+    key = (pidx * (int(aidx.max()) + 1) + aidx) * (int(tidx.max()) + 1) + tidx
+    _, first = np.unique(key, return_index=True)
+    keep = np.zeros(len(key), dtype=bool)
+    keep[first] = True
+    return keep
+
+
+def _need_logprob(method: str, logprob_mean) -> np.ndarray:
+    if logprob_mean is None:
+        raise ValueError(f"selection method {method!r} needs logprob_mean (mean token log-prob of each path)")
+    lpm = np.asarray(logprob_mean, dtype=np.float64).reshape(-1)
+    bad = ~np.isfinite(lpm)
+    if bad.any():
+        raise ValueError(
+            f"selection method {method!r} needs a finite logprob_mean on every path; {int(bad.sum())} of {lpm.size} "
+            f"are NaN or infinite (first at index {int(np.flatnonzero(bad)[0])})"
+        )
+    return lpm
+
+
+def majority_vote(answer_ids, correct, prompt_ids, **_: Any) -> SelectionResult:
+    """Self-consistency: the answer cluster with the most paths wins."""
+    a, c, p, n, prompts = _prepare(answer_ids, correct, prompt_ids)
+    return _vote("majority", np.ones(len(a)), a, c, p, n, prompts)
+
+
+def weighted_vote(answer_ids, correct, prompt_ids, *, logprob_mean=None, **_: Any) -> SelectionResult:
+    """Probability-weighted vote: score(y) = sum over paths with answer y of exp(logprob_mean)."""
+    a, c, p, n, prompts = _prepare(answer_ids, correct, prompt_ids)
+    return _vote("weighted", np.exp(_need_logprob("weighted", logprob_mean)), a, c, p, n, prompts)
+
+
+def perplexity_consistency(answer_ids, correct, prompt_ids, *, logprob_mean=None, completions=None, **_: Any) -> SelectionResult:
+    """PC: score(y) = sum over DISTINCT completion texts with answer y of exp(logprob_mean).
+
+    Without ``completions`` every path counts as distinct (PC = weighted vote).
+    """
+    a, c, p, n, prompts = _prepare(answer_ids, correct, prompt_ids)
+    prob = np.exp(_need_logprob("pc", logprob_mean))
+    keep = _first_occurrence(p, a, _text_ids(completions, len(a)))
+    return _vote("pc", np.where(keep, prob, 0.0), a, c, p, n, prompts)
+
+
+def best_of_n(answer_ids, correct, prompt_ids, *, confidence=None, logprob_mean=None, **_: Any) -> SelectionResult:
+    """The path with the highest ``confidence`` (default exp(logprob_mean)); tied paths split fractionally."""
+    a, c, p, n, prompts = _prepare(answer_ids, correct, prompt_ids)
+    if confidence is None:
+        confidence = np.exp(_need_logprob("best_of_n", logprob_mean))
+    conf = np.asarray(confidence, dtype=np.float64).reshape(-1)
+    top = np.full(n, -np.inf)
+    np.maximum.at(top, p, conf)
+    is_top = conf >= top[p]
+    n_top = np.bincount(p, weights=is_top, minlength=n)
+    acc = np.bincount(p, weights=is_top & c, minlength=n) / n_top
+    winner = np.full(n, len(a), dtype=np.int64)
+    np.minimum.at(winner, p[is_top], np.flatnonzero(is_top))
+    return SelectionResult("best_of_n", prompts, acc, a[winner], top)

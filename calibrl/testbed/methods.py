@@ -1,0 +1,104 @@
+"""What the demo compares: its methods (one CalibratedGRPOConfig setting each) and the budget they share.
+
+Two comparisons on the testbed (:mod:`calibrl.testbed.tasks`), every run going through
+:class:`calibrl.trl.CalibratedGRPOTrainer` with the same budget (steps x 16 prompts x 8 samples, T = 1, AdamW
+lr 1e-4, beta 0):
+
+* sequence confidence (``stochastic_reasoning``): GRPO vs CAPO (arXiv 2604.12632) vs CAPO + reference-perplexity
+  mask, with GCPO (arXiv 2605.21801, our reading) and SEED-GRPO (arXiv 2505.12346) beside them. Measure: AUROC of
+  the mean token log-prob against correctness (pooled and per prompt), ECE of the sequence probability, accuracy.
+* decisions (``decision``): the SFT warm start vs GRPO vs decision-token calibration (arXiv 2601.13284: GRPO with
+  the decision token's advantage zeroed plus lambda x CE towards one-hot-if-right / uniform-if-wrong), with GCPO
+  and SEED-GRPO beside them. Measure: ECE of the decision-token probability (equal-count bins, as the paper),
+  the noise-free calibration error mean |q(Y|x) - p(x)|, AUROC of the sequence confidence, accuracy.
+
+The metrics are computed by :mod:`calibrl.testbed.evaluate`; the runs are made by :mod:`calibrl.testbed.runner`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SEQ_TASK = "stochastic_reasoning"
+DEC_TASK = "decision"
+ADD_TASK = "addition"
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One method of the demo: its task, the CalibratedGRPOConfig fields it sets, and whether it trains."""
+
+    name: str
+    task: str
+    label: str
+    config: dict = field(default_factory=dict)
+    train: bool = True
+
+
+def method_specs(*, capo_tau: float = 0.6, decision_coef: float = 1.0, seed_alpha: float | None = None
+                 ) -> dict[str, MethodSpec]:
+    """The demo's methods, keyed ``<task>/<method>``."""
+    seed_params = {} if seed_alpha is None else {"advantage_params": {"alpha": seed_alpha}}
+    specs = [
+        MethodSpec("grpo", SEQ_TASK, "GRPO", {"advantage_estimator": "grpo"}),
+        MethodSpec("capo", SEQ_TASK, f"CAPO (tau {capo_tau})", {"advantage_estimator": "capo", "capo_tau": capo_tau}),
+        MethodSpec("capo_mask", SEQ_TASK, f"CAPO + mask (tau {capo_tau})",
+                   {"advantage_estimator": "capo", "capo_tau": capo_tau, "capo_mask": "quantile"}),
+        MethodSpec("gcpo", SEQ_TASK, "GCPO", {"advantage_estimator": "gcpo"}),
+        # tau 0.2: a second CAPO setting chosen after seeing tau 0.6 on this task (not in the default demo)
+        MethodSpec("capo_tau0.2", SEQ_TASK, "CAPO (tau 0.2)", {"advantage_estimator": "capo", "capo_tau": 0.2}),
+        MethodSpec("capo_mask_tau0.2", SEQ_TASK, "CAPO + mask (tau 0.2)",
+                   {"advantage_estimator": "capo", "capo_tau": 0.2, "capo_mask": "quantile"}),
+        MethodSpec("seed_grpo", SEQ_TASK, "SEED-GRPO", {"advantage_estimator": "seed_grpo", **seed_params}),
+        MethodSpec("sft", DEC_TASK, "SFT (warm start)", {}, train=False),
+        MethodSpec("grpo", DEC_TASK, "GRPO", {"advantage_estimator": "grpo"}),
+        MethodSpec("decision", DEC_TASK, f"GRPO + decision CE (lambda {decision_coef:g})",
+                   {"advantage_estimator": "grpo", "decision_classes": ["Y", "N"],
+                    "decision_loss_coef": decision_coef, "decision_zero_advantage": True}),
+        MethodSpec("gcpo", DEC_TASK, "GCPO", {"advantage_estimator": "gcpo"}),
+        MethodSpec("seed_grpo", DEC_TASK, "SEED-GRPO", {"advantage_estimator": "seed_grpo", **seed_params}),
+        # deterministic control (not in the default demo): RL should help calibration here
+        MethodSpec("grpo", ADD_TASK, "GRPO", {"advantage_estimator": "grpo"}),
+        MethodSpec("capo", ADD_TASK, f"CAPO (tau {capo_tau})", {"advantage_estimator": "capo", "capo_tau": capo_tau}),
+    ]
+    return {f"{s.task}/{s.name}": s for s in specs}
+
+
+DEFAULT_METHODS = ("stochastic_reasoning/grpo", "stochastic_reasoning/capo", "stochastic_reasoning/capo_mask",
+                   "stochastic_reasoning/gcpo", "stochastic_reasoning/seed_grpo", "decision/sft", "decision/grpo",
+                   "decision/decision", "decision/gcpo", "decision/seed_grpo")
+CONTROL_METHODS = ("addition/grpo", "addition/capo")
+QUICK_METHODS = ("stochastic_reasoning/grpo", "stochastic_reasoning/capo", "decision/sft", "decision/grpo",
+                 "decision/decision")
+
+
+@dataclass
+class DemoConfig:
+    """Budget and hyperparameters shared by every method (same for all: the comparison is fair by construction)."""
+
+    steps: int = 200
+    eval_every: int = 25
+    eval_prompts: int = 128
+    eval_samples: int = 8
+    prompts_per_step: int = 16
+    num_generations: int = 8
+    learning_rate: float = 1e-4
+    capo_tau: float = 0.6
+    decision_coef: float = 1.0
+    seeds: tuple[int, ...] = (0,)
+    workers: int = 2
+    methods: tuple[str, ...] = DEFAULT_METHODS  # keys of method_specs()
+    warmstart_steps: int = 1500
+    warmstart_target: float | None = None  # None: per-task default
+    quick: bool = False
+
+    @classmethod
+    def quick_config(cls, **overrides) -> "DemoConfig":
+        base = dict(steps=10, eval_every=5, eval_prompts=48, eval_samples=8, methods=QUICK_METHODS,
+                    warmstart_steps=400, warmstart_target=0.9, quick=True)
+        base.update(overrides)
+        return cls(**base)
+
+
+__all__ = ["ADD_TASK", "CONTROL_METHODS", "DEC_TASK", "DEFAULT_METHODS", "DemoConfig", "MethodSpec", "QUICK_METHODS",
+           "SEQ_TASK", "method_specs"]

@@ -1,0 +1,170 @@
+"""``CalibratedGRPOConfig``: TRL's ``GRPOConfig`` plus the fields calibrl reads, each tied to its paper."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trl import GRPOConfig
+
+__all__ = ["CalibratedGRPOConfig"]
+
+
+@dataclass
+class CalibratedGRPOConfig(GRPOConfig):
+    r"""Configuration for :class:`CalibratedGRPOTrainer`: every :class:`trl.GRPOConfig` field, plus:
+
+    > Advantage estimator
+
+    advantage_estimator (`str`, defaults to `"capo"`): any name in ``calibrl.available_estimators()``.
+    advantage_params (`dict`, *optional*): extra keyword parameters for the estimator (override the ``capo_*`` /
+        ``gcpo_*`` fields below).
+    capo_tau, capo_normalize, capo_mask, capo_ref_high, capo_ref_low, capo_ref_high_quantile,
+        capo_ref_low_quantile: CAPO (arXiv 2604.12632) parameters.
+    gcpo_measure: GCPO (arXiv 2605.21801) disagreement measure.
+
+    > Decision-token calibration (arXiv 2601.13284)
+
+    correctness_reward (`str`, *optional*): the reward function whose own (unweighted) value > 0.5 defines a
+        correct completion (CAPO's pairs and mask, telemetry, the decision term); default: the first one.
+    decision_classes (`list[str]`, *optional*): class strings; enables the decision-token term.
+    decision_loss_coef (`float`, defaults to `1e-3`): lambda.
+    decision_zero_advantage (`bool`, defaults to `True`): zero the policy-gradient advantage at the decision token.
+
+    > Telemetry
+
+    calibration_logging (`bool`, defaults to `True`): log ``calibration/...`` metrics every generation batch.
+    """
+
+    advantage_estimator: str = field(
+        default="capo",
+        metadata={
+            "help": "Advantage estimator: any name in `calibrl.available_estimators()`, e.g. `capo` (CAPO, "
+            "arXiv 2604.12632), `gcpo` (arXiv 2605.21801), `seed_grpo` (arXiv 2505.12346), `codapo`, `cde` "
+            "(arXiv 2509.09675), `grpo`, `dr_grpo`, `rloo`."
+        },
+    )
+    advantage_params: dict | None = field(
+        default=None,
+        metadata={"help": "Extra keyword parameters for the advantage estimator, e.g. `{\"alpha\": 1.0}`. They "
+                  "override the `capo_*` / `gcpo_*` fields."},
+    )
+    capo_tau: float = field(
+        default=0.6,
+        metadata={"help": "CAPO logistic-surrogate temperature tau (CAPO, arXiv 2604.12632: 0.6 for 1.5B, 0.5 "
+                  "for 7B)."},
+    )
+    capo_normalize: str = field(
+        default="group",
+        metadata={"help": "CAPO normaliser of the pairwise sum: `group` (1/G, our reading, reduces to Dr.GRPO as "
+                  "tau grows), `pairs` (1/(n_correct*n_wrong)) or `none` (CAPO, arXiv 2604.12632)."},
+    )
+    capo_mask: str = field(
+        default="none",
+        metadata={"help": "CAPO reference-perplexity noise mask: `none`, `fixed` (capo_ref_high / capo_ref_low) "
+                  "or `quantile` (batch quantiles). Needs the frozen reference model, which is loaded even when "
+                  "beta == 0 (CAPO, arXiv 2604.12632)."},
+    )
+    capo_ref_high: float = field(
+        default=2.5,
+        metadata={"help": "CAPO mask: correct samples with reference perplexity above this get advantage 0 "
+                  "(2.5 for Qwen2.5-Math; CAPO, arXiv 2604.12632)."},
+    )
+    capo_ref_low: float = field(
+        default=1.05,
+        metadata={"help": "CAPO mask: wrong samples with reference perplexity below this get advantage 0 "
+                  "(1.05 for Qwen2.5-Math; CAPO, arXiv 2604.12632)."},
+    )
+    capo_ref_high_quantile: float = field(
+        default=0.75,
+        metadata={"help": "CAPO mask `quantile`: batch quantile of reference perplexity used as ref_high "
+                  "(CAPO, arXiv 2604.12632)."},
+    )
+    capo_ref_low_quantile: float = field(
+        default=0.25,
+        metadata={"help": "CAPO mask `quantile`: batch quantile of reference perplexity used as ref_low "
+                  "(CAPO, arXiv 2604.12632)."},
+    )
+    gcpo_measure: str = field(
+        default="cosine",
+        metadata={"help": "GCPO geometry-aware disagreement: `cosine` (Cosine Dispersion) or `barycentric` "
+                  "(Barycentric Transport) over mean-pooled hidden states (GCPO, arXiv 2605.21801; our reading)."},
+    )
+    cde_omega_schedule: str = field(
+        default="constant",
+        metadata={"help": "Annealing of CDE's bonus weight omega over training (CDE, arXiv 2509.09675, anneals it; "
+                  "the schedule is our reading): `constant`, `linear` (omega * (1 - step / max_steps)) or `cosine` "
+                  "(omega * (1 + cos(pi * step / max_steps)) / 2). The base omega is advantage_params['omega'] "
+                  "(default 1.0)."},
+    )
+    correctness_reward: str | None = field(
+        default=None,
+        metadata={"help": "Name of the reward function whose own (unweighted) value > 0.5 defines a correct "
+                  "completion, for the estimators that rank by correctness (capo), the telemetry and the "
+                  "decision term; the others use the weighted total. A name TRL reports for the function (its "
+                  "`__name__`, or a reward model's id) or a calibrl registered reward name (`math`). Default: the "
+                  "first reward function."},
+    )
+    decision_classes: list[str] | None = field(
+        default=None,
+        metadata={"help": "Class strings of a decision task (e.g. [\"A\", \"B\", \"C\", \"D\"]), each a single "
+                  "token bare or with a leading space; both spellings count (\" B\" in Qwen's BPE), a class's "
+                  "probability is the sum of its spellings'. "
+                  "Enables decision-token calibration (arXiv 2601.13284): the last class token of a completion "
+                  "is its decision."},
+    )
+    decision_loss_coef: float = field(
+        default=1e-3,
+        metadata={"help": "lambda of the decision-token cross-entropy (one-hot target when correct, uniform when "
+                  "wrong; arXiv 2601.13284 uses 1e-3)."},
+    )
+    decision_zero_advantage: bool = field(
+        default=True,
+        metadata={"help": "Zero the policy-gradient advantage at the decision token, so only the calibration "
+                  "term shapes it (arXiv 2601.13284)."},
+    )
+    rollout_logprobs: str = field(
+        default="auto",
+        metadata={"help": "Where the rollout policy's token log-probs come from when TRL has none: `auto` records "
+                  "them during transformers generation (log_softmax(logits / temperature) of each sampled token, no "
+                  "extra forward) when sampling is plain temperature sampling (top_k 0, top_p 1, no min_p, no "
+                  "repetition penalty, no generation_kwargs, no tools), else runs one extra no-grad forward; "
+                  "`forward` always runs the forward."},
+    )
+    calibration_logging: bool = field(
+        default=True,
+        metadata={"help": "Log calibration telemetry (AUROC of mean token log-prob vs correctness, pooled and per "
+                  "prompt; confidence of right vs wrong; masked fraction; advantage statistics; decision ECE) as "
+                  "`calibration/...` metrics (CAPO, arXiv 2604.12632; arXiv 2601.13284)."},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if isinstance(self.decision_classes, str):
+            self.decision_classes = [c for c in self.decision_classes.split(",") if c]
+        for name in ("capo_mask",):
+            if getattr(self, name) not in ("none", "fixed", "quantile"):
+                raise ValueError(f"{name} must be 'none', 'fixed' or 'quantile', got {getattr(self, name)!r}")
+        if self.capo_normalize not in ("group", "pairs", "none"):
+            raise ValueError(f"capo_normalize must be 'group', 'pairs' or 'none', got {self.capo_normalize!r}")
+        if self.cde_omega_schedule not in ("constant", "linear", "cosine"):
+            raise ValueError(f"cde_omega_schedule must be constant, linear or cosine, got {self.cde_omega_schedule!r}")
+        if self.rollout_logprobs not in ("auto", "forward"):
+            raise ValueError(f"rollout_logprobs must be 'auto' or 'forward', got {self.rollout_logprobs!r}")
+        if self.advantage_params is not None and not isinstance(self.advantage_params, dict):
+            raise ValueError(f"advantage_params must be a dict, got {type(self.advantage_params).__name__}")
+
+    # ------------------------------------------------------------------ helpers read by the trainer
+    def estimator_params(self) -> dict[str, Any]:
+        """Keyword parameters passed to the estimator: the ``capo_*``/``gcpo_*`` fields it uses + advantage_params."""
+        params: dict[str, Any] = {}
+        if self.advantage_estimator == "capo":
+            params = dict(
+                tau=self.capo_tau, normalize=self.capo_normalize, mask=self.capo_mask, ref_high=self.capo_ref_high,
+                ref_low=self.capo_ref_low, ref_high_quantile=self.capo_ref_high_quantile,
+                ref_low_quantile=self.capo_ref_low_quantile,
+            )
+        elif self.advantage_estimator == "gcpo":
+            params = dict(measure=self.gcpo_measure)
+        params.update(self.advantage_params or {})
+        return params

@@ -1,0 +1,76 @@
+"""Decision-token plumbing for the TRL trainer (arXiv 2601.13284): class tokens, positions, logits, probabilities.
+
+A decision task names its classes (``decision_classes``, e.g. ``["A", "B", "C", "D"]``). Each class may be written
+with several single-token spellings ("B" and " B": BPE tokenizers such as Qwen's write "Answer: B" with the token
+" B"); a class's probability is the SUM of its spellings'. The decision token of a completion is its last class
+token. The math (positions, the zeroed advantage, the cross-entropy) is in :mod:`calibrl.losses.decision`; this
+module maps the tokenizer's spellings to classes and reads the logits from hidden states the trainer captured.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["class_logits", "class_tokens", "decision_logits", "locate_decisions", "probability_of_chosen"]
+
+
+def class_tokens(tokenizer, classes: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids of every single-token spelling of each class, [K], and the class index of each, [K].
+
+    Spellings come from :func:`calibrl.tasks.rewards.class_token_variants` (the rule ``calibrl generate`` uses).
+    A ``ValueError`` names ``decision_classes`` when a class has no single-token spelling or shares its tokens.
+    """
+    from calibrl.tasks.rewards import class_token_variants
+
+    try:
+        ids, owner = class_token_variants(tokenizer, classes)
+    except ValueError as exc:
+        raise ValueError(f"decision_classes: {exc}") from None
+    missing = sorted(set(range(len(classes))) - set(owner))
+    if missing:  # a spelling of this class is already another class's token
+        raise ValueError(f"decision_classes: {[classes[i] for i in missing]} share token ids with other classes")
+    return torch.tensor(ids, dtype=torch.long), torch.tensor(owner, dtype=torch.long)
+
+
+def class_logits(logits: torch.Tensor, *, token_ids: torch.Tensor, owner: torch.Tensor, n_classes: int) -> torch.Tensor:
+    """[N, V] vocabulary logits -> [N, C] class logits: logsumexp over each class's spellings, so the class
+    probability (softmax over classes) is the SUM of its spellings' probabilities."""
+    selected = logits[:, token_ids.to(logits.device)]  # [N, K]
+    owner = owner.to(logits.device)
+    return torch.stack([torch.logsumexp(selected[:, owner == c], dim=-1) for c in range(n_classes)], dim=-1)
+
+
+def decision_logits(hidden: torch.Tensor, *, prompt_len: int, positions: torch.Tensor, lm_head: torch.nn.Module,
+                    temperature: float) -> torch.Tensor:
+    """[N, V] logits at the sampling temperature predicting the completion token at ``positions`` [N], read from
+    the last hidden states [N, P+C, D] of a forward over prompt + completion (position p is predicted at P+p-1)."""
+    rows = torch.arange(hidden.size(0), device=hidden.device)
+    seq_pos = (prompt_len + positions.clamp(min=0) - 1).to(hidden.device)
+    h = hidden[rows, seq_pos]  # [N, D]
+    logits = lm_head(h.to(lm_head.weight.dtype) if hasattr(lm_head, "weight") else h).float()
+    return logits / temperature
+
+
+def locate_decisions(*, completion_ids: torch.Tensor, completion_mask: torch.Tensor, token_ids: torch.Tensor,
+                     owner: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions [N], chosen class [N]) of each completion's decision token; -1 where it has none."""
+    from calibrl.losses.decision import chosen_classes, find_decision_positions
+
+    device = completion_ids.device
+    token_ids, owner = token_ids.to(device), owner.to(device)
+    positions = find_decision_positions(
+        completion_ids=completion_ids, completion_mask=completion_mask, class_token_ids=token_ids
+    )
+    chosen_variant = chosen_classes(
+        completion_ids=completion_ids, decision_positions=positions, class_token_ids=token_ids
+    )  # index into the spellings [K]; mapped to the class index [C]
+    chosen = torch.where(chosen_variant >= 0, owner[chosen_variant.clamp(min=0)], chosen_variant)
+    return positions, chosen
+
+
+def probability_of_chosen(class_logits: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """[N] probability of the chosen class under softmax(class_logits [N, C]); NaN where there is no decision."""
+    class_probs = torch.softmax(class_logits, dim=-1)
+    rows = torch.arange(class_logits.size(0), device=class_logits.device)
+    p_chosen = class_probs[rows, chosen.clamp(min=0)]
+    return torch.where(chosen >= 0, p_chosen, torch.full_like(p_chosen, float("nan")))

@@ -1,0 +1,416 @@
+r"""From TRL's generation output to a :class:`calibrl.RolloutBatch`: everything the advantage step gathers.
+
+TRL 1.16's ``GRPOTrainer._generate_and_score_completions`` returns, for THIS process's completions, a dict with
+``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask`` (and ``tool_mask``), ``advantages``,
+``old_per_token_logps`` / ``ref_per_token_logps`` when it computed them. Rewards come from ``_calculate_rewards``
+(already gathered over processes, ``[N_total, n_funcs]``, NaN where a function returned ``None``).
+:func:`collect_rollout` turns these into one :class:`Rollout` for the WHOLE generation batch:
+
+* rewards: TRL's weighted sum of the reward functions (``reward_weights``). A completion every reward function
+  returned ``None`` for ("unscorable") forms a group of its own and gets advantage 0, as in TRL.
+* correctness: the UNWEIGHTED value of ONE reward function (``correctness_reward``, default the first) > 0.5, not
+  the weighted total, so with ``[math, format]`` a wrong answer in ``\boxed{}`` (total 1.0) stays wrong.
+  Estimators that rank completions by correctness (``capo``) receive that column as their ``rewards``; the others
+  receive the weighted total.
+* ``logprob_mean`` (the rollout policy's mean token log-prob over the completion mask, tool tokens excluded), from
+  the first available source: TRL's ``old_per_token_logps``; the log-probs recorded during ``model.generate``
+  (:class:`GenerationLogprobs`, plain temperature sampling only); one extra no-grad forward
+  (:func:`rollout_forward`). When only the telemetry needs it, it is read later from the loss pass TRL does anyway
+  (``logprobs_deferred``).
+* ``ref_logprob_mean`` (CAPO's noise mask): TRL's ``ref_per_token_logps`` when ``beta > 0``, else the frozen
+  reference run here (:func:`ref_per_token_logps`; :mod:`calibrl.trl.reference` loads it).
+* ``embeddings`` (GCPO): the completion-mean of the policy's last hidden states, captured during the same forward.
+* ``answer_ids`` (SEED-GRPO): :func:`extract_answer` of each completion, equal strings clustered within a prompt.
+* gathering: every per-row field is gathered over processes, so a group split over ranks is handled;
+  ``process_slice`` is this process's rows, taken exactly as TRL takes them.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from calibrl.batch import RolloutBatch, masked_row_mean
+
+if TYPE_CHECKING:
+    from calibrl.trl.trainer import CalibratedGRPOTrainer
+
+__all__ = [
+    "GenerationLogprobs",
+    "Rollout",
+    "can_record_generation_logprobs",
+    "capture_hidden",
+    "collect_rollout",
+    "estimator_inputs",
+    "extract_answer",
+    "recording_generation_logprobs",
+    "ref_per_token_logps",
+    "rollout_forward",
+]
+
+
+# ---------------------------------------------------------------------------------------------------- what to gather
+
+# Which optional RolloutBatch fields each built-in estimator reads. Unknown (user) estimators receive
+# logprob_mean and, when it is available anyway (beta > 0), ref_logprob_mean.
+_ESTIMATOR_INPUTS: dict[str, frozenset[str]] = {
+    "grpo": frozenset(),
+    "dr_grpo": frozenset(),
+    "rloo": frozenset(),
+    "capo": frozenset({"logprob_mean"}),
+    "codapo": frozenset({"logprob_mean"}),
+    "cde": frozenset({"logprob_mean"}),
+    "seed_grpo": frozenset({"logprob_mean", "answer_ids"}),
+    "gcpo": frozenset({"logprob_mean", "embeddings"}),
+}
+
+# Estimators that use the rewards only through correctness (reward > 0.5): they receive the correctness
+# function's column (``correctness_reward``) instead of the weighted total.
+RANKS_BY_CORRECTNESS: frozenset[str] = frozenset({"capo"})
+
+# Multimodal inputs of TRL's output that the policy's forward needs besides the token ids.
+MODEL_KWARG_KEYS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)
+
+
+def estimator_inputs(name: str, params: dict[str, Any]) -> frozenset[str]:
+    """Optional RolloutBatch fields the estimator ``name`` needs with ``params`` (CAPO's mask adds the reference)."""
+    needed = set(_ESTIMATOR_INPUTS.get(name, {"logprob_mean"}))
+    if name == "capo" and params.get("mask", "none") != "none":
+        needed.add("ref_logprob_mean")
+    return frozenset(needed)
+
+
+# ---------------------------------------------------------------------------------------------------- answers
+
+
+def extract_answer(text: str, classes: list[str] | None = None) -> str:
+    """Final answer of a completion for answer clustering: the last ``\\boxed{...}`` / ``\\fbox{...}`` content
+    (:func:`calibrl.tasks.rewards.last_boxed`, the same extraction the ``math`` reward scores), else the decision
+    (:func:`calibrl.tasks.rewards.extract_decision`, the ``decision`` reward's) for decision tasks, else the
+    stripped last non-empty line ("" if none)."""
+    from calibrl.tasks.rewards import extract_decision, last_boxed
+
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    if classes:
+        decision, _ = extract_decision(text, classes)
+        if decision is not None:
+            return decision
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def completion_text(completion: Any) -> str:
+    """A TRL completion as text: a string as is; a conversational one (``[{"role", "content"}]``) joined."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):  # conversational: [{"role": "assistant", "content": ...}]
+        parts = []
+        for message in completion:
+            content = message.get("content", "") if isinstance(message, dict) else str(message)
+            if isinstance(content, list):
+                content = "".join(c.get("text", "") for c in content if isinstance(c, dict))
+            parts.append(str(content))
+        return "\n".join(parts)
+    return str(completion)
+
+
+def answer_ids(answers: list[str], group_ids: list[int]) -> list[int]:
+    """Dense ids of equal answer strings WITHIN a group (the same string in two groups gets two ids)."""
+    table: dict[tuple[int, str], int] = {}
+    return [table.setdefault((g, a), len(table)) for g, a in zip(group_ids, answers)]
+
+
+# ---------------------------------------------------------------------------------------------------- rewards
+
+
+@dataclass
+class RewardColumns:
+    """The reward signals of the whole generation batch, all [N_total]."""
+
+    rewards: torch.Tensor  # weighted total of the reward functions (0 where unscorable)
+    correct_signal: torch.Tensor  # the correctness function's own value (0 where None or unscorable)
+    unscorable: torch.Tensor  # bool: every reward function returned None
+
+
+def reward_columns(rewards_per_func: torch.Tensor, *, reward_weights: torch.Tensor,
+                   correctness_index: int) -> RewardColumns:
+    """[N, F] per-function rewards (NaN = None) -> weighted total, correctness column, unscorable rows."""
+    unscorable = torch.isnan(rewards_per_func).all(dim=1)
+    rewards = (rewards_per_func * reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+    rewards = rewards.masked_fill(unscorable, 0.0)
+    # Correctness: one reward function's own value (before weighting) > 0.5; None (NaN) counts as wrong.
+    correct_signal = torch.nan_to_num(rewards_per_func[:, correctness_index].float(), nan=0.0)
+    correct_signal = correct_signal.masked_fill(unscorable, 0.0).to(rewards.dtype)
+    return RewardColumns(rewards=rewards, correct_signal=correct_signal, unscorable=unscorable)
+
+
+def group_ids_for(unscorable: torch.Tensor, *, num_generations: int) -> torch.Tensor:
+    """[N] prompt group of each row (TRL lays out ``num_generations`` consecutive rows per prompt); an unscorable
+    completion forms a group of its own (excluded from its prompt's baseline)."""
+    n_total = unscorable.numel()
+    rows = torch.arange(n_total, device=unscorable.device)
+    group_ids = rows // num_generations
+    n_groups = (n_total + num_generations - 1) // num_generations
+    return torch.where(unscorable, n_groups + rows, group_ids)
+
+
+def training_mask(output: dict) -> torch.Tensor:
+    """[B, T] tokens the loss trains on: the completion mask, times TRL's ``tool_mask`` (tool output excluded)."""
+    mask = output["completion_mask"]
+    if "tool_mask" in output:
+        mask = mask * output["tool_mask"]
+    return mask
+
+
+# ---------------------------------------------------------------------------------------------------- log-prob sources
+
+
+@contextmanager
+def capture_hidden(module: torch.nn.Module, store: list):
+    """Append the backbone's last hidden state [B, L, D] to ``store`` on every forward while active."""
+
+    def hook(_module, _args, output):
+        hidden = getattr(output, "last_hidden_state", None)
+        if hidden is None:
+            hidden = output[0] if isinstance(output, (tuple, list)) else output
+        store.append(hidden)
+
+    handle = module.register_forward_hook(hook)
+    try:
+        yield store
+    finally:
+        handle.remove()
+
+
+class GenerationLogprobs:
+    """Records log_softmax(logits / T) of each sampled token during ``model.generate`` with two hooks: the LM head's
+    output (logits of step t) and the input embedding's input (the token chosen at step t, fed at step t+1). Only
+    the current step's [B, V] log-probs are held, so memory stays O(B * V)."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.prev: torch.Tensor | None = None
+        self.steps: list[torch.Tensor] = []
+
+    def on_embed(self, _module, args, kwargs=None):
+        input_ids = args[0] if args else (kwargs or {}).get("input")
+        if self.prev is not None and input_ids is not None:
+            self.steps.append(self.prev.gather(1, input_ids[:, -1:].to(self.prev.device)).squeeze(1))
+            self.prev = None
+
+    def on_head(self, _module, _args, output):
+        logits = output[:, -1] if output.dim() == 3 else output
+        self.prev = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+
+    def finish(self, completion_ids: list[list[int]], pad_id: int) -> torch.Tensor | None:
+        """[B, n_steps] token log-probs aligned with the completion tokens (garbage after EOS: mask it)."""
+        if self.prev is None:
+            return None
+        n = len(self.steps) + 1
+        last = torch.tensor([ids[n - 1] if len(ids) >= n else pad_id for ids in completion_ids], device=self.prev.device)
+        self.steps.append(self.prev.gather(1, last.unsqueeze(1)).squeeze(1))
+        self.prev = None
+        if any(len(ids) > n for ids in completion_ids):
+            return None  # not the plain single-call generation we understand
+        return torch.stack(self.steps, dim=1)
+
+
+@contextmanager
+def recording_generation_logprobs(model: torch.nn.Module, temperature: float):
+    """Hooks a :class:`GenerationLogprobs` onto ``model``'s input embedding and LM head while the block runs."""
+    recorder = GenerationLogprobs(temperature)
+    handles = [
+        model.get_input_embeddings().register_forward_pre_hook(recorder.on_embed, with_kwargs=True),
+        model.get_output_embeddings().register_forward_hook(recorder.on_head),
+    ]
+    try:
+        yield recorder
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def can_record_generation_logprobs(trainer: CalibratedGRPOTrainer) -> bool:
+    """Whether the sampled tokens' log-probs can be recorded during generation: transformers generation (no vLLM,
+    no tools, no continuous batching, no custom rollout) with plain temperature sampling, and an estimator that
+    reads ``logprob_mean``."""
+    args = trainer.args
+    return (
+        args.rollout_logprobs == "auto" and not trainer.use_vllm and not trainer.tools
+        and trainer.environment_factories is None and trainer.rollout_func is None
+        and not getattr(args, "use_transformers_continuous_batching", False)
+        and not getattr(args, "use_transformers_paged", False)  # deprecated alias (TRL < 2)
+        and not getattr(trainer, "use_transformers_continuous_batching", False)
+        and not args.generation_kwargs
+        and trainer.top_k in (0, None) and trainer.top_p in (1.0, None) and trainer.min_p is None
+        and trainer.repetition_penalty in (1.0, None) and bool(trainer._calibrl_inputs & {"logprob_mean"})
+    )
+
+
+def _forward_inputs(trainer: CalibratedGRPOTrainer, output: dict) -> tuple[torch.Tensor, torch.Tensor, int, int, dict]:
+    """(input_ids, attention_mask, logits_to_keep, batch_size, multimodal kwargs) of a forward over TRL's output,
+    as ``GRPOTrainer._generate_and_score_completions`` (TRL 1.16) builds them for its own log-prob passes."""
+    prompt_ids, completion_ids = output["prompt_ids"], output["completion_ids"]
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+    mode = "train" if trainer.model.training else "eval"
+    args = trainer.args
+    batch_size = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
+    kwargs = {k: output[k] for k in MODEL_KWARG_KEYS if k in output}
+    return input_ids, attention_mask, completion_ids.size(1), batch_size, kwargs
+
+
+@torch.no_grad()
+def rollout_forward(trainer: CalibratedGRPOTrainer, output: dict, mask: torch.Tensor, *, want_embeddings: bool,
+                    want_decision: bool) -> dict[str, torch.Tensor]:
+    """One no-grad forward of the policy with TRL's ``_get_per_token_logps_and_entropies``: per-token log-probs
+    [B, C]; with ``want_embeddings`` the completion-mean last hidden states [B, D]; with ``want_decision`` the
+    whole last hidden state [B, P+C, D] (the decision logits are read from it)."""
+    from trl.models.utils import disable_gradient_checkpointing
+
+    input_ids, attention_mask, logits_to_keep, batch_size, kwargs = _forward_inputs(trainer, output)
+    hidden_store: list = []
+    capture = want_embeddings or want_decision
+    backbone, _ = trainer._backbone_and_head(trainer.model)
+    ctx = capture_hidden(backbone, hidden_store) if capture else nullcontext()
+    with disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs), ctx:
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs
+        )
+    result: dict[str, torch.Tensor] = {"per_token_logps": logps}
+    if capture:
+        hidden = torch.cat(hidden_store, dim=0)  # [B, P+C, D]
+        if want_embeddings:
+            comp_hidden = hidden[:, -logits_to_keep:].float()
+            m = mask.unsqueeze(-1).float()
+            result["embeddings"] = (comp_hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+        if want_decision:
+            result["decision_hidden"] = hidden
+    return result
+
+
+@torch.no_grad()
+def ref_per_token_logps(trainer: CalibratedGRPOTrainer, output: dict) -> torch.Tensor:
+    """[B, C] reference log-probs: TRL's ``ref_per_token_logps`` when it computed them (beta > 0), else a forward
+    of the frozen reference (calibrl's copy in ``trainer.ref_model``, or the PEFT adapter-disabled base / "ref"
+    adapter, as TRL 1.16's ``_generate_and_score_completions`` does)."""
+    if "ref_per_token_logps" in output:
+        return output["ref_per_token_logps"]
+    from trl.models.utils import disable_gradient_checkpointing
+
+    input_ids, attention_mask, logits_to_keep, batch_size, kwargs = _forward_inputs(trainer, output)
+    if trainer.ref_model is not None:
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.ref_model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs
+        )
+        return logps
+    from trl.trainer.utils import use_adapter
+
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    if not hasattr(unwrapped, "peft_config"):
+        raise RuntimeError("calibrl: the estimator needs a reference model but none was loaded")
+    with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None), \
+            disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs
+        )
+    return logps
+
+
+# ---------------------------------------------------------------------------------------------------- the batch
+
+
+@dataclass
+class Rollout:
+    """One generation batch as the advantage step sees it: the gathered :class:`RolloutBatch` and what the trainer
+    needs beside it. Rows are the whole batch ([N_total]) unless named local ([n_local], this process)."""
+
+    batch: RolloutBatch
+    fields: dict[str, torch.Tensor]  # the RolloutBatch's keyword arguments (rebuilt when log-probs come later)
+    rewards: torch.Tensor  # [N_total] weighted total
+    correct: torch.Tensor  # [N_total] bool
+    unscorable: torch.Tensor  # [N_total] bool
+    mask: torch.Tensor  # local [n_local, C] training mask
+    process_slice: slice  # this process's rows of the whole batch
+    mode: str  # "train" or "eval"
+    logprobs_deferred: bool  # logprob_mean (telemetry only) is read from the loss pass later
+    decision_hidden: torch.Tensor | None  # local [n_local, P+C, D] last hidden states, for decision telemetry
+
+    @property
+    def n_local(self) -> int:
+        return self.process_slice.stop - self.process_slice.start
+
+
+def collect_rollout(trainer: CalibratedGRPOTrainer, output: dict) -> Rollout:
+    """Gather everything the estimator, the decision term and the telemetry read (see the module docstring)."""
+    from accelerate.utils import gather_object
+
+    args, accelerator = trainer.args, trainer.accelerator
+    mode = "train" if trainer.model.training else "eval"
+    device = accelerator.device
+    n_local = output["completion_ids"].size(0)
+    process_slice = slice(accelerator.process_index * n_local, (accelerator.process_index + 1) * n_local)
+    num_generations = trainer.num_generations if mode == "train" else trainer.num_generations_eval
+
+    columns = reward_columns(trainer._calibrl_rewards_per_func, reward_weights=trainer.reward_weights.to(device),
+                             correctness_index=trainer._correctness_index)
+    group_ids = group_ids_for(columns.unscorable, num_generations=num_generations)
+    mask = training_mask(output)
+    needed = trainer._needed_fields(mode)
+    want_dec = trainer._decision_class_ids is not None and args.calibration_logging  # decision telemetry
+    want_emb = "embeddings" in needed
+
+    fields: dict[str, torch.Tensor] = {}
+    decision_hidden = None
+    old = output.get("old_per_token_logps")
+    recorded, trainer._calibrl_gen_logps = trainer._calibrl_gen_logps, None
+    n_tokens = output["completion_ids"].size(1)
+    if old is None and recorded is not None and recorded.size(0) == n_local and recorded.size(1) >= n_tokens:
+        old_like = recorded[:, :n_tokens].to(device)
+    else:
+        old_like = old
+    # Telemetry-only log-probs, on-policy: no extra forward; they are read from the loss pass TRL does anyway
+    # (per_token_logps there equal the rollout policy's until the optimizer steps) and logged once every row
+    # of this generation batch went through the loss.
+    deferred = (
+        args.calibration_logging and "logprob_mean" not in trainer._calibrl_inputs and old_like is None
+        and not want_emb and not want_dec
+    )
+    if deferred:
+        needed.discard("logprob_mean")
+    if "logprob_mean" in needed or want_emb or want_dec:
+        if old_like is not None and not want_emb and not want_dec:
+            per_token = old_like
+        else:
+            fwd = trainer._rollout_forward(
+                output, mask, want_logps=True, want_embeddings=want_emb, want_decision=want_dec
+            )
+            per_token = old if old is not None else fwd["per_token_logps"]
+            if want_emb:
+                fields["embeddings"] = accelerator.gather(fwd["embeddings"].contiguous())
+            decision_hidden = fwd.get("decision_hidden")
+        fields["logprob_mean"] = accelerator.gather(masked_row_mean(per_token, mask))
+    if "ref_logprob_mean" in needed or "ref_per_token_logps" in output:
+        fields["ref_logprob_mean"] = accelerator.gather(masked_row_mean(ref_per_token_logps(trainer, output), mask))
+    if "answer_ids" in needed:
+        texts = gather_object([completion_text(c) for c in trainer._calibrl_completions])
+        answers = [extract_answer(t, args.decision_classes) for t in texts]
+        fields["answer_ids"] = torch.tensor(answer_ids(answers, group_ids.tolist()), device=device)
+    fields["lengths"] = accelerator.gather(mask.sum(dim=1))
+
+    ranks_by_correctness = args.advantage_estimator in RANKS_BY_CORRECTNESS
+    fields = dict(rewards=columns.correct_signal if ranks_by_correctness else columns.rewards, group_ids=group_ids,
+                  **fields)
+    return Rollout(
+        batch=RolloutBatch(**fields), fields=fields, rewards=columns.rewards, correct=columns.correct_signal > 0.5,
+        unscorable=columns.unscorable, mask=mask, process_slice=process_slice, mode=mode,
+        logprobs_deferred=deferred, decision_hidden=decision_hidden,
+    )

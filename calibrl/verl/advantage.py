@@ -1,0 +1,179 @@
+"""calibrl's advantage estimators as verl advantage estimators: a verl batch in, verl's (advantages, returns) out.
+
+How a verl batch becomes a :class:`calibrl.RolloutBatch` (our choices):
+
+- ``rewards``: ``token_level_rewards.sum(-1)``, as verl's outcome estimators do. With
+  ``algorithm.use_kl_in_reward=True`` that sum includes the KL penalty; CAPO's correct/incorrect split
+  (``reward > threshold``) expects the raw 0/1 score, so keep ``use_kl_in_reward=False`` (the CAPO paper uses no
+  KL at all).
+- ``group_ids``: the ``uid`` strings (``index``) mapped to integers. Without ``uid`` every row is its own group.
+- ``logprob_mean``: the masked mean over ``response_mask`` of ``old_log_probs`` (the proximal/old policy verl
+  recomputes before the update); in bypass mode verl stores the rollout log-probs there itself, and if only
+  ``rollout_log_probs`` exists we use those.
+- ``ref_logprob_mean``: the same of ``ref_log_prob``, present when verl runs the reference policy
+  (``actor_rollout_ref.actor.use_kl_loss=True``; ``kl_loss_coef=0.0`` keeps the loss KL-free). CAPO's noise mask
+  needs it.
+- ``lengths``: ``response_mask.sum(-1)``. ``embeddings`` (gcpo): ``data.batch["embeddings"]`` [N, D] if some
+  worker put it there; verl computes none. ``answer_ids`` (seed_grpo): ``data.non_tensor_batch["answer"]``
+  (strings, e.g. returned by the reward function as ``reward_extra_info["answer"]``), clustered per equal string.
+- Advantages [N] are broadcast over the response (``A[:, None] * response_mask``) and returned as both
+  advantages and returns, exactly as verl's GRPO does.
+- Estimator parameters: the mapping ``algorithm.calibrl`` (hydra: ``+algorithm.calibrl.tau=0.6``), passed as
+  keyword arguments to the estimator; else the JSON object in the environment variable ``CALIBRL_VERL_PARAMS``.
+  verl's GRPO uses epsilon 1e-6, calibrl's (TRL's) 1e-4: ``+algorithm.calibrl.eps=1e-6`` reproduces verl.
+- Diagnostics (e.g. CAPO's ``mask_fraction``) go to ``data.meta_info["calibrl/advantage"]``, to the logger
+  ``calibrl.verl`` (INFO) and to :func:`last_info`; verl's trackers do not see them.
+
+The log-probs, embeddings and answers are not among the arguments verl passes an estimator; they are read from
+the batch held by the wrapped advantage step (:func:`calibrl.verl.hooks.current_data`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+import calibrl
+from calibrl.batch import RolloutBatch, RolloutBatchError, masked_row_mean
+from calibrl.verl.hooks import RAY_TRAINER, current_data
+
+logger = logging.getLogger("calibrl.verl")
+
+PARAMS_ENV = "CALIBRL_VERL_PARAMS"
+
+_LAST_INFO: dict[str, float] = {}
+
+
+def _dense_ids(labels: Any) -> torch.Tensor:
+    """Arbitrary hashable labels [N] (uid strings, answers) -> integer ids [N], equal label = equal id."""
+    _, inverse = np.unique(np.asarray(labels).astype(str), return_inverse=True)
+    return torch.as_tensor(inverse.reshape(-1), dtype=torch.long)
+
+
+def rollout_batch_from_verl(*, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None,
+                            old_log_probs: torch.Tensor | None = None, ref_log_prob: torch.Tensor | None = None,
+                            embeddings: torch.Tensor | None = None, answers: Any = None) -> RolloutBatch:
+    """Build a :class:`RolloutBatch` from verl's per-token tensors [N, T] (see the module docstring)."""
+    mask = response_mask.bool()
+    rewards = token_level_rewards.sum(-1)
+    n = rewards.shape[0]
+    group_ids = _dense_ids(index) if index is not None else torch.arange(n)
+    return RolloutBatch(
+        rewards=rewards.detach().float(),
+        group_ids=group_ids.to(rewards.device),
+        logprob_mean=None if old_log_probs is None else masked_row_mean(old_log_probs.detach().float(), mask),
+        ref_logprob_mean=None if ref_log_prob is None else masked_row_mean(ref_log_prob.detach().float(), mask),
+        embeddings=None if embeddings is None else embeddings.detach().float(),
+        answer_ids=None if answers is None else _dense_ids(answers).to(rewards.device),
+        lengths=mask.sum(-1),
+    )
+
+
+def _from_current_data(n_rows: int) -> dict[str, Any]:
+    """The extra inputs calibrl's estimators read from the DataProto that the wrapped advantage step holds.
+
+    Key names are those of verl 0.9.1's ``DataProto`` in the PPO trainers (``old_log_probs``,
+    ``rollout_log_probs``, ``ref_log_prob``); ``embeddings`` and ``answer`` only if a custom worker or reward
+    function put them there. Empty when no wrapped step is running or its batch has another size.
+    """
+    data = current_data()
+    if data is None or len(data) != n_rows:
+        return {}
+    batch, non_tensor = data.batch, data.non_tensor_batch
+    keys = set(batch.keys())
+    old = batch["old_log_probs"] if "old_log_probs" in keys else (
+        batch["rollout_log_probs"] if "rollout_log_probs" in keys else None)
+    return {
+        "old_log_probs": old,
+        "ref_log_prob": batch["ref_log_prob"] if "ref_log_prob" in keys else None,
+        "embeddings": batch["embeddings"] if "embeddings" in keys else None,
+        "answers": non_tensor.get("answer"),
+    }
+
+
+def estimator_params(config: Any) -> dict[str, Any]:
+    """Keyword parameters for the estimator: ``config.calibrl`` (verl's algorithm config), else $CALIBRL_VERL_PARAMS."""
+    section = None
+    if config is not None:
+        try:
+            section = config.get("calibrl", None)
+        except (AttributeError, TypeError, KeyError):
+            section = getattr(config, "calibrl", None)
+    if section is not None:
+        try:
+            from omegaconf import DictConfig, OmegaConf
+
+            if isinstance(section, DictConfig):
+                section = OmegaConf.to_container(section, resolve=True)
+        except ImportError:  # pragma: no cover - omegaconf ships with verl
+            pass
+        return dict(section)
+    raw = os.environ.get(PARAMS_ENV, "").strip()
+    if not raw:
+        return {}
+    params = json.loads(raw)
+    if not isinstance(params, dict):
+        raise ValueError(f"{PARAMS_ENV} must hold a JSON object of estimator parameters, got {raw!r}")
+    return params
+
+
+def make_adv_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """verl-signature advantage function for calibrl estimator ``name``: -> (advantages, returns), both [N, T].
+
+    Mirrors verl 0.9.1's outcome estimators registered with ``verl.trainer.ppo.core_algos.register_adv_est``
+    (e.g. ``core_algos.compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, ...,
+    config)``), which ``verl.trainer.ppo.ray_trainer.compute_advantage`` calls as ``adv_estimator_fn(**adv_kwargs)``;
+    the keyword arguments it passes other estimators (``reward_baselines``, ...) are accepted and ignored.
+    """
+
+    def calibrl_adv_estimator(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None,
+                              config: Any = None, **_unused: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        extras = _from_current_data(token_level_rewards.shape[0])
+        batch = rollout_batch_from_verl(token_level_rewards=token_level_rewards, response_mask=response_mask,
+                                        index=index, **extras)
+        try:
+            advantages, info = calibrl.compute_advantages(batch, name, return_info=True, **estimator_params(config))
+        except RolloutBatchError as exc:
+            if not extras:
+                raise RolloutBatchError(
+                    f"{exc}. calibrl.verl: verl passes estimators no log-probs; they come from the wrapped "
+                    f"advantage step, which did not run. Load the plugin with VERL_USE_EXTERNAL_MODULES=calibrl.verl "
+                    f"(or import calibrl.verl before {RAY_TRAINER}), and call ray_trainer.compute_advantage."
+                ) from exc
+            raise
+        _record_info(name, info)
+        with torch.no_grad():
+            scores = advantages.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask.to(token_level_rewards.dtype)
+        return scores, scores
+
+    calibrl_adv_estimator.__name__ = f"calibrl_{name}_adv_estimator"
+    calibrl_adv_estimator.__qualname__ = calibrl_adv_estimator.__name__
+    calibrl_adv_estimator.calibrl_estimator = name  # type: ignore[attr-defined]
+    return calibrl_adv_estimator
+
+
+def _record_info(name: str, info: dict[str, Any]) -> None:
+    """Keep the estimator's numeric diagnostics: for :func:`last_info`, in the batch's meta_info, in the log."""
+    flat = {}
+    for key, value in info.items():
+        try:
+            flat[key] = float(value)
+        except (TypeError, ValueError):
+            continue
+    _LAST_INFO.clear()
+    _LAST_INFO.update(flat)
+    data = current_data()
+    if data is not None and flat:
+        data.meta_info["calibrl/advantage"] = {"estimator": name, **flat}
+    if flat:
+        logger.info("calibrl advantage %s: %s", name, ", ".join(f"{k}={v:.4g}" for k, v in flat.items()))
+
+
+def last_info() -> dict[str, float]:
+    """Diagnostics of the last calibrl advantage computation in this process (a copy)."""
+    return dict(_LAST_INFO)

@@ -1,0 +1,128 @@
+"""The wrapped advantage step: how calibrl's estimators get hold of the batch verl is computing advantages for.
+
+verl calls a registered estimator with ``token_level_rewards``, ``response_mask``, ``index`` and ``config`` only,
+no log-probs. We wrap ``verl.trainer.ppo.ray_trainer.compute_advantage`` (verl 0.9.1), the function both the
+legacy and the V1 trainer call, so that while it runs the ``DataProto`` it was given is visible to calibrl's
+estimators through a context variable (:func:`current_data`). The wrapper changes nothing else.
+
+verl imports the plugin from its own ``__init__`` (``VERL_USE_EXTERNAL_MODULES``), before the trainer modules
+exist, so :func:`wrap_advantage_step` either wraps the loaded module at once or installs a one-name import hook
+(:class:`_RayTrainerHook`) that wraps it the moment it loads.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import importlib.abc
+import sys
+from typing import Any, Callable
+
+RAY_TRAINER = "verl.trainer.ppo.ray_trainer"
+# Modules that bind ``compute_advantage`` by ``from verl.trainer.ppo.ray_trainer import compute_advantage``.
+_DEPENDENTS = ("verl.trainer.ppo.v1.utils", "verl.experimental.separation.ray_trainer")
+
+_CURRENT: contextvars.ContextVar[Any] = contextvars.ContextVar("calibrl_verl_data", default=None)
+
+
+def current_data() -> Any:
+    """The ``DataProto`` the wrapped ``compute_advantage`` is running on in this context, else None."""
+    return _CURRENT.get()
+
+
+def wrap_compute_advantage(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` made to expose its ``data`` to calibrl's estimators (via :func:`current_data`) while it runs.
+
+    Wraps ``verl.trainer.ppo.ray_trainer.compute_advantage(data, adv_estimator, gamma, lam, num_repeat,
+    norm_adv_by_std_in_grpo, config)`` as of verl 0.9.1: every argument is passed through unchanged, and the
+    result is the wrapped function's. Wrapping twice returns ``fn`` itself.
+    """
+    if getattr(fn, "_calibrl_wrapped", False):
+        return fn
+
+    @functools.wraps(fn)
+    def compute_advantage(data: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _CURRENT.set(data)
+        try:
+            return fn(data, *args, **kwargs)
+        finally:
+            _CURRENT.reset(token)
+
+    compute_advantage._calibrl_wrapped = True  # type: ignore[attr-defined]
+    return compute_advantage
+
+
+def _patch_ray_trainer(module: Any) -> None:
+    """Replace ``compute_advantage`` in ``verl.trainer.ppo.ray_trainer`` (verl 0.9.1) by its wrapped version.
+
+    Also rebinds the copies that ``verl.trainer.ppo.v1.utils`` (the V1 trainer's
+    ``compute_advantage_for_multi_trajectories``) and ``verl.experimental.separation.ray_trainer`` took with
+    ``from verl.trainer.ppo.ray_trainer import compute_advantage`` if they were imported before we got here.
+    """
+    original = getattr(module, "compute_advantage", None)
+    if original is None:
+        return
+    wrapped = wrap_compute_advantage(original)
+    module.compute_advantage = wrapped
+    for name in _DEPENDENTS:
+        dependent = sys.modules.get(name)
+        if dependent is not None and getattr(dependent, "compute_advantage", None) is original:
+            dependent.compute_advantage = wrapped
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Wraps the real loader of ``verl.trainer.ppo.ray_trainer`` (verl 0.9.1): executes the module with it, then
+    applies :func:`_patch_ray_trainer`, so ``compute_advantage`` is wrapped before anyone can import it."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        _patch_ray_trainer(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... for tracebacks and inspect
+        return getattr(self._loader, name)
+
+
+class _RayTrainerHook(importlib.abc.MetaPathFinder):
+    """Finds ``verl.trainer.ppo.ray_trainer`` (verl 0.9.1) with the other finders and hands it a patching loader;
+    every other module name is left to the other finders."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != RAY_TRAINER:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+def _hook_installed() -> bool:
+    """Whether a :class:`_RayTrainerHook` is on ``sys.meta_path``."""
+    return any(isinstance(finder, _RayTrainerHook) for finder in sys.meta_path)
+
+
+def wrap_advantage_step() -> None:
+    """Wrap ``ray_trainer.compute_advantage`` now if verl's trainer is loaded, else when it loads. Idempotent."""
+    module = sys.modules.get(RAY_TRAINER)
+    if module is not None:
+        _patch_ray_trainer(module)
+    elif not _hook_installed():
+        sys.meta_path.insert(0, _RayTrainerHook())
+
+
+def is_wrapped() -> bool:
+    """Whether verl's compute_advantage (if imported) is wrapped, or will be when it is imported."""
+    module = sys.modules.get(RAY_TRAINER)
+    if module is None:
+        return _hook_installed()
+    return bool(getattr(module.compute_advantage, "_calibrl_wrapped", False))
