@@ -3,7 +3,9 @@
 The launched script (tests/scripts/trl_multiprocess.py) runs one CalibratedGRPOTrainer step with CAPO and the
 quantile reference mask: 2 ranks x 6 completions, groups of 4, so the middle group has 2 completions on each rank.
 Here, in one process, we recompute every input from scratch (rewards from the decoded completions, mean token
-log-probs with a plain forward of the same initial model) and compute CAPO on the whole batch.
+log-probs with a plain forward of the same initial model) and compute CAPO on the whole batch. With
+``drop_rank1`` only rank 1's log-probs recorded during generation are unusable: both ranks must then run the
+forward (one decision for all ranks; a forward on one rank only would hang FSDP / ZeRO-3).
 """
 
 from __future__ import annotations
@@ -45,14 +47,17 @@ def _lpm(model, prompt_ids, prompt_mask, completion_ids, completion_mask):
         return (tok * m).sum(1) / m.sum(1).clamp(min=1)
 
 
-def test_two_processes_match_one_process(tmp_path):
+@pytest.mark.parametrize("mode", ["recorded", "drop_rank1"])
+def test_two_processes_match_one_process(tmp_path, mode):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false")
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    cmd = [*_torchrun(), "--standalone", "--nproc_per_node", "2", str(SCRIPT), str(tmp_path)]
+    cmd = [*_torchrun(), "--standalone", "--nproc_per_node", "2", str(SCRIPT), str(tmp_path), mode]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     dumps = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     assert [d["world"] for d in dumps] == [2, 2]  # really two processes (not a silent single-process run)
+    # recorded log-probs on both ranks: no forward; unusable on one rank: the forward on both
+    assert [d["n_forward"] for d in dumps] == ([0, 0] if mode == "recorded" else [1, 1])
 
     # Every rank computed on the same gathered batch, and the local slices tile it in rank order.
     for key in ("rewards", "group_ids", "logprob_mean", "ref_logprob_mean", "full_advantages"):

@@ -72,6 +72,7 @@ class Recorder(CalibratedGRPOTrainer):
             ids = torch.cat([output["prompt_ids"], output["completion_ids"]], 1)
             att = torch.cat([output["prompt_mask"], output["completion_mask"]], 1)
             logits = self.model(input_ids=ids, attention_mask=att).logits.float()
+            record["logits"] = logits  # [B, P+C, V] the model's final logits
             p, c = output["prompt_ids"].size(1), output["completion_ids"].size(1)
             logp = torch.log_softmax(logits[:, p - 1 : p + c - 1] / self.temperature, -1)
             tok = logp.gather(-1, output["completion_ids"].unsqueeze(-1)).squeeze(-1)
@@ -544,3 +545,226 @@ def test_decision_classes_match_space_prefixed_tokens(tmp_path):
     b_ids, s_ids = list(bare), list(spaced)
     mass = full[:, b_ids] + full[:, s_ids]
     torch.testing.assert_close(probs, mass / mass.sum(-1, keepdim=True))
+
+
+# ---------------------------------------------------------------------------------------------------- masked rows
+
+
+def _early_stopping_model():
+    """The tiny model with the digits as extra end-of-sequence tokens, so that within 3 tokens some completions end
+    and the others are truncated."""
+    model, tok = build_tiny_model(seed=0)
+    model.generation_config.eos_token_id = [tok.eos_token_id, *tok.convert_tokens_to_ids(list("0123456789"))]
+    return model, tok
+
+
+@pytest.mark.parametrize("extra", [{"advantage_estimator": "capo"},
+                                   {"advantage_estimator": "grpo", "scale_rewards": "batch"}])  # TRL's kept
+def test_truncated_rows_are_out_of_advantages_and_telemetry(tmp_path, extra):
+    model, tok = _early_stopping_model()
+    trainer = Recorder(model=model, reward_funcs=parity_reward, processing_class=tok, train_dataset=_dataset(),
+                       args=_config(tmp_path, mask_truncated_completions=True, max_completion_length=3, **extra))
+    trainer.train()
+    seen_masked = False
+    for rec in trainer.records:
+        batch, adv = rec["rollout"]["batch"], rec["rollout"]["advantages"]
+        masked = rec["output"]["completion_mask"].sum(1) == 0
+        assert 0 < int(masked.sum()) < len(masked), "the test needs both truncated and finished rows"
+        seen_masked = True
+        assert torch.equal(batch.lengths == 0, masked)
+        assert torch.all(adv[masked] == 0) and torch.all(rec["advantages_out"][masked] == 0)
+        kept = ~masked
+        rewards = torch.tensor(parity_reward(None, rec["completions"]))
+        lpm = rec["lpm"]
+        if extra["advantage_estimator"] == "capo":  # the kept rows alone, independent inputs
+            alone = RolloutBatch(rewards=rewards[kept], group_ids=(torch.arange(len(rewards)) // 4)[kept],
+                                 logprob_mean=lpm[kept])
+            torch.testing.assert_close(adv[kept], compute_advantages(alone, "capo", **trainer.args.estimator_params()),
+                                       atol=1e-5, rtol=1e-5)
+        # telemetry over the rows with tokens only (a masked row's mean log-prob is 0: confidence 1)
+        metrics = rec["rollout"]["metrics"]
+        correct = rewards > 0.5
+        assert metrics["accuracy"] == pytest.approx(float(correct[kept].float().mean()))
+        if (correct & kept).any():
+            expected = float(lpm[correct & kept].exp().mean())
+            assert metrics["confidence_correct"] == pytest.approx(expected, rel=1e-4)
+            assert metrics["confidence_correct"] < 1.0
+    assert seen_masked
+
+
+def test_calibration_metrics_skip_rows_without_tokens():
+    batch = RolloutBatch(rewards=[1.0, 0.0, 1.0, 1.0], group_ids=[0, 0, 0, 0], logprob_mean=[-0.5, -1.0, 0.0, -0.2],
+                         lengths=[3, 2, 0, 4])
+    m = calibration_metrics(batch, advantages=torch.tensor([1.0, -1.0, 0.0, 0.5]))
+    assert m["accuracy"] == pytest.approx(2 / 3)
+    assert m["confidence_correct"] == pytest.approx((math.exp(-0.5) + math.exp(-0.2)) / 2)
+    assert m["auroc"] == pytest.approx(1.0)
+    assert m["advantage_mean"] == pytest.approx(0.5 / 3)
+    # an explicit mask overrides the lengths
+    v = calibration_metrics(batch, valid=torch.tensor([True, True, True, False]))
+    assert v["confidence_correct"] == pytest.approx((math.exp(-0.5) + 1.0) / 2)
+
+
+# ---------------------------------------------------------------------------------------------------- logit processing
+
+
+def _tiny_postprocessing_model(kind: str, tok):
+    """A 1-layer model of a family whose causal-LM head post-processes the logits (scale / soft-capping)."""
+    import transformers
+
+    common = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                  pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    if kind == "granite":
+        config = transformers.GraniteConfig(logits_scaling=4.0, **common)
+        cls = transformers.GraniteForCausalLM
+    elif kind == "gemma2":
+        config = transformers.Gemma2Config(final_logit_softcapping=0.5, head_dim=16, **common)
+        cls = transformers.Gemma2ForCausalLM
+    else:
+        config = transformers.CohereConfig(logit_scale=3.0, **common)
+        cls = transformers.CohereForCausalLM
+    torch.manual_seed(0)
+    model = cls(config)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.bos_token_id = tok.bos_token_id
+    return model
+
+
+def test_logprobs_recorded_from_the_final_logits(tmp_path):
+    """Granite divides the head's output by logits_scaling: the recorded log-probs are the model's, not the head's."""
+    _, tok = build_tiny_model(seed=0)
+    model = _tiny_postprocessing_model("granite", tok)
+    trainer = Recorder(model=model, reward_funcs=parity_reward, processing_class=tok, train_dataset=_dataset(),
+                       args=_config(tmp_path, advantage_estimator="capo", max_steps=1))
+    calls = []
+    original = trainer._rollout_forward
+    trainer._rollout_forward = lambda *a, **k: calls.append(1) or original(*a, **k)
+    trainer.train()
+    assert not calls  # recorded during generation
+    rec = trainer.records[0]
+    torch.testing.assert_close(rec["rollout"]["batch"].logprob_mean, rec["lpm"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["granite", "gemma2", "cohere"])
+def test_decision_logits_apply_the_models_logit_postprocessing(kind):
+    from calibrl.trl import decision as dec
+
+    _, tok = build_tiny_model(seed=0)
+    model = _tiny_postprocessing_model(kind, tok).eval()
+    ids = torch.randint(3, len(tok), (3, 9))
+    prompt_len, positions, temperature = 4, torch.tensor([0, 2, 4]), 0.7
+    with torch.no_grad():
+        out = model(input_ids=ids, output_hidden_states=True)
+        hidden = out.hidden_states[-1]  # the backbone's output (after the final norm)
+        got = dec.decision_logits(hidden, prompt_len=prompt_len, positions=positions,
+                                  lm_head=model.get_output_embeddings(), temperature=temperature,
+                                  postprocess=dec.logit_postprocessing(model.config))
+    expected = out.logits[torch.arange(3), prompt_len + positions - 1].float() / temperature
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_decision_probabilities_of_a_model_that_scales_its_logits(tmp_path):
+    """The trainer's decision probability (telemetry, completions table) is read from the model's final logits."""
+    _, tok = build_tiny_model(seed=0)
+    model = _tiny_postprocessing_model("granite", tok)
+    trainer = Recorder(model=model, reward_funcs=decision_reward, processing_class=tok, train_dataset=_dataset(),
+                       args=_config(tmp_path, advantage_estimator="grpo", decision_classes=DECISION_CLASSES,
+                                    max_steps=1))
+    trainer.train()
+    rec = trainer.records[0]
+    positions, chosen = rec["final"]["calibrl_decision_positions"], rec["final"]["calibrl_decision_chosen"]
+    rows = (positions >= 0).nonzero(as_tuple=True)[0]
+    assert len(rows) > 0, "the test needs completions with a decision token"
+    p = rec["output"]["prompt_ids"].size(1)
+    logits = rec["logits"][rows, p + positions[rows] - 1] / trainer.temperature  # [n, V]
+    probs = torch.softmax(trainer._decision_class_logits(logits), -1)[torch.arange(len(rows)), chosen[rows]]
+    torch.testing.assert_close(rec["rollout"]["decision_probs"][rows], probs, atol=1e-5, rtol=1e-5)
+
+
+def test_plain_sampling_judged_from_the_generation_config_used(tmp_path):
+    """transformers fills an unset top_k from the model's generation config, then its default (50)."""
+    trainer = _trainer(tmp_path, advantage_estimator="capo", top_k=None)
+    trainer.model.generation_config.top_k = 50
+    assert not trainer._can_record_generation_logprobs()
+    trainer.model.generation_config.top_k = None  # transformers' own default is 50 too
+    assert not trainer._can_record_generation_logprobs()
+    explicit = _trainer(tmp_path / "explicit", advantage_estimator="capo")  # TRL's top_k=0 disables top-k
+    explicit.model.generation_config.top_k = 50
+    explicit.model.generation_config.top_p = 0.9  # TRL's explicit top_p=1.0 wins
+    assert explicit._can_record_generation_logprobs()
+    explicit.model.generation_config.min_p = 0.1  # TRL's min_p=None: the model's is used
+    assert not explicit._can_record_generation_logprobs()
+
+
+# ---------------------------------------------------------------------------------------------------- SEED answer ids
+
+
+def test_seed_answer_ids_put_unanswered_completions_in_singletons():
+    from calibrl.trl.rollout import answer_ids_for, has_answer
+
+    assert has_answer(r"so \boxed{3}") and not has_answer("so 3")
+    assert has_answer("Answer: B", ["A", "B"]) and not has_answer("Answer: B")
+    assert not has_answer("no class here", ["A", "B"])
+    texts = [r"\boxed{1}", "x\n1", r"\boxed{1}", "x\n1", r"\boxed{2}", "Answer: B", "Answer: B", "nothing"]
+    ids = answer_ids_for(texts, group_ids=[0, 0, 0, 0, 1, 1, 1, 1], classes=None)
+    assert ids == [0, -1, 0, -1, 1, -1, -1, -1]
+    ids = answer_ids_for(texts, group_ids=[0, 0, 0, 0, 1, 1, 1, 1], classes=["A", "B"])
+    assert ids == [0, -1, 0, -1, 1, 2, 2, -1]
+    assert extract_answer("x\n1") == "1"  # the public extraction keeps its last-line fallback
+
+
+def test_seed_grpo_trainer_passes_negative_ids_for_unanswered(tmp_path):
+    trainer = _trainer(tmp_path, advantage_estimator="seed_grpo", max_steps=1)
+    trainer.train()
+    rec = trainer.records[0]
+    ids = rec["rollout"]["batch"].answer_ids.tolist()
+    # the tiny model writes no \\boxed{}: every completion is a cluster of its own (id -1), none shares the
+    # cluster of its last line
+    assert ids == [-1] * len(rec["completions"])
+
+
+# ---------------------------------------------------------------------------------------------------- completions log
+
+
+def _completions_tables(trainer):
+    import pandas as pd
+
+    folder = trainer.args.output_dir + "/completions"
+    return {step: pd.read_parquet(f"{folder}/completions_{step:05d}.parquet") for step in (1, 2)}
+
+
+@pytest.mark.parametrize("estimator", ["capo", "grpo"])  # recorded during generation / deferred to the loss pass
+def test_completions_log_has_calibration_columns(tmp_path, estimator):
+    trainer = _trainer(tmp_path, advantage_estimator=estimator, log_completions=True, num_completions_to_print=0)
+    trainer.train()
+    tables = _completions_tables(trainer)
+    for step, rec in zip((1, 2), trainer.records):
+        table = tables[step]
+        assert {"logprob_mean", "correct", "advantage"} <= set(table.columns)
+        assert "decision_prob" not in table.columns
+        assert list(table["completion"]) == rec["completions"]
+        torch.testing.assert_close(torch.tensor(table["logprob_mean"].to_numpy(), dtype=torch.float32),
+                                   rec["lpm"], atol=1e-5, rtol=1e-5)
+        assert table["correct"].dtype == bool
+        assert list(table["correct"]) == [r > 0.5 for r in parity_reward(None, rec["completions"])]
+        assert list(table["correct"]) == rec["rollout"]["correct"].tolist()
+
+
+def test_completions_log_has_decision_probabilities(tmp_path):
+    trainer = _trainer(tmp_path, reward=decision_reward, advantage_estimator="grpo", decision_classes=DECISION_CLASSES,
+                       log_completions=True, num_completions_to_print=0)
+    trainer.train()
+    tables = _completions_tables(trainer)
+    for step, rec in zip((1, 2), trainer.records):
+        table = tables[step]
+        positions = rec["final"]["calibrl_decision_positions"]
+        probs = rec["rollout"]["decision_probs"]
+        assert (positions >= 0).any() and (positions < 0).any(), "the test needs rows with and without a decision"
+        for row in range(len(table)):
+            value = table["decision_prob"].iloc[row]
+            if positions[row] < 0:
+                assert value is None or math.isnan(value)
+            else:
+                assert 0.0 < value < 1.0 and value == pytest.approx(float(probs[row]), abs=1e-6)

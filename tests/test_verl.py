@@ -177,8 +177,10 @@ def test_verl_imports_the_plugin_from_the_environment_variable():
         "from verl.trainer.ppo import core_algos, ray_trainer\n"
         "from verl.trainer.ppo.v1 import utils\n"
         "assert core_algos.get_adv_estimator_fn('capo').calibrl_estimator == 'capo'\n"
-        "assert ray_trainer.compute_advantage._calibrl_wrapped\n"
+        "assert ray_trainer.compute_advantage._calibrl_wrapped and ray_trainer.RayPPOTrainer._calibrl_patched\n"
         "assert utils.compute_advantage is ray_trainer.compute_advantage\n"
+        "from verl.trainer.ppo.v1 import trainer_base\n"
+        "assert trainer_base.PPOTrainer._calibrl_patched and type(trainer_base.tq).__name__ == '_QueueProxy'\n"
         "print('plugin-ok')\n"
     )
     env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "calibrl.verl"}
@@ -209,13 +211,16 @@ def test_run_capo_example_is_a_valid_verl_config(tmp_path):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    config = _run_capo_config(DATA_DIR=str(tmp_path))
+    config = _run_capo_config(DATA_DIR=str(tmp_path), VAL_DIR=str(tmp_path / "val"))
     assert need_reference_policy(config) and not need_critic(config)  # ref_log_prob for the mask, no critic
     validate_config(config=config, use_reference_policy=True, use_critic=False)
     assert config.algorithm.adv_estimator == "capo"
     assert cverl.estimator_params(config.algorithm) == {"tau": 0.6, "normalize": "group", "mask": "fixed",
                                                         "ref_high": 2.5, "ref_low": 1.05}
     assert config.actor_rollout_ref.actor.kl_loss_coef == 0.0 and not config.algorithm.use_kl_in_reward
+    # validation dumps (with the plugin's logprob_mean) for `calibrl eval --format verl`; rollout log-probs on
+    assert config.trainer.validation_data_dir == str(tmp_path / "val")
+    assert config.actor_rollout_ref.rollout.calculate_log_probs
 
     # the data the script reads, written by prepare_data.py from calibrl's loaders (local fixture files here)
     sys.path.insert(0, os.path.join(ROOT, "examples", "verl"))
@@ -239,3 +244,278 @@ def test_run_capo_example_is_a_valid_verl_config(tmp_path):
                  extra_info=row.extra_info) == 1.0
     assert score(data_source=row.data_source, solution_str="\\boxed{-7}", ground_truth=gold,
                  extra_info=row.extra_info) == 0.0
+
+
+# --- verl's default (V1) trainer: its own advantage step and validation, on an in-memory TransferQueue ---------
+
+
+class FakeTransferQueue:
+    """The three TransferQueue calls verl 0.9.1's V1 trainer makes (kv_batch_put / kv_batch_get / kv_clear), on a
+    dict. Rows are stored and returned exactly as the agent loop puts them (``list_of_dict_to_tensordict``), and,
+    like the real queue, a requested field that a row does not have is left out."""
+
+    def __init__(self):
+        self.rows: dict[tuple[str, str], dict] = {}
+
+    def kv_batch_put(self, keys, partition_id, fields=None, tags=None):
+        for i, key in enumerate(keys):
+            row = self.rows.setdefault((partition_id, key), {})
+            if fields is not None:
+                row.update({name: fields[name][i] for name in fields.keys()})
+
+    def kv_batch_get(self, keys, partition_id, select_fields=None):
+        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+        rows = [self.rows[(partition_id, key)] for key in keys]
+        return list_of_dict_to_tensordict([{f: r[f] for f in select_fields if f in r} for r in rows])
+
+    def kv_clear(self, keys, partition_id):
+        for key in keys:
+            self.rows.pop((partition_id, key), None)
+
+    def install(self, monkeypatch):
+        import transfer_queue
+
+        for name in ("kv_batch_put", "kv_batch_get", "kv_clear"):
+            monkeypatch.setattr(transfer_queue, name, getattr(self, name))
+        return self
+
+
+def agent_loop_rows(seed: int, *, n_prompts: int = 3, n: int = 4, answers: bool = True):
+    """V1 agent-loop outputs as ``AgentLoopWorkerTQ._agent_loop_postprocess`` (verl 0.9.1) stores them: keys
+    ``{uid}_{session}_0``, unpadded per-row tensors, the score on the last response token (``rm_scores``) and the
+    reward function's extra info under ``extra_fields["reward_extra_info"]``."""
+    gen = torch.Generator().manual_seed(seed)
+    keys, rows = [], []
+    for p in range(n_prompts):
+        for s in range(n):
+            length = int(torch.randint(2, T + 1, (1,), generator=gen))
+            score = float(torch.randint(0, 2, (1,), generator=gen))
+            rm = torch.zeros(length)
+            rm[-1] = score
+            old = -torch.rand(length, generator=gen) * 3
+            info = {"acc": score, **({"answer": str(int(torch.randint(0, 3, (1,), generator=gen)))} if answers else {})}
+            keys.append(f"prompt{p}_{s}_0")
+            rows.append({"uid": f"prompt{p}", "response_mask": torch.ones(length, dtype=torch.int64), "rm_scores": rm,
+                         "old_log_probs": old, "rollout_log_probs": old.clone(),
+                         "ref_log_prob": -torch.rand(length, generator=gen) * 2,
+                         "extra_fields": {"reward_extra_info": info}})
+    return keys, rows
+
+
+def v1_config(estimator, *, params=None, rollout_correction=None, n=4):
+    return OmegaConf.create({
+        "algorithm": {"adv_estimator": estimator, "gamma": 1.0, "lam": 1.0, "use_kl_in_reward": False,
+                      "norm_adv_by_std_in_grpo": True, "calibrl": params or {},
+                      "rollout_correction": rollout_correction},
+        "actor_rollout_ref": {"rollout": {"n": n}},
+    })
+
+
+def run_v1_advantage_step(monkeypatch, keys, rows, config):
+    """verl 0.9.1's ``PPOTrainer._compute_advantage`` (V1) on ``rows``: it reads its fixed field list from the
+    queue, builds the DataProto, applies rollout correction and writes advantages back. Returns the queue."""
+    from types import SimpleNamespace
+
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    tq = FakeTransferQueue().install(monkeypatch)
+    tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(rows))
+    PPOTrainer._compute_advantage(SimpleNamespace(config=config),
+                                  KVBatchMeta(keys=keys, tags=[{}] * len(keys), partition_id="train"), metrics={})
+    return tq
+
+
+def rollout_batch_of_rows(rows, keep=None):
+    """The RolloutBatch of ``rows`` (only those where ``keep``), computed here independently of calibrl.verl."""
+    keep = [True] * len(rows) if keep is None else keep
+    rows = [r for r, k in zip(rows, keep) if k]
+    uids = sorted({r["uid"] for r in rows})
+    answers = [r["extra_fields"]["reward_extra_info"].get("answer") for r in rows]
+    return RolloutBatch(
+        rewards=torch.tensor([float(r["rm_scores"].sum()) for r in rows]),
+        group_ids=torch.tensor([uids.index(r["uid"]) for r in rows]),
+        logprob_mean=torch.stack([r["old_log_probs"].mean() for r in rows]),
+        ref_logprob_mean=torch.stack([r["ref_log_prob"].mean() for r in rows]),
+        answer_ids=None if None in answers else torch.tensor([int(a) for a in answers]),
+        lengths=torch.tensor([len(r["response_mask"]) for r in rows]),
+    )
+
+
+def test_v1_advantage_step_gives_seed_grpo_the_reward_functions_answers(monkeypatch):
+    """The V1 advantage step fetches only uid, masks, scores and log-probs; the ``answer`` of the reward's extra
+    info (seed_grpo's semantic clusters) must still reach the estimator."""
+    keys, rows = agent_loop_rows(7)
+    tq = run_v1_advantage_step(monkeypatch, keys, rows, v1_config("seed_grpo"))
+    expected = calibrl.compute_advantages(rollout_batch_of_rows(rows), "seed_grpo")
+    got = torch.stack([tq.rows[("train", k)]["advantages"][0] for k in keys])
+    torch.testing.assert_close(got, expected)
+    assert expected.abs().sum() > 0
+    for key, row in zip(keys, rows):  # broadcast over each response, written back unpadded
+        assert tq.rows[("train", key)]["advantages"].shape == row["response_mask"].shape
+
+
+def test_v1_advantage_step_without_answers_says_where_they_come_from(monkeypatch):
+    keys, rows = agent_loop_rows(8, answers=False)
+    with pytest.raises(RolloutBatchError, match="reward_extra_info"):
+        run_v1_advantage_step(monkeypatch, keys, rows, v1_config("calibrl_seed_grpo"))
+
+
+def test_v1_trainer_refuses_gcpo_at_construction():
+    """verl computes no per-completion embeddings; the V1 trainer refuses gcpo before any rollout runs."""
+    from verl.trainer.ppo.v1 import PPOTrainerSync
+
+    for name in ("gcpo", "calibrl_gcpo"):
+        with pytest.raises(ValueError, match=r"embeddings.*calibrl train.*trainer\.use_v1=False"):
+            PPOTrainerSync(config=v1_config(name))
+
+
+def test_rejected_rows_are_out_of_every_group_statistic(monkeypatch):
+    """verl's rollout-correction rejection sampling zeroes response_mask before the advantage step: those rows
+    get advantage 0 and the others get exactly what they would without the rejected rows."""
+    keys, rows = agent_loop_rows(9)
+    rejected = {1, 5, 6, 11}  # rollout log-probs far from the old policy: seq_max_k2 rejects them
+    for i in rejected:
+        rows[i]["rollout_log_probs"] = rows[i]["old_log_probs"] + 3.0
+    rows[0]["rm_scores"][-1] = 1.0  # prompt0 keeps a correct and an incorrect answer
+    rows[2]["rm_scores"][-1] = 0.0
+    correction = {"rollout_rs": "seq_max_k2", "rollout_rs_threshold": 1.0, "rollout_is": None, "bypass_mode": False}
+    params = {"tau": 0.6}
+    tq = run_v1_advantage_step(monkeypatch, keys, rows, v1_config("capo", params=params, rollout_correction=correction))
+    for i in rejected:
+        assert not tq.rows[("train", keys[i])]["response_mask"].any()  # verl's rejection really ran
+        assert (tq.rows[("train", keys[i])]["advantages"] == 0).all()
+    keep = [i not in rejected for i in range(len(rows))]
+    expected, info = calibrl.compute_advantages(rollout_batch_of_rows(rows, keep), "capo", return_info=True, **params)
+    got = torch.stack([tq.rows[("train", k)]["advantages"][0] for k, kept in zip(keys, keep) if kept])
+    torch.testing.assert_close(got, expected)
+    assert expected.abs().sum() > 0
+    assert cverl.last_info() == pytest.approx({k: float(v) for k, v in info.items()})
+
+
+@pytest.mark.parametrize("calculate_log_probs", [True, False])
+def test_v1_validation_dump_has_the_rollout_mean_token_log_prob(monkeypatch, tmp_path, calculate_log_probs):
+    """verl 0.9.1's V1 ``_validate`` (rollout, reward, dump) on a fake queue: every row of
+    ``validation_data_dir/<step>.jsonl`` gets ``logprob_mean``, the mean of the rollout's token log-probs (none
+    when the rollout is told not to compute log-probs)."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    tq = FakeTransferQueue().install(monkeypatch)
+    n = 3
+    expected = {}
+
+    class AgentLoop:
+        def generate_sequences(self, batch):
+            """Two prompts, ``n`` responses each, stored the way AgentLoopWorkerTQ stores them."""
+            keys, rows = [], []
+            gen = torch.Generator().manual_seed(10)
+            for uid in batch["uid"]:
+                for s in range(n):
+                    length = int(torch.randint(1, T + 1, (1,), generator=gen))
+                    logprobs = -torch.rand(length, generator=gen)
+                    rm = torch.zeros(length)
+                    rm[-1] = float(s % 2)
+                    keys.append(f"{uid}_{s}_0")
+                    expected[(f"{uid}_{s}_0")] = float(logprobs.mean())
+                    rows.append({"uid": uid, "prompts": torch.arange(2 + s), "responses": torch.arange(length),
+                                 "response_mask": torch.ones(length, dtype=torch.int64), "rm_scores": rm,
+                                 "rollout_log_probs": logprobs, "num_turns": 2, "data_source": "toy",
+                                 "reward_model": {"ground_truth": "1"},
+                                 "extra_fields": {"reward_extra_info": {"acc": float(s % 2)}}})
+            self.keys = keys
+            tq.kv_batch_put(keys=keys, partition_id="val", fields=list_of_dict_to_tensordict(rows))
+
+    agent_loop = AgentLoop()
+    replay = SimpleNamespace(sample=lambda **kw: (KVBatchMeta(keys=agent_loop.keys, tags=[{}] * len(agent_loop.keys),
+                                                              partition_id="val"), {}))
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"val_kwargs": {"n": n},
+                                                                 "calculate_log_probs": calculate_log_probs}},
+                               "trainer": {"validation_data_dir": str(tmp_path), "log_val_generations": 0}})
+    trainer = SimpleNamespace(
+        config=config, global_steps=3, agent_loop_manager=agent_loop, replay_buffer=replay,
+        val_dataloader=[{"raw_prompt": np.array(["p", "q"], dtype=object),
+                         "data_source": np.array(["toy", "toy"], dtype=object)}],
+        reward_loop_manager=SimpleNamespace(reward_loop_worker_handles=["remote"]),
+        tokenizer=SimpleNamespace(pad_token_id=0,
+                                  decode=lambda ids, skip_special_tokens: " ".join(map(str, ids.tolist()))),
+        _dump_executor=ThreadPoolExecutor(max_workers=1), _dump_futures=[],
+    )
+    for name in ("_maybe_log_val_generations", "_dump_generations", "_write_generations", "_val_metrics_update"):
+        setattr(trainer, name, getattr(PPOTrainer, name).__get__(trainer))
+    trainer._write_generations = PPOTrainer._write_generations
+    metrics = PPOTrainer._validate(trainer)
+    trainer._dump_executor.shutdown(wait=True)
+    lines = [json.loads(line) for line in (tmp_path / "3.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 * n and not set(expected) & {key for _, key in tq.rows}  # cleared as usual
+    for line in lines:
+        assert {"input", "output", "gts", "score", "step", "acc"} <= set(line)
+        if calculate_log_probs:
+            assert line["logprob_mean"] == pytest.approx(expected[line["uid"]], abs=1e-6)
+        else:
+            assert "logprob_mean" not in line
+    assert not any("logprob_mean" in key for key in metrics)  # a dump column, not a validation metric
+
+
+def test_legacy_validation_dump_has_the_rollout_mean_token_log_prob(tmp_path):
+    """verl 0.9.1's legacy ``RayPPOTrainer._validate`` (trainer.use_v1=False): the same ``logprob_mean`` column,
+    from the rollout's ``rollout_log_probs`` in the generated batch; verl's validation metrics stay as they were."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    n, n_prompts = 3, 2
+    gen = torch.Generator().manual_seed(12)
+    lengths = torch.randint(1, T + 1, (n * n_prompts,), generator=gen)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+    logprobs = -torch.rand(n * n_prompts, T, generator=gen)
+    logprobs[mask == 0] = 0.0  # verl pads rollout log-probs with 0
+    scores = torch.zeros(n * n_prompts, T)
+    scores[torch.arange(n * n_prompts), lengths - 1] = (torch.arange(n * n_prompts) % 2).float()
+
+    class Rollout:
+        def generate_sequences(self, batch):
+            """What verl's AgentLoopManager returns: padded responses, mask, rollout log-probs, scores."""
+            assert len(batch) == n * n_prompts
+            out = DataProto.from_dict(
+                tensors={"prompts": torch.ones(len(batch), 2, dtype=torch.long), "responses": mask * 7,
+                         "response_mask": mask, "rollout_log_probs": logprobs, "rm_scores": scores},
+                non_tensors={"acc": scores.sum(-1).numpy()}, meta_info={"reward_extra_keys": ["acc"]})
+            return out
+
+    config = OmegaConf.create({
+        "actor_rollout_ref": {"rollout": {"val_kwargs": {"n": n, "do_sample": True}, "agent": {"num_workers": 1}}},
+        "trainer": {"validation_data_dir": str(tmp_path), "log_val_generations": 0}})
+    trainer = SimpleNamespace(
+        config=config, global_steps=5, async_rollout_manager=Rollout(), use_rm=False,
+        val_dataloader=[{"input_ids": torch.ones(n_prompts, 2, dtype=torch.long),
+                         "data_source": np.array(["toy"] * n_prompts, dtype=object),
+                         "reward_model": np.array([{"ground_truth": "1"}] * n_prompts, dtype=object)}],
+        tokenizer=SimpleNamespace(pad_token_id=0, eos_token_id=1,
+                                  decode=lambda ids, skip_special_tokens: " ".join(map(str, ids.tolist()))),
+        _dump_executor=ThreadPoolExecutor(max_workers=1), _dump_futures=[],
+    )
+    for name in ("_get_gen_batch", "_maybe_log_val_generations", "_dump_generations", "_val_metrics_update"):
+        setattr(trainer, name, getattr(ray_trainer.RayPPOTrainer, name).__get__(trainer))
+    trainer._write_generations = ray_trainer.RayPPOTrainer._write_generations
+    metrics = ray_trainer.RayPPOTrainer._validate(trainer)
+    trainer._dump_executor.shutdown(wait=True)
+    lines = [json.loads(line) for line in (tmp_path / "5.jsonl").read_text().splitlines()]
+    expected = ((logprobs * mask).sum(-1) / mask.sum(-1)).tolist()
+    assert [line["logprob_mean"] for line in lines] == pytest.approx(expected, abs=1e-6)
+    assert [line["score"] for line in lines] == scores.sum(-1).tolist() and "acc" in lines[0]
+    assert metrics and not any("logprob_mean" in key for key in metrics)
+
+
+def test_gcpo_without_embeddings_names_the_alternatives():
+    """On the legacy trainer's path (ray_trainer.compute_advantage), gcpo stops at its first call without
+    ``data.batch["embeddings"]``, saying where embeddings can come from."""
+    with pytest.raises(RolloutBatchError, match=r"embeddings.*calibrl train.*trainer\.use_v1=False"):
+        ray_trainer.compute_advantage(make_data(13), adv_estimator="gcpo", config=algo_config())

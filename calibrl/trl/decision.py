@@ -9,9 +9,14 @@ module maps the tokenizer's spellings to classes and reads the logits from hidde
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-__all__ = ["class_logits", "class_tokens", "decision_logits", "locate_decisions", "probability_of_chosen"]
+__all__ = [
+    "LogitPostprocessing", "class_logits", "class_tokens", "decision_logits", "locate_decisions",
+    "logit_postprocessing", "probability_of_chosen",
+]
 
 
 def class_tokens(tokenizer, classes: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,14 +45,55 @@ def class_logits(logits: torch.Tensor, *, token_ids: torch.Tensor, owner: torch.
     return torch.stack([torch.logsumexp(selected[:, owner == c], dim=-1) for c in range(n_classes)], dim=-1)
 
 
+@dataclass(frozen=True)
+class LogitPostprocessing:
+    """What a causal LM does to its LM head's output before returning ``logits``: multiply by ``scale``, then
+    soft-cap (``softcap * tanh(logits / softcap)``) when ``softcap`` is set."""
+
+    scale: float = 1.0
+    softcap: float | None = None
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """[..., V] LM-head output -> [..., V] the model's logits."""
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        if self.softcap is not None:
+            logits = self.softcap * torch.tanh(logits / self.softcap)
+        return logits
+
+
+def logit_postprocessing(config) -> LogitPostprocessing:
+    """The post-processing of the head's output that ``config``'s model applies, read as TRL 1.16's fused LM head
+    reads it (trl/trainer/utils.py ``add_fused_lm_head``): Gemma 2/3 ``final_logit_softcapping``; Cohere
+    ``logit_scale`` (or ``output_multiplier``); Falcon-H1 ``lm_head_multiplier``; Granite / MiniCPM3 divide by
+    ``logits_scaling`` (HyperCLOVA X multiplies by it). Without it the decision probability of these models would
+    be computed from the wrong logits."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    scale = getattr(text, "logit_scale", None)
+    if scale is None:
+        scale = getattr(text, "output_multiplier", None)
+    if scale is None:
+        scale = getattr(text, "lm_head_multiplier", None)
+    if scale is None and getattr(text, "logits_scaling", None) is not None:
+        scaling = float(text.logits_scaling)
+        scale = scaling if getattr(text, "model_type", None) == "hyperclovax" else 1.0 / scaling
+    softcap = getattr(text, "final_logit_softcapping", None)
+    return LogitPostprocessing(scale=1.0 if scale is None else float(scale),
+                               softcap=None if softcap is None else float(softcap))
+
+
 def decision_logits(hidden: torch.Tensor, *, prompt_len: int, positions: torch.Tensor, lm_head: torch.nn.Module,
-                    temperature: float) -> torch.Tensor:
+                    temperature: float, postprocess: LogitPostprocessing | None = None) -> torch.Tensor:
     """[N, V] logits at the sampling temperature predicting the completion token at ``positions`` [N], read from
-    the last hidden states [N, P+C, D] of a forward over prompt + completion (position p is predicted at P+p-1)."""
+    the last hidden states [N, P+C, D] of a forward over prompt + completion (position p is predicted at P+p-1).
+    ``postprocess`` (:func:`logit_postprocessing` of the model's config) turns the head's output into the model's
+    logits, as the model's own forward does."""
     rows = torch.arange(hidden.size(0), device=hidden.device)
     seq_pos = (prompt_len + positions.clamp(min=0) - 1).to(hidden.device)
     h = hidden[rows, seq_pos]  # [N, D]
-    logits = lm_head(h.to(lm_head.weight.dtype) if hasattr(lm_head, "weight") else h).float()
+    logits = lm_head(h.to(lm_head.weight.dtype) if hasattr(lm_head, "weight") else h).float()  # [N, V]
+    if postprocess is not None:
+        logits = postprocess(logits)
     return logits / temperature
 
 

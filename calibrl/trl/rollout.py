@@ -8,6 +8,9 @@ TRL 1.16's ``GRPOTrainer._generate_and_score_completions`` returns, for THIS pro
 
 * rewards: TRL's weighted sum of the reward functions (``reward_weights``). A completion every reward function
   returned ``None`` for ("unscorable") forms a group of its own and gets advantage 0, as in TRL.
+* ``lengths``: tokens of the training mask. A completion without any (TRL's ``mask_truncated_completions`` zeroes
+  a truncated one's mask) also forms a group of its own, gets advantage 0 and is left out of the telemetry: its
+  masked mean log-prob (0) is no confidence.
 * correctness: the UNWEIGHTED value of ONE reward function (``correctness_reward``, default the first) > 0.5, not
   the weighted total, so with ``[math, format]`` a wrong answer in ``\boxed{}`` (total 1.0) stays wrong.
   Estimators that rank completions by correctness (``capo``) receive that column as their ``rewards``; the others
@@ -20,9 +23,12 @@ TRL 1.16's ``GRPOTrainer._generate_and_score_completions`` returns, for THIS pro
 * ``ref_logprob_mean`` (CAPO's noise mask): TRL's ``ref_per_token_logps`` when ``beta > 0``, else the frozen
   reference run here (:func:`ref_per_token_logps`; :mod:`calibrl.trl.reference` loads it).
 * ``embeddings`` (GCPO): the completion-mean of the policy's last hidden states, captured during the same forward.
-* ``answer_ids`` (SEED-GRPO): :func:`extract_answer` of each completion, equal strings clustered within a prompt.
+* ``answer_ids`` (SEED-GRPO): :func:`extract_answer` of each completion, equal strings clustered within a prompt;
+  -1 (a cluster of its own) for a completion with no extractable answer (:func:`has_answer`).
 * gathering: every per-row field is gathered over processes, so a group split over ranks is handled;
-  ``process_slice`` is this process's rows, taken exactly as TRL takes them.
+  ``process_slice`` is this process's rows, taken exactly as TRL takes them. Whether the extra forward runs is
+  decided for all ranks at once (:func:`on_every_rank`): if one rank's recorded log-probs are unusable, every
+  rank runs it, as sharded training (FSDP, ZeRO-3) needs.
 """
 
 from __future__ import annotations
@@ -44,8 +50,12 @@ __all__ = [
     "can_record_generation_logprobs",
     "capture_hidden",
     "collect_rollout",
+    "effective_generation_config",
     "estimator_inputs",
     "extract_answer",
+    "has_answer",
+    "is_plain_sampling",
+    "on_every_rank",
     "recording_generation_logprobs",
     "ref_per_token_logps",
     "rollout_forward",
@@ -90,10 +100,11 @@ def estimator_inputs(name: str, params: dict[str, Any]) -> frozenset[str]:
 
 
 def extract_answer(text: str, classes: list[str] | None = None) -> str:
-    """Final answer of a completion for answer clustering: the last ``\\boxed{...}`` / ``\\fbox{...}`` content
+    """Final answer of a completion: the last ``\\boxed{...}`` / ``\\fbox{...}`` content
     (:func:`calibrl.tasks.rewards.last_boxed`, the same extraction the ``math`` reward scores), else the decision
     (:func:`calibrl.tasks.rewards.extract_decision`, the ``decision`` reward's) for decision tasks, else the
-    stripped last non-empty line ("" if none)."""
+    stripped last non-empty line ("" if none). The last-line fallback always returns a string; whether the answer
+    was really extractable (boxed, or a decision) is :func:`has_answer`, which SEED-GRPO's clustering uses."""
     from calibrl.tasks.rewards import extract_decision, last_boxed
 
     boxed = last_boxed(text)
@@ -105,6 +116,16 @@ def extract_answer(text: str, classes: list[str] | None = None) -> str:
             return decision
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
+
+
+def has_answer(text: str, classes: list[str] | None = None) -> bool:
+    """Whether ``text`` states an answer :func:`extract_answer` finds without its last-line fallback: a
+    ``\\boxed{...}`` / ``\\fbox{...}``, or (``classes`` given) a decision class."""
+    from calibrl.tasks.rewards import extract_decision, last_boxed
+
+    if last_boxed(text) is not None:
+        return True
+    return bool(classes) and extract_decision(text, classes)[0] is not None
 
 
 def completion_text(completion: Any) -> str:
@@ -122,10 +143,19 @@ def completion_text(completion: Any) -> str:
     return str(completion)
 
 
-def answer_ids(answers: list[str], group_ids: list[int]) -> list[int]:
-    """Dense ids of equal answer strings WITHIN a group (the same string in two groups gets two ids)."""
+def answer_ids(answers: list[str | None], group_ids: list[int]) -> list[int]:
+    """Dense ids (0, 1, ...) of equal answer strings WITHIN a group (the same string in two groups gets two ids);
+    -1 where the answer is None (the estimator makes each such completion a cluster of its own)."""
     table: dict[tuple[int, str], int] = {}
-    return [table.setdefault((g, a), len(table)) for g, a in zip(group_ids, answers)]
+    return [-1 if a is None else table.setdefault((g, a), len(table)) for g, a in zip(group_ids, answers)]
+
+
+def answer_ids_for(texts: list[str], *, group_ids: list[int], classes: list[str] | None) -> list[int]:
+    """SEED-GRPO's ``answer_ids`` [N] of completion ``texts``: equal extracted answers share an id within a group;
+    a completion with no extractable answer (:func:`has_answer`) gets -1, a cluster of its own, rather than the
+    cluster of its last line (two unanswered completions do not agree on an answer)."""
+    answers = [extract_answer(t, classes) if has_answer(t, classes) else None for t in texts]
+    return answer_ids(answers, group_ids)
 
 
 # ---------------------------------------------------------------------------------------------------- rewards
@@ -152,14 +182,15 @@ def reward_columns(rewards_per_func: torch.Tensor, *, reward_weights: torch.Tens
     return RewardColumns(rewards=rewards, correct_signal=correct_signal, unscorable=unscorable)
 
 
-def group_ids_for(unscorable: torch.Tensor, *, num_generations: int) -> torch.Tensor:
-    """[N] prompt group of each row (TRL lays out ``num_generations`` consecutive rows per prompt); an unscorable
-    completion forms a group of its own (excluded from its prompt's baseline)."""
-    n_total = unscorable.numel()
-    rows = torch.arange(n_total, device=unscorable.device)
+def group_ids_for(alone: torch.Tensor, *, num_generations: int) -> torch.Tensor:
+    """[N] prompt group of each row (TRL lays out ``num_generations`` consecutive rows per prompt); a row marked
+    ``alone`` [N] bool (unscorable, or without tokens) forms a group of its own (excluded from its prompt's
+    baseline)."""
+    n_total = alone.numel()
+    rows = torch.arange(n_total, device=alone.device)
     group_ids = rows // num_generations
     n_groups = (n_total + num_generations - 1) // num_generations
-    return torch.where(unscorable, n_groups + rows, group_ids)
+    return torch.where(alone, n_groups + rows, group_ids)
 
 
 def training_mask(output: dict) -> torch.Tensor:
@@ -191,9 +222,10 @@ def capture_hidden(module: torch.nn.Module, store: list):
 
 
 class GenerationLogprobs:
-    """Records log_softmax(logits / T) of each sampled token during ``model.generate`` with two hooks: the LM head's
-    output (logits of step t) and the input embedding's input (the token chosen at step t, fed at step t+1). Only
-    the current step's [B, V] log-probs are held, so memory stays O(B * V)."""
+    """Records log_softmax(logits / T) of each sampled token during ``model.generate`` with two hooks: the causal
+    LM's forward output (its final ``logits`` of step t, after any post-processing of the head's output: Granite's
+    ``logits_scaling``, Gemma's soft-capping, Cohere's ``logit_scale``) and the input embedding's input (the token
+    chosen at step t, fed at step t+1). Only the current step's [B, V] log-probs are held: memory O(B * V)."""
 
     def __init__(self, temperature: float):
         self.temperature = temperature
@@ -206,8 +238,11 @@ class GenerationLogprobs:
             self.steps.append(self.prev.gather(1, input_ids[:, -1:].to(self.prev.device)).squeeze(1))
             self.prev = None
 
-    def on_head(self, _module, _args, output):
-        logits = output[:, -1] if output.dim() == 3 else output
+    def on_forward(self, _module, _args, output):
+        logits = getattr(output, "logits", None)
+        if logits is None:
+            logits = output[0] if isinstance(output, (tuple, list)) else output
+        logits = logits[:, -1] if logits.dim() == 3 else logits  # [B, V] the last position's
         self.prev = torch.log_softmax(logits.float() / self.temperature, dim=-1)
 
     def finish(self, completion_ids: list[list[int]], pad_id: int) -> torch.Tensor | None:
@@ -225,11 +260,13 @@ class GenerationLogprobs:
 
 @contextmanager
 def recording_generation_logprobs(model: torch.nn.Module, temperature: float):
-    """Hooks a :class:`GenerationLogprobs` onto ``model``'s input embedding and LM head while the block runs."""
+    """Hooks a :class:`GenerationLogprobs` onto ``model``'s input embedding and onto the causal LM whose forward
+    ``generate`` calls (the base model under PEFT) while the block runs."""
     recorder = GenerationLogprobs(temperature)
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     handles = [
         model.get_input_embeddings().register_forward_pre_hook(recorder.on_embed, with_kwargs=True),
-        model.get_output_embeddings().register_forward_hook(recorder.on_head),
+        causal_lm.register_forward_hook(recorder.on_forward),
     ]
     try:
         yield recorder
@@ -238,10 +275,50 @@ def recording_generation_logprobs(model: torch.nn.Module, temperature: float):
             handle.remove()
 
 
+# Generation settings whose values leave the sampled distribution softmax(logits / T): anything else adds a
+# logits processor (top-k, nucleus, penalties, suppressed or forced tokens...) that the recording would ignore.
+_NEUTRAL_SAMPLING: dict[str, tuple] = {
+    "top_k": (None, 0), "top_p": (None, 1.0), "min_p": (None, 0.0), "typical_p": (None, 1.0),
+    "epsilon_cutoff": (None, 0.0), "eta_cutoff": (None, 0.0), "repetition_penalty": (None, 1.0),
+    "encoder_repetition_penalty": (None, 1.0), "no_repeat_ngram_size": (None, 0),
+    "encoder_no_repeat_ngram_size": (None, 0), "bad_words_ids": (None,), "suppress_tokens": (None,),
+    "begin_suppress_tokens": (None,), "sequence_bias": (None,), "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,), "exponential_decay_length_penalty": (None,), "min_length": (None, 0),
+    "min_new_tokens": (None, 0), "guidance_scale": (None, 1.0), "watermarking_config": (None,),
+    "num_beams": (None, 1), "diversity_penalty": (None, 0.0), "remove_invalid_values": (None, False),
+}
+
+
+def effective_generation_config(model: torch.nn.Module, requested) -> Any | None:
+    """The generation config ``model.generate(generation_config=requested)`` really samples with: transformers 5
+    fills every unset (None) field from ``model.generation_config``, then from its global defaults (``top_k``:
+    50). None when it cannot be worked out."""
+    if requested is None:
+        return None
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        config, _ = causal_lm._prepare_generation_config(requested)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return config
+
+
+def is_plain_sampling(config) -> bool:
+    """Whether ``config`` samples from softmax(logits / temperature) with no other logits processor."""
+    if config is None or not getattr(config, "do_sample", False):
+        return False
+    for name, neutral in _NEUTRAL_SAMPLING.items():
+        value = getattr(config, name, None)
+        if value not in neutral and value not in ([], {}):
+            return False
+    return True
+
+
 def can_record_generation_logprobs(trainer: CalibratedGRPOTrainer) -> bool:
     """Whether the sampled tokens' log-probs can be recorded during generation: transformers generation (no vLLM,
-    no tools, no continuous batching, no custom rollout) with plain temperature sampling, and an estimator that
-    reads ``logprob_mean``."""
+    no tools, no continuous batching, no custom rollout) with plain temperature sampling as judged from the
+    generation config ``generate`` really uses (TRL's, completed from the model's; :func:`is_plain_sampling`), and
+    an estimator that reads ``logprob_mean``."""
     args = trainer.args
     return (
         args.rollout_logprobs == "auto" and not trainer.use_vllm and not trainer.tools
@@ -249,9 +326,10 @@ def can_record_generation_logprobs(trainer: CalibratedGRPOTrainer) -> bool:
         and not getattr(args, "use_transformers_continuous_batching", False)
         and not getattr(args, "use_transformers_paged", False)  # deprecated alias (TRL < 2)
         and not getattr(trainer, "use_transformers_continuous_batching", False)
-        and not args.generation_kwargs
-        and trainer.top_k in (0, None) and trainer.top_p in (1.0, None) and trainer.min_p is None
-        and trainer.repetition_penalty in (1.0, None) and bool(trainer._calibrl_inputs & {"logprob_mean"})
+        and not args.generation_kwargs and bool(trainer._calibrl_inputs & {"logprob_mean"})
+        and is_plain_sampling(effective_generation_config(
+            trainer.accelerator.unwrap_model(trainer.model), getattr(trainer, "generation_config", None)
+        ))
     )
 
 
@@ -338,6 +416,7 @@ class Rollout:
     rewards: torch.Tensor  # [N_total] weighted total
     correct: torch.Tensor  # [N_total] bool
     unscorable: torch.Tensor  # [N_total] bool
+    empty: torch.Tensor  # [N_total] bool: no token to train on (TRL's mask_truncated_completions); advantage 0
     mask: torch.Tensor  # local [n_local, C] training mask
     process_slice: slice  # this process's rows of the whole batch
     mode: str  # "train" or "eval"
@@ -347,6 +426,15 @@ class Rollout:
     @property
     def n_local(self) -> int:
         return self.process_slice.stop - self.process_slice.start
+
+
+def on_every_rank(flag: bool, *, accelerator) -> bool:
+    """``flag`` AND-ed over every process (a collective: every rank must call it at the same point); ``flag`` itself
+    in a single process."""
+    if accelerator.num_processes <= 1:
+        return bool(flag)
+    flags = accelerator.gather(torch.tensor([int(bool(flag))], device=accelerator.device))  # [num_processes]
+    return bool(flags.min().item())
 
 
 def collect_rollout(trainer: CalibratedGRPOTrainer, output: dict) -> Rollout:
@@ -362,10 +450,13 @@ def collect_rollout(trainer: CalibratedGRPOTrainer, output: dict) -> Rollout:
 
     columns = reward_columns(trainer._calibrl_rewards_per_func, reward_weights=trainer.reward_weights.to(device),
                              correctness_index=trainer._correctness_index)
-    group_ids = group_ids_for(columns.unscorable, num_generations=num_generations)
     mask = training_mask(output)
+    lengths = accelerator.gather(mask.sum(dim=1))  # [N_total]; 0 for a row TRL masked out (truncated)
+    empty = lengths == 0
+    group_ids = group_ids_for(columns.unscorable | empty, num_generations=num_generations)
     needed = trainer._needed_fields(mode)
-    want_dec = trainer._decision_class_ids is not None and args.calibration_logging  # decision telemetry
+    logs_confidence = args.calibration_logging or trainer.log_completions  # telemetry / the completions table
+    want_dec = trainer._decision_class_ids is not None and logs_confidence  # decision probabilities
     want_emb = "embeddings" in needed
 
     fields: dict[str, torch.Tensor] = {}
@@ -373,7 +464,10 @@ def collect_rollout(trainer: CalibratedGRPOTrainer, output: dict) -> Rollout:
     old = output.get("old_per_token_logps")
     recorded, trainer._calibrl_gen_logps = trainer._calibrl_gen_logps, None
     n_tokens = output["completion_ids"].size(1)
-    if old is None and recorded is not None and recorded.size(0) == n_local and recorded.size(1) >= n_tokens:
+    usable = recorded is not None and recorded.size(0) == n_local and recorded.size(1) >= n_tokens
+    # Whether to run the policy's forward must be one decision for all ranks (a forward on some ranks only hangs
+    # FSDP / ZeRO-3): the recorded log-probs are used only when every rank's are usable.
+    if old is None and on_every_rank(usable, accelerator=accelerator):
         old_like = recorded[:, :n_tokens].to(device)
     else:
         old_like = old
@@ -381,7 +475,7 @@ def collect_rollout(trainer: CalibratedGRPOTrainer, output: dict) -> Rollout:
     # (per_token_logps there equal the rollout policy's until the optimizer steps) and logged once every row
     # of this generation batch went through the loss.
     deferred = (
-        args.calibration_logging and "logprob_mean" not in trainer._calibrl_inputs and old_like is None
+        logs_confidence and "logprob_mean" not in trainer._calibrl_inputs and old_like is None
         and not want_emb and not want_dec
     )
     if deferred:
@@ -402,15 +496,15 @@ def collect_rollout(trainer: CalibratedGRPOTrainer, output: dict) -> Rollout:
         fields["ref_logprob_mean"] = accelerator.gather(masked_row_mean(ref_per_token_logps(trainer, output), mask))
     if "answer_ids" in needed:
         texts = gather_object([completion_text(c) for c in trainer._calibrl_completions])
-        answers = [extract_answer(t, args.decision_classes) for t in texts]
-        fields["answer_ids"] = torch.tensor(answer_ids(answers, group_ids.tolist()), device=device)
-    fields["lengths"] = accelerator.gather(mask.sum(dim=1))
+        ids = answer_ids_for(texts, group_ids=group_ids.tolist(), classes=args.decision_classes)
+        fields["answer_ids"] = torch.tensor(ids, device=device)
+    fields["lengths"] = lengths
 
     ranks_by_correctness = args.advantage_estimator in RANKS_BY_CORRECTNESS
     fields = dict(rewards=columns.correct_signal if ranks_by_correctness else columns.rewards, group_ids=group_ids,
                   **fields)
     return Rollout(
         batch=RolloutBatch(**fields), fields=fields, rewards=columns.rewards, correct=columns.correct_signal > 0.5,
-        unscorable=columns.unscorable, mask=mask, process_slice=process_slice, mode=mode,
+        unscorable=columns.unscorable, empty=empty, mask=mask, process_slice=process_slice, mode=mode,
         logprobs_deferred=deferred, decision_hidden=decision_hidden,
     )

@@ -32,7 +32,10 @@ import torch
 
 from calibrl.batch import RolloutBatch
 
-__all__ = ["PendingTelemetry", "advantage_metrics", "calibration_metrics", "decision_metrics"]
+__all__ = [
+    "PendingTelemetry", "advantage_metrics", "calibration_metrics", "completion_columns", "decision_metrics",
+    "overwrite_last", "valid_rows",
+]
 
 
 def _np(x: Any) -> np.ndarray:
@@ -86,8 +89,13 @@ def calibration_metrics(
     decision_correct: Any | None = None,
     threshold: float = 0.5,
     correct: Any | None = None,
+    valid: Any | None = None,
 ) -> dict[str, float]:
     """Calibration metrics of one batch of rollouts (see the module docstring for the keys).
+
+    Only the rows with tokens enter any metric: ``valid`` when given, else ``batch.lengths > 0`` when the batch has
+    lengths (a completion TRL masked out, ``mask_truncated_completions``, has no tokens, and its mean log-prob of 0
+    would read as confidence 1), else every row.
 
     Args:
         batch: the rollouts; confidence metrics need ``logprob_mean``.
@@ -99,6 +107,7 @@ def calibration_metrics(
         correct: [N] bool correctness, overriding ``batch.rewards > threshold``. The trainer passes it when the
             reward is a weighted sum of several functions: correctness is then one function's own value
             (``CalibratedGRPOConfig.correctness_reward``), not the total.
+        valid: [N] bool, the rows to use (overrides ``batch.lengths > 0``).
     """
     from calibrl.metrics import auroc, per_prompt_auroc
 
@@ -108,7 +117,11 @@ def calibration_metrics(
         correct = _np(correct).astype(bool).reshape(-1)
         if correct.shape[0] != len(batch):
             raise ValueError(f"calibration_metrics: correct has {correct.shape[0]} rows, the batch {len(batch)}")
-    groups = _np(batch.group_ids)
+    keep = valid_rows(batch, valid=valid)
+    if not keep.any():
+        return {}
+    correct = correct[keep]
+    groups = _np(batch.group_ids)[keep]
     out: dict[str, float] = {"accuracy": float(correct.mean())}
 
     _, inverse = np.unique(groups, return_inverse=True)
@@ -118,7 +131,7 @@ def calibration_metrics(
     out["mixed_group_fraction"] = float(((n_correct > 0) & (n_correct < n_all)).mean())
 
     if batch.logprob_mean is not None:
-        lpm = _np(batch.logprob_mean).astype(np.float64)
+        lpm = _np(batch.logprob_mean).astype(np.float64)[keep]
         out["auroc"] = float(auroc(lpm, correct))
         per_prompt = per_prompt_auroc(lpm, correct, groups)
         out["auroc_per_prompt"] = float(per_prompt.mean)
@@ -128,9 +141,9 @@ def calibration_metrics(
         out["confidence_wrong"] = float(conf[~correct].mean()) if (~correct).any() else float("nan")
         out["confidence_gap"] = out["confidence_correct"] - out["confidence_wrong"]
     if batch.ref_logprob_mean is not None:
-        out["ref_perplexity_mean"] = float(np.exp(-_np(batch.ref_logprob_mean).astype(np.float64)).mean())
+        out["ref_perplexity_mean"] = float(np.exp(-_np(batch.ref_logprob_mean).astype(np.float64)[keep]).mean())
     if advantages is not None:
-        out.update(advantage_metrics(advantages))
+        out.update(advantage_metrics(_np(advantages)[keep]))
     for key, value in (info or {}).items():
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             value = value.item()
@@ -138,8 +151,54 @@ def calibration_metrics(
             if math.isfinite(float(value)):
                 out[f"estimator/{key}"] = float(value)
     if decision_probs is not None:
-        out.update(decision_metrics(decision_probs, correct if decision_correct is None else decision_correct))
+        d_correct = correct if decision_correct is None else _np(decision_correct).astype(bool).reshape(-1)[keep]
+        out.update(decision_metrics(_np(decision_probs).reshape(-1)[keep], d_correct))
     return out
+
+
+def valid_rows(batch: RolloutBatch, *, valid: Any | None = None) -> np.ndarray:
+    """[N] bool rows the telemetry reads: ``valid`` if given, else the rows with tokens (``batch.lengths > 0``),
+    else all rows."""
+    if valid is not None:
+        keep = _np(valid).astype(bool).reshape(-1)
+        if keep.shape[0] != len(batch):
+            raise ValueError(f"calibration_metrics: valid has {keep.shape[0]} rows, the batch {len(batch)}")
+        return keep
+    if batch.lengths is not None:
+        return _np(batch.lengths).reshape(-1) > 0
+    return np.ones(len(batch), dtype=bool)
+
+
+def completion_columns(*, n: int, logprob_mean: Any | None, correct: Any, lengths: Any | None = None,
+                       decision_probs: Any | None = None, decision: bool = False) -> dict[str, list]:
+    """The per-completion columns calibrl adds to TRL's completions table (``log_completions``), one value per row
+    of the gathered batch in TRL's order:
+
+    * ``logprob_mean`` (float): the rollout policy's mean token log-prob; NaN (null) while unknown (filled in once
+      the loss pass supplied it) and for a row without tokens (``lengths == 0``: no confidence);
+    * ``correct`` (bool): by the correctness reward;
+    * ``decision_prob`` (decision tasks only, ``decision=True``): the probability of the chosen class, None where
+      the completion has no decision token (or the probability was not computed).
+    """
+    lpm = np.full(n, np.nan) if logprob_mean is None else _np(logprob_mean).astype(np.float64).reshape(-1).copy()
+    if lengths is not None:
+        lpm[_np(lengths).reshape(-1) == 0] = np.nan
+    columns: dict[str, list] = {
+        "logprob_mean": [float(x) for x in lpm],
+        "correct": [bool(x) for x in _np(correct).astype(bool).reshape(-1)],
+    }
+    if decision:
+        probs = np.full(n, np.nan) if decision_probs is None else _np(decision_probs).astype(np.float64).reshape(-1)
+        columns["decision_prob"] = [float(p) if np.isfinite(p) else None for p in probs]
+    return columns
+
+
+def overwrite_last(column, values: list) -> None:
+    """Replace the last ``len(values)`` entries of ``column`` (a list or TRL's bounded deque of logged values) with
+    ``values`` (only as many as it holds): how a value known after the row was logged is filled in."""
+    k = min(len(values), len(column))
+    for i in range(1, k + 1):
+        column[-i] = values[-i]
 
 
 @dataclass
@@ -157,6 +216,7 @@ class PendingTelemetry:
     correct: torch.Tensor
     mode: str
     lpm_local: torch.Tensor
+    table_batch: int | None = None  # the trainer's completions-table batch count when these rows were logged
 
     def fill(self, rows: torch.Tensor, logprob_mean: torch.Tensor) -> bool:
         """Record ``logprob_mean`` [B] of local ``rows`` [B] (first value of a row wins); True once every row has one."""

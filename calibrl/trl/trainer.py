@@ -12,7 +12,9 @@ TRL method overridden                  what calibrl adds
 ``_generate_single_turn``              records the sampled tokens' log-probs during ``generate`` (:mod:`.rollout`)
 ``_generate_and_score_completions``    replaces ``"advantages"``: TRL's output -> :class:`~calibrl.RolloutBatch`
                                        (:func:`.rollout.collect_rollout`) -> :func:`calibrl.compute_advantages` ->
-                                       this process's slice; decision-token marks; telemetry (:mod:`.telemetry`)
+                                       this process's slice; decision-token marks; telemetry (:mod:`.telemetry`);
+                                       ``logprob_mean`` / ``correct`` / ``decision_prob`` columns of the
+                                       completions table (``log_completions``)
 ``_get_per_token_logps_and_entropies`` keeps the loss pass's log-probs for telemetry (no extra forward)
 ``_compute_loss``                      adds ``decision_loss_coef * decision_token_loss`` (arXiv 2601.13284)
 =====================================  ==============================================================================
@@ -47,7 +49,7 @@ from calibrl.trl.rollout import (
     rollout_forward,
     training_mask,
 )
-from calibrl.trl.telemetry import PendingTelemetry, calibration_metrics
+from calibrl.trl.telemetry import PendingTelemetry, calibration_metrics, completion_columns, overwrite_last
 
 __all__ = ["CalibratedGRPOTrainer"]
 
@@ -64,13 +66,15 @@ class CalibratedGRPOTrainer(GRPOTrainer):
     * ``advantages``: [N] the advantages of the whole batch (before the decision token's are zeroed);
     * ``info``: the estimator's diagnostics; ``metrics``: the telemetry dict logged for this batch;
     * ``trl_advantages``: TRL's own advantages for this process's rows; ``process_slice``: those rows;
-    * ``correct``: [N] bool correctness; ``rewards``: [N] weighted total reward; ``mode``: "train" or "eval".
+    * ``correct``: [N] bool correctness; ``rewards``: [N] weighted total reward; ``mode``: "train" or "eval";
+    * ``decision_probs``: [N] probability of the chosen decision class (NaN where none), or None.
     """
 
     _tag_names = ["trl", "grpo", "calibrl"]
     _calibrl_pending: PendingTelemetry | None = None  # telemetry waiting for log-probs from the loss pass
     _calibrl_capture: list | None = None  # the loss pass's per-token log-probs, while a capture is open
     _calibrl_gen_logps: torch.Tensor | None = None  # [B, n_steps] recorded during generation
+    _calibrl_table_batches: int = 0  # generation batches whose rows calibrl added to the completions table
 
     # ---------------------------------------------------------------------------------------------------- hooks
 
@@ -175,23 +179,20 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         """TRL's generation output -> RolloutBatch -> calibrl estimator -> this process's slice of advantages."""
         trl_advantages = output["advantages"]
         rollout = collect_rollout(self, output)
-        all_adv, info, kept_trl = self._advantages(rollout, trl_advantages)
+        all_adv, info, _ = self._advantages(rollout, trl_advantages)
         advantages = all_adv[rollout.process_slice]
         decision_probs = decision_correct = None
         if self._decision_class_ids is not None:
             advantages, decision_probs, decision_correct = self._mark_decisions(output, rollout, advantages)
         output["advantages"] = advantages
-        n_total = all_adv.size(0)
         # TRL logs the advantages of the completions table from its own values; show ours instead.
-        if len(self._logs["advantages"]) >= n_total and not kept_trl:
-            for _ in range(n_total):  # a deque
-                self._logs["advantages"].pop()
-            self._logs["advantages"].extend(all_adv.tolist())
+        overwrite_last(self._logs["advantages"], all_adv.tolist())
+        self._log_completion_columns(rollout, decision_probs)
 
         self.last_rollout = {
             "batch": rollout.batch, "advantages": all_adv, "info": info, "trl_advantages": trl_advantages,
             "process_slice": rollout.process_slice, "mode": rollout.mode, "metrics": {}, "correct": rollout.correct,
-            "rewards": rollout.rewards,
+            "rewards": rollout.rewards, "decision_probs": decision_probs,
         }
         if rollout.logprobs_deferred:
             output["calibrl_row"] = torch.arange(rollout.n_local, device=self.accelerator.device)
@@ -199,11 +200,12 @@ class CalibratedGRPOTrainer(GRPOTrainer):
             self._calibrl_pending = PendingTelemetry(
                 fields=fields, advantages=all_adv, info=info, correct=rollout.correct, mode=rollout.mode,
                 lpm_local=torch.full((rollout.n_local,), float("nan"), device=self.accelerator.device),
+                table_batch=self._calibrl_table_batches if self.log_completions else None,
             )
         elif self.args.calibration_logging:
             self._log_telemetry(rollout.batch, all_adv, info, decision_probs, decision_correct, rollout.mode,
                                 rollout.correct)
-        else:
+        if not self.args.calibration_logging:
             for key, value in info.items():
                 if isinstance(value, (int, float)) and math.isfinite(float(value)):
                     self._metrics[rollout.mode][f"calibration/estimator/{key}"].append(float(value))
@@ -215,12 +217,14 @@ class CalibratedGRPOTrainer(GRPOTrainer):
             self.scale_rewards != "group" or self.multi_objective_aggregation != "sum_then_normalize"
         )
         if keep_trl:
-            return self.accelerator.gather(trl_advantages), {"trl_advantages_kept": 1.0}, True
+            kept = self.accelerator.gather(trl_advantages).masked_fill(rollout.empty, 0.0)
+            return kept, {"trl_advantages_kept": 1.0}, True
         # Estimators ignore the optional fields they do not read, so the full batch is passed.
         all_adv, info = compute_advantages(
             rollout.batch, self.args.advantage_estimator, return_info=True, **self._step_params()
         )
-        all_adv = torch.nan_to_num(all_adv.to(torch.float32), nan=0.0).masked_fill(rollout.unscorable, 0.0)
+        all_adv = torch.nan_to_num(all_adv.to(torch.float32), nan=0.0)
+        all_adv = all_adv.masked_fill(rollout.unscorable | rollout.empty, 0.0)
         return all_adv, info, False
 
     def _mark_decisions(self, output: dict, rollout: Rollout, advantages: torch.Tensor):
@@ -241,7 +245,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
             advantages = zero_decision_advantages(
                 advantages=advantages, completion_mask=rollout.mask, decision_positions=positions
             )
-        if rollout.decision_hidden is None or not self.args.calibration_logging:
+        if rollout.decision_hidden is None:  # neither telemetry nor the completions table asks for it
             return advantages, None, None
         logits = self._decision_logits(rollout.decision_hidden, output["prompt_ids"].size(1), positions, self.model)
         p_chosen = dec.probability_of_chosen(self._decision_class_logits(logits), chosen)
@@ -296,14 +300,35 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         batch = RolloutBatch(**pending.fields, logprob_mean=self.accelerator.gather(pending.lpm_local))
         if self.last_rollout is not None:
             self.last_rollout["batch"] = batch
-        self._log_telemetry(batch, pending.advantages, pending.info, None, None, pending.mode, pending.correct)
+        if pending.table_batch is not None and pending.table_batch == self._calibrl_table_batches:  # still last
+            column = completion_columns(n=len(batch), logprob_mean=batch.logprob_mean, correct=pending.correct,
+                                        lengths=batch.lengths)["logprob_mean"]
+            overwrite_last(self._logs["extra"]["logprob_mean"], column)
+        if self.args.calibration_logging:
+            self._log_telemetry(batch, pending.advantages, pending.info, None, None, pending.mode, pending.correct)
+
+    def _log_completion_columns(self, rollout: Rollout, decision_probs: torch.Tensor | None) -> None:
+        """With ``log_completions``: add calibrl's columns (:func:`~calibrl.trl.telemetry.completion_columns`) to
+        the rows TRL just logged for its completions table, in TRL's order (``logprob_mean`` left NaN until the loss
+        pass supplies it when it is deferred)."""
+        if not self.log_completions:
+            return
+        batch = rollout.batch
+        columns = completion_columns(
+            n=len(batch), logprob_mean=None if rollout.logprobs_deferred else batch.logprob_mean,
+            correct=rollout.correct, lengths=batch.lengths, decision_probs=decision_probs,
+            decision=self._decision_class_ids is not None,
+        )
+        for name, values in columns.items():
+            self._logs["extra"][name].extend(values)
+        self._calibrl_table_batches += 1  # which rows are the last: a deferred value fills them only if unchanged
 
     # ---------------------------------------------------------------------------------------------------- helpers
 
     def _needed_fields(self, mode: str) -> set[str]:
         """Optional RolloutBatch fields to gather: the estimator's, plus ``logprob_mean`` for the telemetry."""
         needed = set(self._calibrl_inputs)
-        if self.args.calibration_logging:
+        if self.args.calibration_logging or self.log_completions:
             needed.add("logprob_mean")
         return needed
 
@@ -359,7 +384,9 @@ class CalibratedGRPOTrainer(GRPOTrainer):
                                 n_classes=len(self.args.decision_classes))
 
     def _decision_logits(self, hidden, prompt_len: int, positions: torch.Tensor, model) -> torch.Tensor:
-        """Logits [N, V] (at the sampling temperature) predicting the token at completion position ``positions``."""
+        """Logits [N, V] (at the sampling temperature) predicting the token at completion position ``positions``,
+        post-processed as the model's forward does (Granite's scaling, Gemma's soft-capping...)."""
         _, lm_head = self._backbone_and_head(model)
+        postprocess = dec.logit_postprocessing(self.accelerator.unwrap_model(model).config)
         return dec.decision_logits(hidden, prompt_len=prompt_len, positions=positions, lm_head=lm_head,
-                                   temperature=self.temperature)
+                                   temperature=self.temperature, postprocess=postprocess)

@@ -25,6 +25,12 @@ What importing this module does (idempotent; :func:`install` does it again if yo
    ``advantages`` and ``returns`` into ``data.batch``. If ``ray_trainer`` is not imported yet (the usual case:
    verl imports this module from its ``__init__``), a one-name import hook wraps it the moment it loads
    (:mod:`calibrl.verl.hooks`).
+4. verl's default (V1) trainer (``verl.trainer.ppo.v1.trainer_base.PPOTrainer``): its advantage step builds the
+   batch from a fixed field list, so the plugin also reads the reward function's ``answer`` for seed_grpo from the
+   rollout queue, and refuses gcpo when the trainer is constructed (verl computes no embeddings)
+   (:mod:`calibrl.verl.v1`).
+5. Validation dumps (``trainer.validation_data_dir``) of both trainers get ``logprob_mean``, the mean of the
+   rollout's token log-probs (:mod:`calibrl.verl.v1`, :mod:`calibrl.verl.legacy`).
 
 Importing needs verl; without it, the import raises an ImportError that says how to set verl up.
 """

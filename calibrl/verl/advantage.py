@@ -13,9 +13,13 @@ How a verl batch becomes a :class:`calibrl.RolloutBatch` (our choices):
 - ``ref_logprob_mean``: the same of ``ref_log_prob``, present when verl runs the reference policy
   (``actor_rollout_ref.actor.use_kl_loss=True``; ``kl_loss_coef=0.0`` keeps the loss KL-free). CAPO's noise mask
   needs it.
-- ``lengths``: ``response_mask.sum(-1)``. ``embeddings`` (gcpo): ``data.batch["embeddings"]`` [N, D] if some
-  worker put it there; verl computes none. ``answer_ids`` (seed_grpo): ``data.non_tensor_batch["answer"]``
-  (strings, e.g. returned by the reward function as ``reward_extra_info["answer"]``), clustered per equal string.
+- ``lengths``: ``response_mask.sum(-1)``. Rows with none (verl's rollout-correction rejection sampling zeroes
+  their mask) get advantage 0 and are left out of the estimator's statistics and diagnostics
+  (:func:`compute_on_rows_with_tokens`).
+- ``embeddings`` (gcpo): ``data.batch["embeddings"]`` [N, D] if some worker put it there; verl computes none.
+  ``answer_ids`` (seed_grpo): the reward function's ``answer`` (it returns ``{"score": ..., "answer": ...}``):
+  ``data.non_tensor_batch["answer"]`` (legacy trainer), else the V1 trainer's queue
+  (:func:`calibrl.verl.v1.queue_answers`); clustered per equal string.
 - Advantages [N] are broadcast over the response (``A[:, None] * response_mask``) and returned as both
   advantages and returns, exactly as verl's GRPO does.
 - Estimator parameters: the mapping ``algorithm.calibrl`` (hydra: ``+algorithm.calibrl.tau=0.6``), passed as
@@ -30,6 +34,7 @@ the batch held by the wrapped advantage step (:func:`calibrl.verl.hooks.current_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -41,6 +46,7 @@ import torch
 import calibrl
 from calibrl.batch import RolloutBatch, RolloutBatchError, masked_row_mean
 from calibrl.verl.hooks import RAY_TRAINER, current_data
+from calibrl.verl.v1 import queue_answers
 
 logger = logging.getLogger("calibrl.verl")
 
@@ -78,8 +84,10 @@ def _from_current_data(n_rows: int) -> dict[str, Any]:
     """The extra inputs calibrl's estimators read from the DataProto that the wrapped advantage step holds.
 
     Key names are those of verl 0.9.1's ``DataProto`` in the PPO trainers (``old_log_probs``,
-    ``rollout_log_probs``, ``ref_log_prob``); ``embeddings`` and ``answer`` only if a custom worker or reward
-    function put them there. Empty when no wrapped step is running or its batch has another size.
+    ``rollout_log_probs``, ``ref_log_prob``); ``embeddings`` only if a custom worker put them there; ``answer``
+    from ``non_tensor_batch`` (the legacy trainer copies the reward's extra info there), else from the V1
+    trainer's queue (:func:`calibrl.verl.v1.queue_answers`). Empty when no wrapped step is running or its batch
+    has another size.
     """
     data = current_data()
     if data is None or len(data) != n_rows:
@@ -88,11 +96,12 @@ def _from_current_data(n_rows: int) -> dict[str, Any]:
     keys = set(batch.keys())
     old = batch["old_log_probs"] if "old_log_probs" in keys else (
         batch["rollout_log_probs"] if "rollout_log_probs" in keys else None)
+    answers = non_tensor.get("answer")
     return {
         "old_log_probs": old,
         "ref_log_prob": batch["ref_log_prob"] if "ref_log_prob" in keys else None,
         "embeddings": batch["embeddings"] if "embeddings" in keys else None,
-        "answers": non_tensor.get("answer"),
+        "answers": answers if answers is not None else queue_answers(n_rows),
     }
 
 
@@ -122,6 +131,44 @@ def estimator_params(config: Any) -> dict[str, Any]:
     return params
 
 
+def _select_rows(batch: RolloutBatch, *, keep: torch.Tensor) -> RolloutBatch:
+    """The rows ``keep`` [N] bool of ``batch``, every field alike."""
+    return RolloutBatch(**{f.name: (None if getattr(batch, f.name) is None else getattr(batch, f.name)[keep])
+                           for f in dataclasses.fields(batch)})
+
+
+def compute_on_rows_with_tokens(batch: RolloutBatch, *, estimator: str,
+                                params: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
+    """``calibrl.compute_advantages(batch, estimator, return_info=True, **params)`` over the rows with ``lengths > 0``
+    only; the others (e.g. rejected by verl's rollout-correction rejection sampling, which zeroes their
+    ``response_mask`` before the advantage step) get advantage 0 and enter no group statistic and no diagnostic."""
+    keep = batch.lengths > 0
+    if bool(keep.all()):
+        return calibrl.compute_advantages(batch, estimator, return_info=True, **params)
+    advantages = torch.zeros_like(batch.rewards)
+    if not bool(keep.any()):
+        return advantages, {}
+    kept, info = calibrl.compute_advantages(_select_rows(batch, keep=keep), estimator, return_info=True, **params)
+    advantages[keep] = kept.to(advantages.dtype)
+    return advantages, info
+
+
+def _missing_input_hint(message: str, *, have_step: bool) -> str:
+    """Where calibrl.verl looks for the field a :class:`RolloutBatchError` says is missing, and what to change."""
+    if not have_step:
+        return (". calibrl.verl: verl passes estimators no log-probs; they come from the wrapped advantage step, which "
+                "did not run. Load the plugin with VERL_USE_EXTERNAL_MODULES=calibrl.verl (or import calibrl.verl "
+                f"before {RAY_TRAINER}), and call ray_trainer.compute_advantage.")
+    if "answer_ids" in message:
+        return (". calibrl.verl reads answers from data.non_tensor_batch['answer'] (legacy trainer) or each row's "
+                "extra_fields['reward_extra_info']['answer'] (V1 trainer): have the reward function return a dict "
+                "{'score': ..., 'answer': <final answer string>}.")
+    if "embeddings" in message:
+        return (". verl 0.9.1 computes no per-completion embeddings: use calibrl's TRL trainer (`calibrl train`), or "
+                "verl's legacy trainer (trainer.use_v1=False) with a worker that writes data.batch['embeddings'].")
+    return ""
+
+
 def make_adv_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """verl-signature advantage function for calibrl estimator ``name``: -> (advantages, returns), both [N, T].
 
@@ -137,15 +184,9 @@ def make_adv_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Ten
         batch = rollout_batch_from_verl(token_level_rewards=token_level_rewards, response_mask=response_mask,
                                         index=index, **extras)
         try:
-            advantages, info = calibrl.compute_advantages(batch, name, return_info=True, **estimator_params(config))
+            advantages, info = compute_on_rows_with_tokens(batch, estimator=name, params=estimator_params(config))
         except RolloutBatchError as exc:
-            if not extras:
-                raise RolloutBatchError(
-                    f"{exc}. calibrl.verl: verl passes estimators no log-probs; they come from the wrapped "
-                    f"advantage step, which did not run. Load the plugin with VERL_USE_EXTERNAL_MODULES=calibrl.verl "
-                    f"(or import calibrl.verl before {RAY_TRAINER}), and call ray_trainer.compute_advantage."
-                ) from exc
-            raise
+            raise RolloutBatchError(f"{exc}{_missing_input_hint(str(exc), have_step=bool(extras))}") from exc
         _record_info(name, info)
         with torch.no_grad():
             scores = advantages.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask.to(token_level_rewards.dtype)

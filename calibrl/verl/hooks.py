@@ -5,9 +5,13 @@ no log-probs. We wrap ``verl.trainer.ppo.ray_trainer.compute_advantage`` (verl 0
 legacy and the V1 trainer call, so that while it runs the ``DataProto`` it was given is visible to calibrl's
 estimators through a context variable (:func:`current_data`). The wrapper changes nothing else.
 
+The default (V1) trainer, ``verl.trainer.ppo.v1.trainer_base``, also gets the wrappers of
+:mod:`calibrl.verl.v1` (the inputs its fixed-field batch drops; the validation dump's ``logprob_mean``), and the
+legacy ``RayPPOTrainer`` those of :mod:`calibrl.verl.legacy` (its validation dump's ``logprob_mean``).
+
 verl imports the plugin from its own ``__init__`` (``VERL_USE_EXTERNAL_MODULES``), before the trainer modules
-exist, so :func:`wrap_advantage_step` either wraps the loaded module at once or installs a one-name import hook
-(:class:`_RayTrainerHook`) that wraps it the moment it loads.
+exist, so :func:`wrap_advantage_step` either patches each loaded module at once or installs an import hook
+(:class:`_RayTrainerHook`) that patches it the moment it loads; the hook answers for :data:`PATCHED_MODULES` only.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import sys
 from typing import Any, Callable
 
 RAY_TRAINER = "verl.trainer.ppo.ray_trainer"
+V1_TRAINER = "verl.trainer.ppo.v1.trainer_base"
 # Modules that bind ``compute_advantage`` by ``from verl.trainer.ppo.ray_trainer import compute_advantage``.
 _DEPENDENTS = ("verl.trainer.ppo.v1.utils", "verl.experimental.separation.ray_trainer")
 
@@ -57,7 +62,8 @@ def _patch_ray_trainer(module: Any) -> None:
 
     Also rebinds the copies that ``verl.trainer.ppo.v1.utils`` (the V1 trainer's
     ``compute_advantage_for_multi_trajectories``) and ``verl.experimental.separation.ray_trainer`` took with
-    ``from verl.trainer.ppo.ray_trainer import compute_advantage`` if they were imported before we got here.
+    ``from verl.trainer.ppo.ray_trainer import compute_advantage`` if they were imported before we got here, and
+    adds the legacy trainer's validation-dump wrappers (:func:`calibrl.verl.legacy.patch_legacy_trainer`).
     """
     original = getattr(module, "compute_advantage", None)
     if original is None:
@@ -68,32 +74,48 @@ def _patch_ray_trainer(module: Any) -> None:
         dependent = sys.modules.get(name)
         if dependent is not None and getattr(dependent, "compute_advantage", None) is original:
             dependent.compute_advantage = wrapped
+    from calibrl.verl.legacy import patch_legacy_trainer
+
+    patch_legacy_trainer(module)
+
+
+def _patch_v1_trainer(module: Any) -> None:
+    """Apply :func:`calibrl.verl.v1.patch_v1_trainer` to ``verl.trainer.ppo.v1.trainer_base`` (verl 0.9.1)."""
+    from calibrl.verl.v1 import patch_v1_trainer
+
+    patch_v1_trainer(module)
+
+
+# module name -> what to do to it once loaded
+PATCHED_MODULES: dict[str, Callable[[Any], None]] = {RAY_TRAINER: _patch_ray_trainer, V1_TRAINER: _patch_v1_trainer}
 
 
 class _PatchingLoader(importlib.abc.Loader):
-    """Wraps the real loader of ``verl.trainer.ppo.ray_trainer`` (verl 0.9.1): executes the module with it, then
-    applies :func:`_patch_ray_trainer`, so ``compute_advantage`` is wrapped before anyone can import it."""
+    """Wraps the real loader of a module of :data:`PATCHED_MODULES` (verl 0.9.1): executes the module with it, then
+    patches it, so e.g. ``compute_advantage`` is wrapped before anyone can import it."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, patch: Callable[[Any], None]) -> None:
         self._loader = loader
+        self._patch = patch
 
     def create_module(self, spec: Any) -> Any:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)
-        _patch_ray_trainer(module)
+        self._patch(module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... for tracebacks and inspect
         return getattr(self._loader, name)
 
 
 class _RayTrainerHook(importlib.abc.MetaPathFinder):
-    """Finds ``verl.trainer.ppo.ray_trainer`` (verl 0.9.1) with the other finders and hands it a patching loader;
-    every other module name is left to the other finders."""
+    """Finds the modules of :data:`PATCHED_MODULES` (verl 0.9.1) with the other finders and hands each a patching
+    loader; every other module name is left to the other finders."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != RAY_TRAINER:
+        patch = PATCHED_MODULES.get(fullname)
+        if patch is None:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -101,7 +123,7 @@ class _RayTrainerHook(importlib.abc.MetaPathFinder):
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader)
+                    spec.loader = _PatchingLoader(spec.loader, patch)
                 return spec
         return None
 
@@ -112,11 +134,13 @@ def _hook_installed() -> bool:
 
 
 def wrap_advantage_step() -> None:
-    """Wrap ``ray_trainer.compute_advantage`` now if verl's trainer is loaded, else when it loads. Idempotent."""
-    module = sys.modules.get(RAY_TRAINER)
-    if module is not None:
-        _patch_ray_trainer(module)
-    elif not _hook_installed():
+    """Patch each module of :data:`PATCHED_MODULES` now if it is loaded, and the others when they load (the V1
+    trainer imports ``ray_trainer`` first, so the hook stays until both are in). Idempotent."""
+    for name, patch in PATCHED_MODULES.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            patch(module)
+    if not all(name in sys.modules for name in PATCHED_MODULES) and not _hook_installed():
         sys.meta_path.insert(0, _RayTrainerHook())
 
 

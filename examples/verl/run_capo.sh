@@ -12,7 +12,8 @@
 #
 # Environment: MODEL, DATA_DIR, N_GPUS (8), NNODES (1), TAU (0.6), MASK (fixed | quantile | none),
 # ESTIMATOR (capo; e.g. calibrl_grpo or verl's grpo for the baseline), LOSS_MODE (vanilla; calibrl_ppo for the
-# exact objective the TRL trainer uses), LOGGER ('["console"]'), DRY_RUN=1 prints the overrides and exits.
+# exact objective the TRL trainer uses), LOGGER ('["console"]'), VAL_DIR (validation samples, <step>.jsonl with
+# the plugin's logprob_mean: `calibrl eval --format verl $VAL_DIR/600.jsonl`), DRY_RUN=1 prints the overrides and exits.
 set -euo pipefail
 
 MODEL="${MODEL:-Qwen/Qwen2.5-Math-1.5B}"
@@ -24,6 +25,7 @@ MASK="${MASK:-fixed}"        # fixed: PPL_ref thresholds below (quartiles of Qwe
 ESTIMATOR="${ESTIMATOR:-capo}"
 LOSS_MODE="${LOSS_MODE:-vanilla}"
 LOGGER="${LOGGER:-[\"console\"]}"
+VAL_DIR="${VAL_DIR:-$PWD/runs/verl_${ESTIMATOR}_tau${TAU}/val}"
 
 # calibrl's plugin: verl imports it in every process (driver, TaskRunner, workers). On a multi-node Ray cluster
 # started separately, the variable must reach the workers too: the runtime_env override below forwards it.
@@ -87,6 +89,7 @@ overrides=(
     "trainer.save_freq=100"
     "trainer.test_freq=50"
     "trainer.val_before_train=True"
+    "trainer.validation_data_dir=$VAL_DIR"
     "critic.enable=False"
 )
 

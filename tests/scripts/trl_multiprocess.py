@@ -1,6 +1,9 @@
 """Launched by tests/test_multiprocess.py with ``torchrun --nproc_per_node 2``: one CalibratedGRPOTrainer step on
 CPU (gloo) where a group of completions is split across the two processes. Each rank saves what its advantage
-step saw and produced to OUT/rank{r}.pt; the test checks it against a single-process computation."""
+step saw and produced to OUT/rank{r}.pt; the test checks it against a single-process computation.
+
+``python trl_multiprocess.py OUT [drop_rank1]``: with ``drop_rank1``, rank 1 throws away the log-probs it recorded
+during generation, so only that rank cannot use them (as when its padding made them too short)."""
 
 import os
 import sys
@@ -23,6 +26,19 @@ def parity_reward(prompts, completions, **kwargs):
 
 
 class Dump(CalibratedGRPOTrainer):
+    drop_on_rank1 = False
+    n_forward = 0
+
+    def _generate_single_turn(self, *args, **kwargs):
+        out = super()._generate_single_turn(*args, **kwargs)
+        if self.drop_on_rank1 and self.accelerator.process_index == 1:
+            self._calibrl_gen_logps = None
+        return out
+
+    def _rollout_forward(self, *args, **kwargs):
+        self.n_forward += 1
+        return super()._rollout_forward(*args, **kwargs)
+
     def _calibrl_replace_advantages(self, output):
         out = super()._calibrl_replace_advantages(output)
         rollout = self.last_rollout
@@ -42,11 +58,12 @@ class Dump(CalibratedGRPOTrainer):
             "ref_logprob_mean": rollout["batch"].ref_logprob_mean.cpu(),
             "params": self.args.estimator_params(),
             "metrics": rollout["metrics"],
+            "n_forward": self.n_forward,
         }
         return out
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, mode: str = "") -> None:
     model, tok = build_tiny_model(seed=0)
     ds = Dataset.from_list([{"prompt": f"{i:02d}+{i % 7}="} for i in range(48)])
     args = CalibratedGRPOConfig(
@@ -56,9 +73,10 @@ def main(out_dir: str) -> None:
         advantage_estimator="capo", capo_mask="quantile",
     )
     trainer = Dump(model=model, reward_funcs=parity_reward, args=args, train_dataset=ds, processing_class=tok)
+    trainer.drop_on_rank1 = mode == "drop_rank1"
     trainer.train()
     torch.save(trainer.dump, os.path.join(out_dir, f"rank{trainer.accelerator.process_index}.pt"))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])
