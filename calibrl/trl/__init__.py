@@ -9,6 +9,7 @@ The package, in the order a generation batch goes through it:
 
 * :mod:`~calibrl.trl.config`: ``CalibratedGRPOConfig``, every field documented and tied to its paper.
 * :mod:`~calibrl.trl.reference`: the frozen reference model CAPO's noise mask reads (also at ``beta == 0``).
+* :mod:`~calibrl.trl.generation`: the sampled tokens' log-probs, recorded during ``generate`` (no extra forward).
 * :mod:`~calibrl.trl.rollout`: TRL's generation output -> :class:`calibrl.RolloutBatch` (rewards, correctness,
   log-prob sources, reference, embeddings, answers, unscorable rows, gathering, the process slice).
 * :mod:`~calibrl.trl.decision`: decision-token plumbing (class spellings, positions, logits).
@@ -18,7 +19,7 @@ The package, in the order a generation batch goes through it:
 """
 
 from calibrl.trl.config import CalibratedGRPOConfig
-from calibrl.trl.rollout import estimator_inputs, extract_answer
+from calibrl.trl.rollout import estimator_inputs, extract_answer, has_answer
 from calibrl.trl.trainer import CalibratedGRPOTrainer
 
-__all__ = ["CalibratedGRPOConfig", "CalibratedGRPOTrainer", "extract_answer", "estimator_inputs"]
+__all__ = ["CalibratedGRPOConfig", "CalibratedGRPOTrainer", "estimator_inputs", "extract_answer", "has_answer"]

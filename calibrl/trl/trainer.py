@@ -38,14 +38,13 @@ from calibrl.advantages import compute_advantages, get_estimator
 from calibrl.batch import RolloutBatch, masked_row_mean
 from calibrl.trl import decision as dec
 from calibrl.trl.config import CalibratedGRPOConfig
+from calibrl.trl.generation import can_record_generation_logprobs, recording_generation_logprobs
 from calibrl.trl.reference import install_reference, plan_reference
 from calibrl.trl.rollout import (
     Rollout,
-    can_record_generation_logprobs,
     capture_hidden,
     collect_rollout,
     estimator_inputs,
-    recording_generation_logprobs,
     rollout_forward,
     training_mask,
 )
