@@ -107,3 +107,11 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     losses = [h["loss"] for h in state["log_history"] if "loss" in h]
     reference_losses = [h["loss"] for h in reference_state["log_history"] if "loss" in h]
     assert losses == pytest.approx(reference_losses, rel=1e-5, abs=1e-7)
+
+    # log_history.jsonl: the resumed run dropped the killed run's lines after the checkpoint and rewrote them, so
+    # every step is there once, with the uninterrupted run's losses
+    lines = [json.loads(line) for line in (out / "log_history.jsonl").read_text().splitlines()]
+    reference_lines = [json.loads(line) for line in (tmp_path / "reference" / "log_history.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in lines if "loss" in h] == list(range(1, MAX_STEPS + 1))
+    assert [h["loss"] for h in lines if "loss" in h] == pytest.approx(
+        [h["loss"] for h in reference_lines if "loss" in h], rel=1e-5, abs=1e-7)

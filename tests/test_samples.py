@@ -156,3 +156,54 @@ def test_non_utf8_gzip_bom_and_json_array(tmp_path):
         (tmp_path / name).write_text(text)
         with pytest.raises(SamplesError, match=rf"^{name[0]}\.json:1: the file is a JSON array; JSON Lines is expected"):
             load_samples(tmp_path / name)
+
+
+def test_huge_integers_are_errors_naming_the_field(tmp_path):
+    digits = "9" * 400  # parses as a Python int too large for a float
+    head = '"prompt_id": 1, "correct": true'
+    for field, line in (("logprob_mean", f'{{{head}, "logprob_mean": -{digits}}}'),
+                        ("n_tokens", f'{{{head}, "logprob_mean": -0.1, "n_tokens": {digits}}}'),
+                        ("class_probs", f'{{{head}, "logprob_mean": -0.1, "class_probs": [{digits}, 0], "label": 0}}')):
+        path = _write(tmp_path / "big.jsonl", ROWS[:1], raw_lines=[line])
+        with pytest.raises(SamplesError, match=rf"^big\.jsonl:2: field '{field}': out of range: .*too large"):
+            load_samples(path)
+    # beyond Python's int digit limit the JSON decoder itself refuses the number
+    path = _write(tmp_path / "huge.jsonl", ROWS[:1], raw_lines=['{"prompt_id": 1, "reward": ' + "1" * 5000 + "}"])
+    with pytest.raises(SamplesError, match=r"^huge\.jsonl:2: invalid JSON"):
+        load_samples(path)
+
+
+def test_deeply_nested_json_is_an_error_naming_the_line(tmp_path):
+    depth = 200_000
+    nested = "[" * depth + "]" * depth
+    path = _write(tmp_path / "deep.jsonl", ROWS[:1],
+                  raw_lines=['{"prompt_id": 1, "correct": true, "logprob_mean": -0.1, "x": ' + nested + "}"])
+    with pytest.raises(SamplesError, match=r"^deep\.jsonl:2: invalid JSON \(nested too deeply\)"):
+        load_samples(path)
+
+
+def test_classes_must_match_class_probs(tmp_path):
+    # "C" is index 2 of classes but class_probs has only 2 entries: the row would be counted wrong
+    rows = [{"prompt_id": 0, "class_probs": [0.3, 0.7], "label": "C", "classes": ["A", "B", "C"]}]
+    with pytest.raises(SamplesError, match=r"^c\.jsonl:1: field 'classes': has 3 classes but 'class_probs' has 2"):
+        load_samples(_write(tmp_path / "c.jsonl", rows))
+    # classes named on the first row only apply to later rows too
+    rows = [{"prompt_id": 0, "class_probs": [0.3, 0.7], "label": "B", "classes": ["A", "B"]},
+            {"prompt_id": 1, "class_probs": [0.2, 0.3, 0.5], "label": 0}]
+    with pytest.raises(SamplesError, match=r"^d\.jsonl:2: field 'class_probs': has 3 classes, earlier rows have 2"):
+        load_samples(_write(tmp_path / "d.jsonl", rows))
+
+
+def test_calibrl_files_are_detected_as_calibrl(tmp_path):
+    # extra fields another format also uses (step, prompt, completion) do not change the format
+    rows = [dict(r, step=3, prompt="p", completion="c") for r in ROWS]
+    s = load_samples(_write(tmp_path / "s.jsonl", rows))
+    assert s.format == "calibrl" and s.notes == [] and len(s) == 3
+    assert load_samples(_write(tmp_path / "t.jsonl", ROWS), format="calibrl").format == "calibrl"
+    with pytest.raises(SamplesError, match="unknown format 'csv'; choose one of calibrl, trl, verl"):
+        load_samples(tmp_path / "t.jsonl", format="csv")
+    # a first row missing its outcome is still read as calibrl, so the missing field is named
+    with pytest.raises(SamplesError, match=r"^u\.jsonl:1: field 'correct': missing"):
+        load_samples(_write(tmp_path / "u.jsonl", [{"prompt_id": 1, "logprob_mean": -0.1}]))
+    with pytest.raises(SamplesError, match=r"^v\.jsonl:1: expected a JSON object per line, got int"):
+        load_samples(_write(tmp_path / "v.jsonl", [3]))

@@ -768,3 +768,19 @@ def test_completions_log_has_decision_probabilities(tmp_path):
                 assert value is None or math.isnan(value)
             else:
                 assert 0.0 < value < 1.0 and value == pytest.approx(float(probs[row]), abs=1e-6)
+
+
+def test_undefined_metrics_are_left_out_of_the_logs(tmp_path):
+    """With every completion wrong, the AUROC and confidence_correct are undefined in every batch: TRL 1.16 would
+    log them as None; the trainer leaves them out while the defined telemetry keys are still logged."""
+
+    def always_wrong(prompts, completions, **kwargs):
+        return [0.0] * len(completions)
+
+    trainer = _trainer(tmp_path, reward=always_wrong, advantage_estimator="capo", max_steps=2)
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "calibration/accuracy" in h]
+    assert len(logged) == 2 and all(h["calibration/accuracy"] == 0.0 for h in logged)
+    for entry in trainer.state.log_history:
+        assert "calibration/auroc" not in entry and "calibration/confidence_correct" not in entry
+        assert all(v is not None and not (isinstance(v, float) and math.isnan(v)) for v in entry.values()), entry

@@ -1,5 +1,7 @@
 """The ``calibrl`` Typer application; each subcommand lives in its own module and registers itself here."""
 
+from __future__ import annotations
+
 import typer
 
 app = typer.Typer(
@@ -9,3 +11,27 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
 )
+
+
+def _version() -> str:
+    """The installed distribution's version (the source tree's when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("calibrl")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"calibrl {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """Calibration-aware RL for reasoning LLMs: train (TRL), generate samples, evaluate calibration, run the demo."""

@@ -18,28 +18,27 @@ class_probs present in the first row); that field is then required on every row.
 validated wherever they appear; a field present on only some rows is kept with NaN / None for the others.
 
 Errors raise :class:`SamplesError` with ``"<file>:<line>: field '<name>': <problem>"``; for Parquet files the
-number is the 1-based row.
+number is the 1-based row. Other tools' files (TRL, verl, OpenAI-style APIs, vLLM, lm-eval) are converted to these
+rows by :mod:`calibrl.evaluation.readers` first (``format=``, or detected from the first row's fields).
 """
 
 from __future__ import annotations
 
-import json
 import math
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["CONFIDENCE_KINDS", "Samples", "SamplesError", "load_samples"]
+from calibrl.evaluation.readers import FORMATS, SamplesError, detect_format, read_rows
+
+__all__ = ["CONFIDENCE_KINDS", "FORMATS", "Samples", "SamplesError", "load_samples"]
 
 CONFIDENCE_KINDS = ("logprob_mean", "decision_prob", "class_probs")
 _CLASS_PROBS_TOL = 1e-3
 _LOGPROB_TOL = 1e-6  # float noise above 0 is clipped to 0
-
-
-class SamplesError(ValueError):
-    """A samples file is unreadable or a row is invalid; the message starts with ``file:line``."""
 
 
 def _is_number(value: Any) -> bool:
@@ -68,7 +67,7 @@ class Samples:
     source: str
     prompt_ids: np.ndarray  # [N] str
     correct: np.ndarray  # [N] bool
-    confidence_kind: str
+    confidence_kind: str | None  # None: the file has no confidence input (lm-eval generation tasks)
     reward: np.ndarray | None = None  # [N] float (NaN where absent)
     logprob_mean: np.ndarray | None = None  # [N] float
     decision_prob: np.ndarray | None = None  # [N] float
@@ -79,6 +78,8 @@ class Samples:
     benchmarks: np.ndarray | None = None  # [N] str
     completions: np.ndarray | None = None  # [N] object: str or None
     n_tokens: np.ndarray | None = None  # [N] float (NaN where absent)
+    format: str = "calibrl"  # the format the file was read as (calibrl.evaluation.readers.FORMATS)
+    notes: list[str] = field(default_factory=list)  # how a foreign format was read (which field gave correct, ...)
     prompt_index: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -110,6 +111,9 @@ class Samples:
     def confidence(self, kind: str | None = None) -> np.ndarray:
         """Confidence in [0, 1] per completion: exp(logprob_mean), decision_prob, or the top class probability."""
         kind = kind or self.confidence_kind
+        if kind is None:
+            raise SamplesError(f"{self.source}: no confidence input (the file has none of "
+                               f"{', '.join(CONFIDENCE_KINDS)}): accuracy and answer selection only")
         if kind == "logprob_mean":
             return np.exp(self._need("logprob_mean"))
         if kind == "decision_prob":
@@ -153,46 +157,6 @@ class Samples:
         return {str(b): self.subset(self.benchmarks == b) for b in np.unique(self.benchmarks)}
 
 
-def _rows_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
-    """JSON Lines rows. Lines are decoded one by one (so a bad byte is reported on its line); a leading UTF-8
-    byte-order mark is accepted; a gzip file or a JSON array gets an error saying so."""
-    try:
-        handle = path.open("rb")
-    except OSError as exc:
-        raise SamplesError(f"{path}: cannot open ({exc.strerror or exc})") from None
-    with handle:
-        first = True
-        for lineno, data in enumerate(handle, start=1):
-            if lineno == 1 and data.startswith(b"\x1f\x8b"):
-                raise SamplesError(f"{path.name}:1: not UTF-8 text (the file is gzip-compressed; decompress it first)")
-            try:
-                line = data.decode("utf-8-sig" if lineno == 1 else "utf-8")
-            except UnicodeDecodeError as exc:
-                raise SamplesError(f"{path.name}:{lineno}: not UTF-8 text (byte {data[exc.start]:#04x} at column "
-                                   f"{exc.start + 1})") from None
-            if not line.strip():
-                continue
-            if first and line.lstrip().startswith("["):
-                raise SamplesError(f"{path.name}:{lineno}: the file is a JSON array; JSON Lines is expected (one "
-                                   "object per line, no enclosing [ ])")
-            first = False
-            try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SamplesError(f"{path.name}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-
-
-def _rows_parquet(path: Path) -> Iterator[tuple[int, Any]]:
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(path)
-    except Exception as exc:  # pyarrow raises several types for unreadable files
-        raise SamplesError(f"{path.name}: cannot read Parquet ({exc})") from None
-    for i, row in enumerate(table.to_pylist(), start=1):
-        yield i, row
-
-
 class _Row:
     """Typed access to one row's fields with ``file:line: field 'x': problem`` errors."""
 
@@ -211,7 +175,10 @@ class _Row:
             raise self.fail(name, "missing")
         if not _is_number(value):
             raise self.fail(name, f"expected a number, got {type(value).__name__} {value!r}")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:
+            raise self.fail(name, "out of range: the number is too large") from None
         if not math.isfinite(value):
             raise self.fail(name, f"must be finite, got {value}")
         if not low <= value <= high:
@@ -219,7 +186,13 @@ class _Row:
         return value
 
 
-def _detect_kind(path: Path, lineno: int, row: dict, requested: str | None) -> str:
+_NO_CONFIDENCE = "none"  # the kind of a file whose format carries no confidence input
+# formats that may carry no confidence input (lm-eval generation tasks; TRL / verl logs written without calibrl)
+_CONFIDENCE_OPTIONAL = ("trl", "verl", "lm-eval")
+
+
+def _detect_kind(where: str, row: dict, requested: str | None, *, optional: bool) -> str:
+    """The confidence field: ``requested``, else the first of CONFIDENCE_KINDS in the first row."""
     if requested is not None:
         if requested not in CONFIDENCE_KINDS:
             raise SamplesError(f"unknown confidence {requested!r}; choose one of {', '.join(CONFIDENCE_KINDS)}")
@@ -227,23 +200,43 @@ def _detect_kind(path: Path, lineno: int, row: dict, requested: str | None) -> s
     for kind in CONFIDENCE_KINDS:
         if row.get(kind) is not None:
             return kind
-    raise SamplesError(
-        f"{path.name}:{lineno}: field 'logprob_mean': missing (need a confidence input: one of "
-        f"{', '.join(CONFIDENCE_KINDS)})"
-    )
+    if optional:
+        return _NO_CONFIDENCE
+    raise SamplesError(f"{where}: field 'logprob_mean': missing (need a confidence input: one of "
+                       f"{', '.join(CONFIDENCE_KINDS)})")
 
 
-def load_samples(path: str | Path, *, confidence: str | None = None) -> Samples:
-    """Read and validate a ``.jsonl`` / ``.json`` (one object per line) or ``.parquet`` samples file.
+def load_samples(path: str | Path, *, confidence: str | None = None, format: str | None = None) -> Samples:
+    """Read and validate a samples file: calibrl's ``.jsonl`` / ``.json`` (one object per line) or ``.parquet``,
+    or another tool's output (``format``: one of FORMATS; None = detected from the first row's fields, see
+    :mod:`calibrl.evaluation.readers`). TRL and verl logs may be given as their folder.
 
     ``confidence`` picks the confidence field (``logprob_mean``, ``decision_prob`` or ``class_probs``); by default
     the first of these present in the first row. Raises :class:`SamplesError` naming the file, line and field.
+    How a foreign format was read (e.g. which column gave ``correct``) is in ``Samples.notes`` and a warning.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise SamplesError(f"{path}: no such file")
-    rows = _rows_parquet(path) if path.suffix.lower() in (".parquet", ".pq") else _rows_jsonl(path)
+    if format is not None and format not in FORMATS:
+        raise SamplesError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+    fmt = format or detect_format(path)
+    if fmt == "calibrl" and not path.is_file():
+        raise SamplesError(f"{path}: is a folder; a calibrl samples file is expected")
+    notes: list[str] = []
+    samples = _validate(read_rows(path, fmt, notes), path.name, confidence=confidence,
+                        optional=fmt in _CONFIDENCE_OPTIONAL)
+    if samples.confidence_kind is None:
+        notes.append(f"{path.name}: no confidence input ({', '.join(CONFIDENCE_KINDS)}) in this {fmt} file: "
+                     "accuracy and answer selection only")
+    samples.format, samples.notes = fmt, notes
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+    return samples
 
+
+def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str | None, optional: bool) -> Samples:
+    """Samples from calibrl rows ``(file:line, row)``; ``optional``: a file without confidence input is read."""
     prompt_ids: list[str] = []
     correct: list[bool] = []
     cols: dict[str, list] = {k: [] for k in ("reward", "logprob_mean", "decision_prob", "n_tokens")}
@@ -254,13 +247,12 @@ def load_samples(path: str | Path, *, confidence: str | None = None) -> Samples:
     kind: str | None = None
     n_classes: int | None = None
 
-    for lineno, raw in rows:
-        where = f"{path.name}:{lineno}"
+    for where, raw in rows:
         if not isinstance(raw, dict):
             raise SamplesError(f"{where}: expected a JSON object per line, got {type(raw).__name__}")
         r = _Row(where, raw)
         if kind is None:
-            kind = _detect_kind(path, lineno, raw, confidence)
+            kind = _detect_kind(where, raw, confidence, optional=optional)
 
         pid = raw.get("prompt_id")
         if pid is None:
@@ -298,7 +290,10 @@ def load_samples(path: str | Path, *, confidence: str | None = None) -> Samples:
         if probs is not None:
             if not isinstance(probs, (list, tuple, np.ndarray)) or not all(_is_number(p) for p in probs):
                 raise r.fail("class_probs", f"expected a list of numbers, got {type(probs).__name__} {probs!r}")
-            probs = [float(p) for p in probs]
+            try:
+                probs = [float(p) for p in probs]
+            except OverflowError:
+                raise r.fail("class_probs", "out of range: a number is too large") from None
             if len(probs) < 2:
                 raise r.fail("class_probs", f"needs at least 2 classes, got {len(probs)}")
             if not all(math.isfinite(p) for p in probs):
@@ -312,6 +307,10 @@ def load_samples(path: str | Path, *, confidence: str | None = None) -> Samples:
                 n_classes = len(probs)
             elif len(probs) != n_classes:
                 raise r.fail("class_probs", f"has {len(probs)} classes, earlier rows have {n_classes}")
+            named = row_classes if row_classes is not None else classes
+            if named is not None and len(named) != len(probs):
+                raise r.fail("classes", f"has {len(named)} classes but 'class_probs' has {len(probs)} (one "
+                             "probability per class is needed)")
         class_probs.append(probs)
         label = raw.get("label")
         if label is None:
@@ -357,7 +356,7 @@ def load_samples(path: str | Path, *, confidence: str | None = None) -> Samples:
             texts[name].append(value)
 
     if kind is None:
-        raise SamplesError(f"{path.name}: no samples (the file is empty)")
+        raise SamplesError(f"{source}: no samples (the file is empty)")
 
     def opt_float(values: list[float]) -> np.ndarray | None:
         arr = np.asarray(values, dtype=np.float64)
@@ -380,10 +379,10 @@ def load_samples(path: str | Path, *, confidence: str | None = None) -> Samples:
 
     benchmarks = opt_text(texts["benchmark"], fill="(none)")
     return Samples(
-        source=path.name,
+        source=source,
         prompt_ids=np.asarray(prompt_ids, dtype=str),
         correct=np.asarray(correct, dtype=bool),
-        confidence_kind=kind,
+        confidence_kind=None if kind == _NO_CONFIDENCE else kind,
         reward=opt_float(cols["reward"]),
         logprob_mean=opt_float(cols["logprob_mean"]),
         decision_prob=opt_float(cols["decision_prob"]),

@@ -18,8 +18,40 @@ The package, in the order a generation batch goes through it:
 * :mod:`~calibrl.trl.recipes` and :mod:`~calibrl.trl.train`: YAML recipes and ``calibrl train``.
 """
 
-from calibrl.trl.config import CalibratedGRPOConfig
-from calibrl.trl.rollout import estimator_inputs, extract_answer, has_answer
-from calibrl.trl.trainer import CalibratedGRPOTrainer
+from __future__ import annotations
 
-__all__ = ["CalibratedGRPOConfig", "CalibratedGRPOTrainer", "estimator_inputs", "extract_answer", "has_answer"]
+TRL_TESTED = ("1.16", "1.17")  # the TRL range the trainer's overrides were written against: >= first, < second
+
+
+def _check_trl_version() -> None:
+    """Refuse a TRL older than the tested range (the trainer overrides private TRL 1.16 methods, e.g.
+    ``_generate_single_turn(..., has_tool_images)``, that older releases lack or call differently) and warn on a
+    newer one; pyproject.toml pins the same range."""
+    import importlib.metadata
+    import warnings
+
+    from packaging.version import Version
+
+    try:
+        installed = importlib.metadata.version("trl")
+    except importlib.metadata.PackageNotFoundError:
+        raise ImportError(f"calibrl.trl needs TRL (pip install 'trl>={TRL_TESTED[0]},<{TRL_TESTED[1]}')") from None
+    low, high = (Version(v) for v in TRL_TESTED)
+    if Version(installed) < low:
+        raise ImportError(f"calibrl.trl needs TRL {TRL_TESTED[0]}.x, found TRL {installed}; install the tested "
+                          f"range: pip install 'trl>={TRL_TESTED[0]},<{TRL_TESTED[1]}'")
+    if Version(installed) >= high:
+        warnings.warn(f"calibrl.trl was tested with TRL {TRL_TESTED[0]}.x, found TRL {installed}; the trainer "
+                      f"overrides private TRL methods that may have changed (pip install "
+                      f"'trl>={TRL_TESTED[0]},<{TRL_TESTED[1]}' for the tested range)", UserWarning, stacklevel=2)
+
+
+_check_trl_version()
+
+from calibrl.trl.config import CalibratedGRPOConfig  # noqa: E402
+from calibrl.trl.rollout import estimator_inputs, extract_answer, has_answer  # noqa: E402
+from calibrl.trl.trainer import CalibratedGRPOTrainer  # noqa: E402
+
+__all__ = [
+    "TRL_TESTED", "CalibratedGRPOConfig", "CalibratedGRPOTrainer", "estimator_inputs", "extract_answer", "has_answer",
+]

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from trl import GRPOConfig
 
 __all__ = ["CalibratedGRPOConfig"]
+
+
+def _is_number(value: Any) -> bool:
+    """True for an int or a float, False for a bool or anything else (a quoted "0.6" is not a number)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass
@@ -139,6 +145,10 @@ class CalibratedGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        if getattr(self, "activation_checkpointing", False) is None and self.gradient_checkpointing is not None:
+            # TRL's default gradient_checkpointing=True under transformers 5's new name, so building a config does
+            # not print transformers' deprecation warning for a field the user never set (same resolved value)
+            self.activation_checkpointing = self.gradient_checkpointing
         super().__post_init__()
         if isinstance(self.decision_classes, str):
             self.decision_classes = [c for c in self.decision_classes.split(",") if c]
@@ -153,6 +163,35 @@ class CalibratedGRPOConfig(GRPOConfig):
             raise ValueError(f"rollout_logprobs must be 'auto' or 'forward', got {self.rollout_logprobs!r}")
         if self.advantage_params is not None and not isinstance(self.advantage_params, dict):
             raise ValueError(f"advantage_params must be a dict, got {type(self.advantage_params).__name__}")
+        self._check_ranges()
+
+    def _check_ranges(self) -> None:
+        """Reject out-of-range values of calibrl's fields (and the sampling temperature the log-probs divide by)
+        here, so a bad recipe fails before a model is loaded; every message names the field. The estimator name is
+        checked when the trainer is built (an estimator may be registered after the config)."""
+        if self.gcpo_measure not in ("cosine", "barycentric"):
+            raise ValueError(f"gcpo_measure must be 'cosine' or 'barycentric', got {self.gcpo_measure!r}")
+        positive = ("capo_tau", "capo_ref_high", "capo_ref_low", "temperature")
+        for name in positive:
+            value = getattr(self, name)
+            if not _is_number(value) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        for name in ("capo_ref_high_quantile", "capo_ref_low_quantile"):
+            value = getattr(self, name)
+            if not _is_number(value) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+        if self.capo_ref_low_quantile > self.capo_ref_high_quantile:
+            raise ValueError(f"capo_ref_low_quantile ({self.capo_ref_low_quantile}) must not exceed "
+                             f"capo_ref_high_quantile ({self.capo_ref_high_quantile})")
+        coef = self.decision_loss_coef
+        if not _is_number(coef) or not math.isfinite(coef) or coef < 0:
+            raise ValueError(f"decision_loss_coef must be a finite number >= 0, got {coef!r}")
+        classes = self.decision_classes
+        if classes is not None and (not isinstance(classes, list) or not classes
+                                    or not all(isinstance(c, str) and c for c in classes)):
+            raise ValueError(f"decision_classes must be a non-empty list of non-empty strings, got {classes!r}")
+        if self.correctness_reward is not None and not isinstance(self.correctness_reward, str):
+            raise ValueError(f"correctness_reward must be a reward name, got {self.correctness_reward!r}")
 
     # ------------------------------------------------------------------ helpers read by the trainer
     def estimator_params(self) -> dict[str, Any]:

@@ -21,6 +21,11 @@ qwen-math-chat``) and must be one of its named parameters, so a typo (``tempalte
 arguments for the hub's ``datasets.load_dataset`` (``revision``, ``data_dir``, ...) go under ``load_kwargs:``
 (a mapping), accepted only by loaders that take ``**kwargs`` (the built-in benchmark loaders do).
 
+Values must have the type of their CalibratedGRPOConfig field (``learning_rate: fast`` is an error naming the key);
+``1e-5`` without a dot reads as a float. A relative dataset ``path`` is looked up next to the recipe file first,
+then in the working directory. The recipes shipped in the package (``calibrl/recipes/``, their small data in
+``calibrl/recipes/data/``) load by name: ``load_recipe("tiny_cpu")``; :func:`shipped_recipes` lists them.
+
 API: :func:`load_recipe` / :func:`parse_recipe` here; :func:`calibrl.trl.train.build_trainer` and
 :func:`calibrl.trl.train.train` build and run the trainer.
 """
@@ -29,6 +34,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
+import functools
+import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,10 +47,26 @@ import yaml
 
 __all__ = [
     "RecipeError", "ModelSpec", "DatasetSpec", "RewardSpec", "Recipe", "load_recipe", "parse_recipe",
-    "trainer_fields", "check_trainer_fields", "unknown_key_error",
+    "trainer_fields", "check_trainer_fields", "unknown_key_error", "load_yaml", "shipped_recipes",
+    "resolve_recipe_path", "RECIPES_DIR",
 ]
 
 TINY = "builtin:tiny"
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # the recipes shipped in the package
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader reading ``1e-5`` (no dot) as a float, as YAML 1.2 and Python do; PyYAML alone reads
+    it as the string "1e-5", which would then be rejected as a learning rate."""
+
+
+_RecipeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def load_yaml(text: str) -> Any:
+    """``text`` parsed as YAML the way recipes and ``--set`` values are (``1e-5`` is a float)."""
+    return yaml.load(text, Loader=_RecipeLoader)  # noqa: S506 (a SafeLoader subclass)
 
 
 class RecipeError(ValueError):
@@ -158,20 +184,83 @@ def _parse_rewards(raw: Any, source: str) -> list[RewardSpec]:
                     raise unknown_key_error(key, "rewards", ("name", "weight"), source)
             if "name" not in item:
                 raise RecipeError(f"{source}: every entry of 'rewards' needs a 'name'")
-            out.append(RewardSpec(item["name"], float(item.get("weight", 1.0))))
+            weight = item.get("weight", 1.0)
+            if not isinstance(weight, (int, float)) or isinstance(weight, bool):
+                raise RecipeError(f"{source}: rewards: the weight of {item['name']!r} must be a number, got {weight!r}")
+            out.append(RewardSpec(item["name"], float(weight)))
         else:
             raise RecipeError(f"{source}: rewards entries must be names or {{name, weight}}, got {item!r}")
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def _trainer_types() -> dict[str, Any]:
+    """The annotated type of every CalibratedGRPOConfig field (TRL's and transformers' included)."""
+    from calibrl.trl.config import CalibratedGRPOConfig
+
+    try:
+        return typing.get_type_hints(CalibratedGRPOConfig)
+    except Exception:  # an annotation that does not resolve in this version: skip type checks, keep the rest
+        return {}
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    """Whether ``value`` (as YAML gives it) fits the annotation ``tp``; unknown annotations accept anything."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return True
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_matches(value, a) for a in args)
+    if tp is type(None):
+        return value is None
+    if origin is typing.Literal:
+        return value in args
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    if tp in (list, tuple) or origin in (list, tuple):
+        return isinstance(value, (list, tuple)) and (not args or all(_matches(v, args[0]) for v in value))
+    if tp is dict or origin is dict:
+        return isinstance(value, dict)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return isinstance(value, tp)
+    return isinstance(value, tp) if isinstance(tp, type) else True
+
+
+def _type_name(tp: Any) -> str:
+    """A reader's name for an annotation: ``float``, ``int or null``, ``list of str``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        return " or ".join(dict.fromkeys(_type_name(a) for a in args))
+    if tp is type(None):
+        return "null"
+    if origin in (list, tuple) and args:
+        return f"list of {_type_name(args[0])}"
+    if origin is typing.Literal:
+        return " or ".join(repr(a) for a in args)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return "str"
+    return getattr(origin or tp, "__name__", str(tp))
+
+
 def check_trainer_fields(raw: dict, source: str, section: str = "trainer") -> dict:
-    """``raw`` if every key is a CalibratedGRPOConfig field, else an unknown-key error naming it."""
+    """``raw`` if every key is a CalibratedGRPOConfig field holding a value of its annotated type, else an error
+    naming the file, the section and the key (unknown keys with the closest valid name)."""
     if not isinstance(raw, dict):
         raise RecipeError(f"{source}: section {section!r} must be a mapping of CalibratedGRPOConfig fields")
     valid = trainer_fields()
-    for key in raw:
+    annotations = _trainer_types()
+    for key, value in raw.items():
         if key not in valid:
             raise unknown_key_error(key, section, valid, source)
+        if key in annotations and not _matches(value, annotations[key]):
+            raise RecipeError(f"{source}: {section}.{key}: expected {_type_name(annotations[key])}, "
+                              f"got {value!r} ({type(value).__name__})")
     return dict(raw)
 
 
@@ -195,15 +284,49 @@ def parse_recipe(data: dict, source: str = "<recipe>") -> Recipe:
     )
 
 
+def _relative_to_recipe(spec: DatasetSpec | None, folder: Path) -> None:
+    """A relative dataset ``path`` names a file next to the recipe when one is there (so a recipe and its data
+    travel together, e.g. the recipes shipped in the package); otherwise it stays relative to the working dir."""
+    if spec is None or not spec.path:
+        return
+    path = Path(str(spec.path)).expanduser()
+    if not path.is_absolute() and (folder / path).exists():
+        spec.path = str(folder / path)
+
+
+def shipped_recipes() -> dict[str, Path]:
+    """The recipes shipped in the package (``calibrl train --list``), by name (file name without ``.yaml``)."""
+    return {p.stem: p for p in sorted(RECIPES_DIR.glob("*.yaml"))}
+
+
+def resolve_recipe_path(name_or_path: str | Path) -> Path:
+    """``name_or_path`` if it is a file; a shipped recipe's file for its name (``tiny_cpu``); else a
+    :class:`RecipeError` listing the shipped names."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    shipped = shipped_recipes()
+    if str(name_or_path) in shipped:
+        return shipped[str(name_or_path)]
+    close = difflib.get_close_matches(str(name_or_path), list(shipped), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise RecipeError(f"{name_or_path}: no such recipe file or shipped recipe{hint}; shipped: {', '.join(shipped)}")
+
+
 def load_recipe(path: str | Path) -> Recipe:
-    """Read and validate a YAML recipe; :class:`RecipeError` names the file and key on any problem."""
-    path = Path(path)
+    """Read and validate a YAML recipe (a file, or a shipped recipe's name); :class:`RecipeError` names the file
+    and key on any problem. Relative dataset paths are looked up next to the recipe first."""
+    path = resolve_recipe_path(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise RecipeError(f"{path}: cannot read recipe ({exc.strerror or exc})") from exc
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
-        raise RecipeError(f"{path}: invalid YAML ({exc})") from exc
-    return parse_recipe(data, str(path))
+        raise RecipeError(f"{path}: invalid YAML ({' '.join(str(exc).split())})") from exc
+    recipe = parse_recipe(data, str(path))
+    folder = path.resolve().parent  # through a symlink (configs/ -> calibrl/recipes/) to the real folder
+    _relative_to_recipe(recipe.dataset, folder)
+    _relative_to_recipe(recipe.eval_dataset, folder)
+    return recipe

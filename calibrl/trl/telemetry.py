@@ -4,7 +4,7 @@ The TRL trainer (:mod:`calibrl.trl`) calls :func:`calibration_metrics` on every 
 eval) and logs each value as ``calibration/<key>`` through TRL's metrics, so TensorBoard / W&B show calibration
 next to the reward. Everything here is framework-free and cheap (numpy on at most a few thousand rows).
 
-Keys (all floats; ``nan`` when undefined, which TRL's logger skips):
+Keys (all floats; ``nan`` when undefined, left out of the logs by ``CalibratedGRPOTrainer.log``):
     accuracy                 fraction of correct completions (``correct``, else reward > threshold)
     auroc                    pooled AUROC of the sequence confidence (mean token log-prob) vs correctness
     auroc_per_prompt         mean over prompts with both outcomes of the within-prompt AUROC

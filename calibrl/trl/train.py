@@ -9,8 +9,11 @@ API: :func:`load_recipe` (from :mod:`calibrl.trl.recipes`), :func:`build_trainer
 
 from __future__ import annotations
 
+import difflib
 import inspect
+import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +28,68 @@ from calibrl.trl.recipes import (
     unknown_key_error,
 )
 
-__all__ = ["RecipeError", "build_trainer", "last_checkpoint", "load_recipe", "summarize", "train"]
+__all__ = [
+    "LOG_HISTORY", "RecipeError", "build_trainer", "last_checkpoint", "load_recipe", "summarize",
+    "train", "validate_recipe",
+]
 
-def _load_dataset(spec: DatasetSpec, section: str, source: str):
+
+LOG_HISTORY = "log_history.jsonl"
+_TRL_CHECKPOINTING_DEPRECATION = r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated"
+
+
+def _defined(value: Any) -> bool:
+    """False for a metric with no value this step (None, NaN: e.g. AUROC of a batch with one class)."""
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _log_history_writer():
+    from transformers import TrainerCallback
+
+    class LogHistoryWriter(TrainerCallback):
+        """Drops undefined metrics (None / NaN) from every logged dict, so no logger records them and averages
+        stay honest, and appends each log to ``<output_dir>/log_history.jsonl`` (one JSON line with ``step``,
+        ``epoch`` and every metric, main process only) so the per-step history survives with ``report_to:
+        none``. Put first in the callback list so the printer and the trackers see the filtered dict."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:
+                _truncate_log_history(Path(args.output_dir) / LOG_HISTORY, after_step=state.global_step)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            for record in (logs, state.log_history[-1] if state.log_history else None):
+                if isinstance(record, dict):
+                    for key in [k for k, v in record.items() if not _defined(v)]:
+                        del record[key]
+            if not state.is_world_process_zero or not logs:
+                return
+            path = Path(args.output_dir) / LOG_HISTORY
+            path.parent.mkdir(parents=True, exist_ok=True)
+            line = {"step": state.global_step, "epoch": state.epoch, **logs}
+            with path.open("a") as handle:
+                handle.write(json.dumps(line, default=float) + "\n")
+
+    return LogHistoryWriter()
+
+
+def _truncate_log_history(path: Path, *, after_step: int) -> None:
+    """Keep only the lines of steps up to ``after_step`` (a resumed run rewrites the steps after its checkpoint;
+    a fresh run in a used folder starts an empty history)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= after_step and after_step > 0:
+                kept.append(line)
+        except json.JSONDecodeError:
+            continue
+    path.write_text("".join(f"{line}\n" for line in kept))
+
+
+def _dataset_kwargs(spec: DatasetSpec, section: str, source: str) -> tuple[Any, dict[str, Any]]:
+    """(loader, keyword arguments) for a dataset section, checked without reading anything: a registered name,
+    only the loader's named parameters (a typo must not vanish into ``**kwargs``), an existing local path."""
     from calibrl.tasks.registry import get_dataset_loader
 
     try:
@@ -38,14 +100,17 @@ def _load_dataset(spec: DatasetSpec, section: str, source: str):
     if spec.split is not None:
         kwargs["split"] = spec.split
     if spec.path is not None:
-        kwargs["path"] = spec.path
+        if not Path(str(spec.path)).expanduser().exists():
+            raise RecipeError(f"{source}: {section}.path: {spec.path} does not exist (relative paths are looked up "
+                              "next to the recipe, then in the working directory)")
+        kwargs["path"] = str(Path(str(spec.path)).expanduser())
     if spec.limit is not None:
         kwargs["limit"] = spec.limit
     kwargs.update(spec.options)
     params = inspect.signature(loader).parameters
     named = [k for k, p in params.items() if k != "self" and p.kind in (
         inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
-    for key in kwargs:  # only the loader's named parameters: a typo must not vanish into **kwargs
+    for key in kwargs:
         if key not in named:
             raise unknown_key_error(key, section, named + ["load_kwargs"], source)
     if spec.load_kwargs:
@@ -57,30 +122,77 @@ def _load_dataset(spec: DatasetSpec, section: str, source: str):
             raise RecipeError(f"{source}: {section}.load_kwargs: {clash} are loader parameters; set them in "
                               f"section {section!r} itself")
         kwargs.update(spec.load_kwargs)
-    dataset = loader(**kwargs)
+    return loader, kwargs
+
+
+def _load_dataset(spec: DatasetSpec, section: str, source: str):
+    """The dataset of a section; a loader's error (unreadable file, no usable rows, hub unreachable) becomes a
+    one-line :class:`RecipeError` naming the file and the section."""
+    loader, kwargs = _dataset_kwargs(spec, section, source)
+    try:
+        dataset = loader(**kwargs)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        message = " ".join(str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).split())
+        raise RecipeError(f"{source}: {section}: {message}") from exc
     if spec.limit is not None and hasattr(dataset, "select") and len(dataset) > spec.limit:
         dataset = dataset.select(range(spec.limit))
+    if hasattr(dataset, "__len__") and len(dataset) == 0:
+        raise RecipeError(f"{source}: {section}: the dataset has no rows")
     return dataset
 
 
+def _looks_local(name: str) -> bool:
+    """Whether a model / tokenizer name is meant as a local folder rather than a hub id: it starts with ``./``,
+    ``../``, ``/`` or ``~``, or its parent folder exists here (``runs/sft/final``)."""
+    if name.startswith(("./", "../", "/", "~", ".\\", "..\\")) or name in (".", ".."):
+        return True
+    parent = Path(name).parent
+    return str(parent) not in ("", ".") and parent.is_dir()
+
+
+def _check_model_spec(spec: ModelSpec, source: str) -> None:
+    """A local-looking model or tokenizer path must exist (a hub id is checked when it is downloaded)."""
+    for key in ("name_or_path", "tokenizer"):
+        name = getattr(spec, key)
+        if not name or name == TINY:
+            continue
+        if not isinstance(name, str):
+            raise RecipeError(f"{source}: model.{key} must be a string, got {name!r}")
+        if _looks_local(name) and not Path(name).expanduser().exists():
+            raise RecipeError(f"{source}: model.{key}: {name} does not exist (a local folder; hub ids look like "
+                              "'org/name')")
+    if spec.name_or_path == TINY and spec.tiny is not None and not isinstance(spec.tiny, dict):
+        raise RecipeError(f"{source}: model.tiny must be a mapping of TinyModelConfig fields")
+
+
+def _model_init_kwargs(spec: ModelSpec) -> dict:
+    """The ``from_pretrained`` keyword arguments a recipe's model section asks for (none for the tiny model)."""
+    if spec.name_or_path == TINY:
+        return {}
+    init_kwargs = dict(spec.init_kwargs)
+    if spec.dtype is not None:
+        init_kwargs["dtype"] = spec.dtype
+    return init_kwargs
+
+
 def _load_model(spec: ModelSpec):
-    """(model or model id, tokenizer or None, model_init_kwargs)."""
+    """(model or model id, tokenizer or None)."""
     if spec.name_or_path == TINY:
         from calibrl.testbed.model import TinyModelConfig, build_tiny_model
 
         tiny = dict(spec.tiny or {})
         seed = int(tiny.pop("seed", 0))
-        model, tokenizer = build_tiny_model(config=TinyModelConfig(**tiny), seed=seed)
-        return model, tokenizer, {}
-    init_kwargs = dict(spec.init_kwargs)
-    if spec.dtype is not None:
-        init_kwargs["dtype"] = spec.dtype
+        try:
+            config = TinyModelConfig(**tiny)
+        except TypeError as exc:
+            raise RecipeError(f"model.tiny: {exc}") from exc
+        return build_tiny_model(config=config, seed=seed)
     tokenizer = None
     if spec.tokenizer:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer)
-    return spec.name_or_path, tokenizer, init_kwargs
+    return spec.name_or_path, tokenizer
 
 
 def _peft_config(peft: dict | None):
@@ -93,8 +205,70 @@ def _peft_config(peft: dict | None):
     return LoraConfig(**kwargs)
 
 
+def _reward_funcs(recipe: Recipe) -> list:
+    """The recipe's reward functions, looked up by name (an unknown name is an error naming ``rewards``)."""
+    from calibrl.tasks.registry import get_reward
+
+    funcs = []
+    for spec in recipe.rewards:
+        try:
+            funcs.append(get_reward(spec.name))
+        except KeyError as exc:
+            raise RecipeError(f"{recipe.source}: rewards: {exc.args[0]}") from None
+    return funcs
+
+
+def validate_recipe(recipe: Recipe, *, overrides: dict | None = None, stand_in_model: bool = False):
+    """The recipe's :class:`~calibrl.trl.CalibratedGRPOConfig`, after checking everything that can be checked
+    without loading a model or a dataset: field names and types, value ranges, the estimator name, the reward
+    names and ``correctness_reward``, dataset sections and paths, a local model path. Any problem is a one-line
+    :class:`RecipeError` naming the file and the key, so ``calibrl train`` fails in a second, not after loading.
+    Creates nothing on disk."""
+    from calibrl.advantages import available_estimators
+    from calibrl.trl.config import CalibratedGRPOConfig
+
+    source = recipe.source
+    trainer_kwargs = check_trainer_fields(recipe.trainer, source)
+    trainer_kwargs.update(check_trainer_fields(overrides or {}, source, "overrides"))
+    trainer_kwargs.setdefault("output_dir", str(Path("runs") / Path(source).stem))
+    trainer_kwargs.setdefault("report_to", "none")
+    if not stand_in_model:
+        init_kwargs = _model_init_kwargs(recipe.model)
+        if init_kwargs:
+            merged = dict(trainer_kwargs.get("model_init_kwargs") or {})
+            merged.update(init_kwargs)
+            trainer_kwargs["model_init_kwargs"] = merged
+        _check_model_spec(recipe.model, source)
+    weights = [r.weight for r in recipe.rewards]
+    if any(w != 1.0 for w in weights) and "reward_weights" not in trainer_kwargs:
+        trainer_kwargs["reward_weights"] = weights
+    try:
+        args = CalibratedGRPOConfig(**trainer_kwargs)
+    except (TypeError, ValueError) as exc:
+        raise RecipeError(f"{source}: section 'trainer': {' '.join(str(exc).split())}") from exc
+    names = available_estimators()
+    if args.advantage_estimator not in names:
+        close = difflib.get_close_matches(args.advantage_estimator, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise RecipeError(f"{source}: trainer.advantage_estimator: unknown estimator {args.advantage_estimator!r}"
+                          f"{hint}; registered: {', '.join(names)}")
+    funcs = _reward_funcs(recipe)
+    if args.correctness_reward is not None:
+        known = [r.name for r in recipe.rewards] + [getattr(f, "__name__", "") for f in funcs]
+        if args.correctness_reward not in known:
+            raise RecipeError(f"{source}: trainer.correctness_reward: {args.correctness_reward!r} is not one of the "
+                              f"recipe's rewards ({', '.join(r.name for r in recipe.rewards)})")
+    _dataset_kwargs(recipe.dataset, "dataset", source)
+    if recipe.eval_dataset is not None:
+        _dataset_kwargs(recipe.eval_dataset, "eval_dataset", source)
+    return args
+
+
 def build_trainer(recipe: Recipe, *, model=None, tokenizer=None, overrides: dict | None = None, callbacks=None):
     """A ready :class:`~calibrl.trl.CalibratedGRPOTrainer` for ``recipe``.
+
+    The recipe is validated (:func:`validate_recipe`) and its datasets loaded before any model is built. The
+    trainer writes its log history to ``<output_dir>/log_history.jsonl`` (undefined metrics left out).
 
     Args:
         recipe: from :func:`load_recipe`.
@@ -103,40 +277,21 @@ def build_trainer(recipe: Recipe, *, model=None, tokenizer=None, overrides: dict
         overrides: CalibratedGRPOConfig fields replacing the recipe's ``trainer`` values (e.g. ``max_steps``).
         callbacks: extra ``transformers.TrainerCallback`` objects.
     """
-    from calibrl.tasks.registry import get_reward
-    from calibrl.trl import CalibratedGRPOConfig, CalibratedGRPOTrainer
+    from calibrl.trl import CalibratedGRPOTrainer
 
     source = recipe.source
-    trainer_kwargs = dict(recipe.trainer)
-    trainer_kwargs.update(check_trainer_fields(overrides or {}, source, "overrides"))
-    trainer_kwargs.setdefault("output_dir", str(Path("runs") / Path(source).stem))
-    trainer_kwargs.setdefault("report_to", "none")
-
-    if model is None:
-        model, recipe_tokenizer, init_kwargs = _load_model(recipe.model)
-        tokenizer = tokenizer if tokenizer is not None else recipe_tokenizer
-        if init_kwargs:
-            merged = dict(trainer_kwargs.get("model_init_kwargs") or {})
-            merged.update(init_kwargs)
-            trainer_kwargs["model_init_kwargs"] = merged
-    weights = [r.weight for r in recipe.rewards]
-    if any(w != 1.0 for w in weights) and "reward_weights" not in trainer_kwargs:
-        trainer_kwargs["reward_weights"] = weights
-    try:
-        args = CalibratedGRPOConfig(**trainer_kwargs)
-    except (TypeError, ValueError) as exc:
-        raise RecipeError(f"{source}: section 'trainer': {exc}") from exc
-
-    reward_funcs = []
-    for spec in recipe.rewards:
-        try:
-            reward_funcs.append(get_reward(spec.name))
-        except KeyError as exc:
-            raise RecipeError(f"{source}: rewards: {exc.args[0]}") from None
+    args = validate_recipe(recipe, overrides=overrides, stand_in_model=model is not None)
+    reward_funcs = _reward_funcs(recipe)
     train_dataset = _load_dataset(recipe.dataset, "dataset", source)
     eval_dataset = _load_dataset(recipe.eval_dataset, "eval_dataset", source) if recipe.eval_dataset else None
+    if model is None:
+        try:
+            model, recipe_tokenizer = _load_model(recipe.model)
+        except RecipeError as exc:
+            raise RecipeError(f"{source}: {exc}") from exc
+        tokenizer = tokenizer if tokenizer is not None else recipe_tokenizer
 
-    return CalibratedGRPOTrainer(
+    trainer = CalibratedGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
         args=args,
@@ -146,6 +301,8 @@ def build_trainer(recipe: Recipe, *, model=None, tokenizer=None, overrides: dict
         peft_config=_peft_config(recipe.model.peft),
         callbacks=callbacks,
     )
+    trainer.callback_handler.callbacks.insert(0, _log_history_writer())  # first: the others see filtered logs
+    return trainer
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -245,6 +402,7 @@ def _print_summary(console, summary: dict, trainer) -> None:
         table.add_row(label, fmt(row, "first"), fmt(row, "last"), fmt(row, "eval"))
     console.print(table)
     console.print(f"output: {trainer.args.output_dir}")
+    console.print(f"log history (one JSON line per logged step): {Path(trainer.args.output_dir) / LOG_HISTORY}")
 
 
 def last_checkpoint(output_dir: str | Path) -> str | None:
@@ -255,6 +413,15 @@ def last_checkpoint(output_dir: str | Path) -> str | None:
     if not output_dir.is_dir():
         return None
     return get_last_checkpoint(str(output_dir))
+
+
+def _remove_if_empty(folder: Path, *, existed: bool) -> None:
+    """Remove ``folder`` when this run created it and a failure left it empty (no stray run folders)."""
+    try:
+        if not existed and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+    except OSError:
+        pass
 
 
 def train(recipe: Recipe, resume: bool = False, *, overrides: dict | None = None, model=None, tokenizer=None,
@@ -272,21 +439,31 @@ def train(recipe: Recipe, resume: bool = False, *, overrides: dict | None = None
     if progress:
         overrides.setdefault("disable_tqdm", True)
         callbacks.append(_progress_callback(console))
-    trainer = build_trainer(recipe, model=model, tokenizer=tokenizer, overrides=overrides, callbacks=callbacks)
-    if progress:
-        from transformers.trainer_callback import PrinterCallback
+    output_dir = Path(validate_recipe(recipe, overrides=overrides, stand_in_model=model is not None).output_dir)
+    existed = output_dir.exists()
+    try:
+        trainer = build_trainer(recipe, model=model, tokenizer=tokenizer, overrides=overrides, callbacks=callbacks)
+        if progress:
+            from transformers.trainer_callback import PrinterCallback
 
-        trainer.remove_callback(PrinterCallback)  # the rich bar replaces the printed log dicts
-    checkpoint = last_checkpoint(trainer.args.output_dir) if resume else None
-    is_main = trainer.accelerator.is_main_process
-    if resume and checkpoint is None and is_main:
-        console.print(f"[yellow]--resume: no checkpoint in {trainer.args.output_dir}; starting from scratch")
-    elif checkpoint and is_main:
-        console.print(f"resuming from {checkpoint}")
-    trainer.train(resume_from_checkpoint=checkpoint)
-    if trainer.eval_dataset is not None:
-        trainer.evaluate()
-    trainer.save_model(trainer.args.output_dir)
+            trainer.remove_callback(PrinterCallback)  # the rich bar replaces the printed log dicts
+        checkpoint = last_checkpoint(trainer.args.output_dir) if resume else None
+        is_main = trainer.accelerator.is_main_process
+        if resume and checkpoint is None and is_main:
+            console.print(f"[yellow]--resume: no checkpoint in {trainer.args.output_dir}; starting from scratch")
+        elif checkpoint and is_main:
+            console.print(f"resuming from {checkpoint}")
+        with warnings.catch_warnings():
+            # TRL 1.16 calls transformers 5's deprecated gradient_checkpointing names around every generation
+            # (trl.models.utils.unwrap_model_for_generation): three FutureWarnings per run nobody here can act on
+            warnings.filterwarnings("ignore", message=_TRL_CHECKPOINTING_DEPRECATION, category=FutureWarning)
+            trainer.train(resume_from_checkpoint=checkpoint)
+            if trainer.eval_dataset is not None:
+                trainer.evaluate()
+        trainer.save_model(trainer.args.output_dir)
+    except BaseException:
+        _remove_if_empty(output_dir, existed=existed)
+        raise
     summary = summarize(trainer.state.log_history)
     if is_main:
         _print_summary(console, summary, trainer)

@@ -9,7 +9,7 @@ TRL method overridden                  what calibrl adds
 ``__init__``                           reference model for CAPO's mask even at ``beta == 0`` (:mod:`.reference`);
                                        decision class tokens (:mod:`.decision`); the correctness reward
 ``_calculate_rewards``                 keeps the per-function rewards and this process's completions
-``_generate_single_turn``              records the sampled tokens' log-probs during ``generate`` (:mod:`.rollout`)
+``_generate_single_turn``              records the sampled tokens' log-probs during ``generate`` (:mod:`.generation`)
 ``_generate_and_score_completions``    replaces ``"advantages"``: TRL's output -> :class:`~calibrl.RolloutBatch`
                                        (:func:`.rollout.collect_rollout`) -> :func:`calibrl.compute_advantages` ->
                                        this process's slice; decision-token marks; telemetry (:mod:`.telemetry`);
@@ -17,6 +17,7 @@ TRL method overridden                  what calibrl adds
                                        completions table (``log_completions``)
 ``_get_per_token_logps_and_entropies`` keeps the loss pass's log-probs for telemetry (no extra forward)
 ``_compute_loss``                      adds ``decision_loss_coef * decision_token_loss`` (arXiv 2601.13284)
+``log``                                leaves out metrics undefined for the whole logging period (no NaN / None)
 =====================================  ==============================================================================
 
 Every TRL option that does not conflict keeps working: ``loss_type``, ``importance_sampling_level="sequence"``
@@ -171,6 +172,15 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         if decision:
             loss = loss + self._decision_loss(model, inputs, hidden_store)
         return loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Mirrors ``GRPOTrainer.log`` (TRL 1.16), which averages each metric's non-NaN values and logs ``None`` when
+        none is left: a metric undefined for the whole logging period (the AUROC of one-class batches) is left out
+        instead, so TensorBoard / W&B / JSON loggers see no NaN or None."""
+        mode = "train" if self.model.training else "eval"
+        for key in [k for k, values in self._metrics[mode].items() if values and all(_undefined(v) for v in values)]:
+            del self._metrics[mode][key]
+        super().log(logs, start_time)
 
     # ---------------------------------------------------------------------------------------------------- advantage step
 
@@ -389,3 +399,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         postprocess = dec.logit_postprocessing(self.accelerator.unwrap_model(model).config)
         return dec.decision_logits(hidden, prompt_len=prompt_len, positions=positions, lm_head=lm_head,
                                    temperature=self.temperature, postprocess=postprocess)
+
+
+def _undefined(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))

@@ -1,0 +1,157 @@
+"""What every reader shares: the error type, raw JSONL / Parquet rows, field access with ``file:line`` errors, and
+the conversions several formats need (prompt text -> prompt id, grading a completion against a gold answer)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterator
+
+__all__ = ["SamplesError", "rows_jsonl", "rows_parquet", "file_rows", "fail", "prompt_text", "prompt_key",
+           "as_float", "grade", "find_gold", "need_object"]
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+class SamplesError(ValueError):
+    """A samples file is unreadable or a row is invalid; the message starts with ``file:line``."""
+
+
+def fail(where: str, name: str, problem: str) -> SamplesError:
+    """The error for field ``name`` of the row at ``where`` (``file:line``)."""
+    return SamplesError(f"{where}: field '{name}': {problem}")
+
+
+def _decode_json(line: str, where: str) -> Any:
+    """One JSON value; malformed, too deeply nested or over-long-integer text is a SamplesError, not a crash."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise SamplesError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise SamplesError(f"{where}: invalid JSON (nested too deeply)") from None
+    except ValueError as exc:  # e.g. an integer longer than Python's int digit limit
+        raise SamplesError(f"{where}: invalid JSON ({exc})") from None
+
+
+def rows_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """JSON Lines rows as ``(line number, value)``. Lines are decoded one by one (so a bad byte is reported on its
+    line); a leading UTF-8 byte-order mark is accepted; a gzip file or a JSON array gets an error saying so."""
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise SamplesError(f"{path}: cannot open ({exc.strerror or exc})") from None
+    with handle:
+        first = True
+        for lineno, data in enumerate(handle, start=1):
+            if lineno == 1 and data.startswith(b"\x1f\x8b"):
+                raise SamplesError(f"{path.name}:1: not UTF-8 text (the file is gzip-compressed; decompress it first)")
+            try:
+                line = data.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise SamplesError(f"{path.name}:{lineno}: not UTF-8 text (byte {data[exc.start]:#04x} at column "
+                                   f"{exc.start + 1})") from None
+            if not line.strip():
+                continue
+            if first and line.lstrip().startswith("["):
+                raise SamplesError(f"{path.name}:{lineno}: the file is a JSON array; JSON Lines is expected (one "
+                                   "object per line, no enclosing [ ])")
+            first = False
+            yield lineno, _decode_json(line, f"{path.name}:{lineno}")
+
+
+def rows_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    """Parquet rows as ``(1-based row number, dict)``."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for unreadable files
+        raise SamplesError(f"{path.name}: cannot read Parquet ({exc})") from None
+    for i, row in enumerate(table.to_pylist(), start=1):
+        yield i, row
+
+
+def file_rows(path: Path) -> Iterator[tuple[int, Any]]:
+    """The rows of one file, by its suffix: Parquet, else JSON Lines."""
+    return rows_parquet(path) if path.suffix.lower() in PARQUET_SUFFIXES else rows_jsonl(path)
+
+
+def as_float(value: Any, where: str, name: str) -> float:
+    """A finite float from a number or a numeric string (some tools write numbers as text)."""
+    if value is None:
+        raise fail(where, name, "missing")
+    if isinstance(value, bool):
+        raise fail(where, name, f"expected a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise fail(where, name, f"expected a number, got {type(value).__name__} {value!r}") from None
+    except OverflowError:
+        raise fail(where, name, "out of range: the number is too large") from None
+    if not math.isfinite(number):
+        raise fail(where, name, f"must be finite, got {number}")
+    return number
+
+
+def _content_text(content: Any) -> str:
+    """A message's content as text: a string, or the text parts of a multimodal content list."""
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) if isinstance(part, dict) else str(part) for part in content)
+    return "" if content is None else str(content)
+
+
+def prompt_text(prompt: Any) -> str:
+    """A prompt as one text: a string as is; a conversation (list of ``{"role", "content"}``) as ``role: content``
+    lines, so two conversations differing in any message are different prompts."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, (list, tuple)):
+        return "\n".join(f"{m.get('role', '')}: {_content_text(m.get('content'))}" if isinstance(m, dict)
+                         else str(m) for m in prompt)
+    return json.dumps(prompt, sort_keys=True, default=str)
+
+
+def prompt_key(step: Any, prompt: Any) -> str:
+    """A short stable prompt id from a training step and the prompt: ``<step>:<16 hex digits of its SHA-1>``."""
+    digest = hashlib.sha1(prompt_text(prompt).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{step}:{digest}"
+
+
+def grade(text: str, gold: dict[str, Any]) -> tuple[str | None, bool]:
+    r"""``(answer, correct)`` of a completion graded with calibrl's rewards: with ``classes`` and ``label`` the
+    decision (last standalone class string) against the label's class; else the last ``\boxed{}`` against
+    ``gold`` with math-verify."""
+    from calibrl.tasks.rewards import check_math, extract_decision, label_to_class
+
+    if gold.get("classes") is not None:
+        answer, _ = extract_decision(text, gold["classes"])
+        return answer, answer is not None and answer == label_to_class(gold["label"], gold["classes"])
+    return check_math(text, gold["gold"])
+
+
+def find_gold(places: list[Any], where: str) -> dict[str, Any]:
+    """The gold of a row of a file that has none of its own (API responses): the first of ``places`` (dicts: the
+    row, its ``metadata``, ...) holding ``label`` with ``classes`` (decision task) or ``gold`` / ``answer``."""
+    for place in places:
+        if not isinstance(place, dict):
+            continue
+        if place.get("classes") is not None and place.get("label") is not None:
+            classes = place["classes"]
+            if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+                raise fail(where, "classes", f"expected a list of strings, got {classes!r}")
+            return {"classes": classes, "label": place["label"]}
+        for name in ("gold", "answer"):
+            if place.get(name) is not None:
+                return {"gold": place[name]}
+    raise fail(where, "gold", "missing (the file has no gold answer: add 'gold' (or 'answer') to each line or to "
+                              "its 'metadata', or 'label' with 'classes' for a decision task)")
+
+
+def need_object(raw: Any, where: str) -> dict:
+    """``raw`` when it is a JSON object (a dict), else the error saying one object per line is expected."""
+    if not isinstance(raw, dict):
+        raise SamplesError(f"{where}: expected a JSON object per line, got {type(raw).__name__}")
+    return raw

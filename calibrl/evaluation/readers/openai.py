@@ -1,0 +1,97 @@
+"""OpenAI-style API responses with token log-probabilities, saved as JSON Lines (one response per line).
+
+Accepted lines:
+
+- a Chat Completions response ``{"id", "choices": [{"message": {"content"}, "logprobs": {"content": [{"token",
+  "logprob", ...}, ...]}, "finish_reason"}, ...], ...}`` (requested with ``logprobs=true``);
+- a legacy Completions response ``{"id", "choices": [{"text", "logprobs": {"tokens", "token_logprobs": [...]}},
+  ...]}`` (``logprobs=0`` or more; null entries, such as an echoed first token, are skipped);
+- a Batch API output line ``{"custom_id", "response": {"status_code", "body": <one of the above>}, "error"}``.
+
+Every choice is one sample; the choices of one line share a prompt id: ``prompt_id`` of the line or its
+``metadata``, else ``custom_id``, else the response ``id``. The files carry no gold answer, so each line (or its
+``metadata``, or the body's ``metadata``) must give ``gold`` / ``answer`` (math: graded on the last ``\\boxed{}``
+with math-verify) or ``label`` with ``classes`` (decision: the last standalone class string).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+from calibrl.evaluation.readers.base import as_float, fail, find_gold, grade, need_object, rows_jsonl
+
+
+def _body(raw: dict, where: str) -> tuple[dict, str]:
+    """The response body of a line and the field path to it (``""`` or ``"response.body."`` for batch output)."""
+    if "choices" in raw:
+        return raw, ""
+    if raw.get("error") is not None:
+        raise fail(where, "error", f"the request failed: {raw['error']!r}")
+    response = raw.get("response")
+    if not isinstance(response, dict):
+        raise fail(where, "response", "missing (a Batch API output line has response.body)")
+    status = response.get("status_code", 200)
+    if status != 200:
+        raise fail(where, "response.status_code", f"the request failed with status {status!r}")
+    body = response.get("body")
+    if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
+        raise fail(where, "response.body.choices", "missing")
+    return body, "response.body."
+
+
+def _choice(choice: Any, where: str, field: str) -> tuple[str, list[float]]:
+    """A choice's text and its sampled tokens' log-probs (chat ``logprobs.content`` or legacy
+    ``logprobs.token_logprobs``)."""
+    if not isinstance(choice, dict):
+        raise fail(where, field, f"expected an object, got {type(choice).__name__}")
+    message = choice.get("message")
+    text = message.get("content") if isinstance(message, dict) else choice.get("text")
+    if not isinstance(text, str):
+        raise fail(where, f"{field}.message.content", "missing (no text in the choice)")
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, dict):
+        raise fail(where, f"{field}.logprobs", "missing (request the response with logprobs)")
+    if isinstance(message, dict):
+        tokens = logprobs.get("content")
+        if not isinstance(tokens, list):
+            raise fail(where, f"{field}.logprobs.content", "missing")
+        values = [as_float(t.get("logprob") if isinstance(t, dict) else t, where,
+                           f"{field}.logprobs.content[{j}].logprob") for j, t in enumerate(tokens)]
+    else:
+        tokens = logprobs.get("token_logprobs")
+        if not isinstance(tokens, list):
+            raise fail(where, f"{field}.logprobs.token_logprobs", "missing")
+        values = [as_float(t, where, f"{field}.logprobs.token_logprobs[{j}]") for j, t in enumerate(tokens)
+                  if t is not None]
+    if not values:
+        raise fail(where, f"{field}.logprobs", "no token log-probabilities (an empty completion has no confidence)")
+    return text, values
+
+
+def _prompt_id(places: list[Any], raw: dict, body: dict, where: str) -> str:
+    """``prompt_id`` of the line or a metadata, else ``custom_id``, else the response ``id``."""
+    for place in places:
+        if isinstance(place, dict) and place.get("prompt_id") is not None:
+            return str(place["prompt_id"])
+    for value in (raw.get("custom_id"), body.get("id")):
+        if value is not None:
+            return str(value)
+    raise fail(where, "prompt_id", "missing (give prompt_id, custom_id or the response id)")
+
+
+def read(path: Path, notes: list[str]) -> Iterator[tuple[str, dict]]:
+    """calibrl rows (one per choice) of an OpenAI-style responses file, graded against each line's gold."""
+    for lineno, raw in rows_jsonl(path):
+        where = f"{path.name}:{lineno}"
+        body, prefix = _body(need_object(raw, where), where)
+        places = [raw, raw.get("metadata"), body.get("metadata")]
+        gold = find_gold(places, where)
+        prompt_id = _prompt_id(places, raw, body, where)
+        if not body["choices"]:
+            raise fail(where, f"{prefix}choices", "empty")
+        for i, choice in enumerate(body["choices"]):
+            text, values = _choice(choice, where, f"{prefix}choices[{i}]")
+            answer, correct = grade(text, gold)
+            yield where, {"prompt_id": prompt_id, "completion": text, "answer": answer, "correct": correct,
+                          "logprob_mean": sum(values) / len(values), "n_tokens": len(values)}

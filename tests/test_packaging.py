@@ -1,0 +1,98 @@
+"""What an installed calibrl needs: the TRL version it was written against, the shipped recipes and their data
+declared as package data, ``calibrl --version``, ``python -m calibrl`` and ``calibrl train --list``."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "calibrl"
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _fake_trl(monkeypatch, version: str) -> None:
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: version if name == "trl" else real(name))
+
+
+def test_import_rejects_an_older_trl(monkeypatch):
+    import calibrl.trl
+
+    _fake_trl(monkeypatch, "0.24.0")
+    with pytest.raises(ImportError, match=r"TRL 0\.24\.0.*trl>=1\.16,<1\.17"):
+        calibrl.trl._check_trl_version()
+    monkeypatch.delitem(sys.modules, "calibrl.trl")
+    with pytest.raises(ImportError, match="TRL 0.24.0"):
+        importlib.import_module("calibrl.trl")
+
+
+def test_import_warns_on_a_newer_trl_and_accepts_the_tested_one(monkeypatch):
+    import calibrl.trl
+
+    _fake_trl(monkeypatch, "1.17.0")
+    with pytest.warns(UserWarning, match="TRL 1.17.0"):
+        calibrl.trl._check_trl_version()
+    _fake_trl(monkeypatch, "1.16.3")
+    calibrl.trl._check_trl_version()  # silent
+
+
+def test_pins_match_the_import_check():
+    import calibrl.trl
+
+    deps = _pyproject()["project"]["dependencies"]
+    trl = [d for d in deps if d.startswith("trl")]
+    assert trl == [f"trl>={calibrl.trl.TRL_TESTED[0]},<{calibrl.trl.TRL_TESTED[1]}"]
+    for dep in deps:  # every dependency bounded on both sides
+        assert ">=" in dep and "<" in dep, dep
+
+
+def test_license_is_an_spdx_string_with_the_file():
+    project = _pyproject()["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    assert "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0" in (ROOT / "LICENSE").read_text()
+    requires = _pyproject()["build-system"]["requires"]
+    assert any(r.startswith("setuptools>=77") for r in requires), requires
+
+
+def test_shipped_recipes_are_package_data_and_name_shipped_data():
+    from calibrl.trl.recipes import RECIPES_DIR, load_recipe, shipped_recipes
+
+    patterns = _pyproject()["tool"]["setuptools"]["package-data"]["calibrl"]
+    declared = {p for pattern in patterns for p in PACKAGE.glob(pattern)}
+    recipes = shipped_recipes()
+    assert {"tiny_cpu", "tiny_cpu_decision", "capo_qwen2.5-math-1.5b_deepscaler"} <= set(recipes)
+    assert RECIPES_DIR.resolve().is_relative_to(PACKAGE.resolve())
+    for name, path in recipes.items():
+        assert path.resolve() in {p.resolve() for p in declared}, f"{name} is not declared as package data"
+        recipe = load_recipe(name)
+        for spec in (recipe.dataset, recipe.eval_dataset):
+            if spec is not None and spec.path is not None:
+                data = Path(spec.path).resolve()
+                assert data.is_relative_to(PACKAGE.resolve()), f"{name} reads {data} outside the package"
+                assert data.exists() and data in {p.resolve() for p in declared}, f"{name}: {data} not shipped"
+
+
+def test_version_list_and_module_entry_point():
+    from calibrl.cli import app
+
+    runner = CliRunner()
+    version = runner.invoke(app, ["--version"])
+    assert version.exit_code == 0 and importlib.metadata.version("calibrl") in version.output
+    listed = runner.invoke(app, ["train", "--list"])
+    assert listed.exit_code == 0 and "tiny_cpu " in listed.output and "tiny_cpu_decision" in listed.output
+    unknown = runner.invoke(app, ["train", "tiny_cpuu"])
+    assert unknown.exit_code == 2 and "tiny_cpu" in unknown.output and "Traceback" not in unknown.output
+    module = subprocess.run([sys.executable, "-m", "calibrl", "--version"], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT)
+    assert module.returncode == 0 and importlib.metadata.version("calibrl") in module.stdout, module.stderr
