@@ -7,6 +7,7 @@ Two batch layouts: "contiguous" (each prompt's completions adjacent, as TRL and 
 
     python bench/advantages.py [--groups 4096] [--group-size 16] [--dim 64] [--repeats 30] [--device cpu]
                                [--threads 0] [--layouts contiguous,shuffled] [--clock wall|cpu]
+                               [--empty-fraction 0.0]
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ CASES: list[tuple[str, str, dict]] = [
 
 
 def make_batch(n_groups: int, group_size: int, dim: int, device: str, layout: str = "contiguous",
-               seed: int = 0) -> RolloutBatch:
+               seed: int = 0, empty_fraction: float = 0.0) -> RolloutBatch:
     """``layout="contiguous"``: each prompt's completions adjacent (TRL and verl batches); ``"shuffled"``: rows in
-    random order, so nothing can rely on contiguity."""
+    random order, so nothing can rely on contiguity. ``empty_fraction`` > 0 sets ``lengths`` with that fraction of
+    rows without tokens (truncated or rejected), which ``compute_advantages`` leaves out of every statistic."""
     g = torch.Generator().manual_seed(seed)
     n = n_groups * group_size
     group_ids = torch.arange(n_groups).repeat_interleave(group_size)
@@ -49,8 +51,12 @@ def make_batch(n_groups: int, group_size: int, dim: int, device: str, layout: st
     ref_logprob_mean = -torch.rand(n, generator=g) * 1.5
     embeddings = torch.randn(n, dim, generator=g)
     answer_ids = torch.randint(0, 4, (n,), generator=g)
+    lengths = None
+    if empty_fraction > 0:
+        lengths = torch.where(torch.rand(n, generator=g) < empty_fraction, 0, 1 + torch.randint(0, 512, (n,), generator=g))
     return RolloutBatch(rewards=rewards, group_ids=group_ids, logprob_mean=logprob_mean,
-                        ref_logprob_mean=ref_logprob_mean, embeddings=embeddings, answer_ids=answer_ids).to(device)
+                        ref_logprob_mean=ref_logprob_mean, embeddings=embeddings, answer_ids=answer_ids,
+                        lengths=lengths).to(device)
 
 
 def time_cases(batch: RolloutBatch, repeats: int, device: str,
@@ -84,6 +90,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--layouts", default="contiguous,shuffled", help="comma-separated: contiguous, shuffled")
+    parser.add_argument("--empty-fraction", type=float, default=0.0,
+                        help="fraction of rows without tokens (lengths 0), left out by compute_advantages")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall: perf_counter; cpu: this thread's CPU time (forces 1 torch thread, CPU only), "
                              "robust on a shared, loaded machine because time spent descheduled is not counted")
@@ -99,10 +107,11 @@ def main() -> None:
     layouts = args.layouts.split(",")
     print(f"# advantage estimators: {args.groups} groups x G={args.group_size} (N={args.groups * args.group_size}), "
           f"D={args.dim}, device={args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"median of {args.repeats}, round-robin, {args.clock} clock")
+          f"median of {args.repeats}, round-robin, {args.clock} clock, empty rows {args.empty_fraction:g}")
     results, minima = {}, {}
     for layout in layouts:
-        batch = make_batch(args.groups, args.group_size, args.dim, args.device, layout)
+        batch = make_batch(args.groups, args.group_size, args.dim, args.device, layout,
+                           empty_fraction=args.empty_fraction)
         results[layout], minima[layout] = time_cases(batch, args.repeats, args.device, clock)
     print()
     print("| estimator | " + " | ".join(f"{lay}: median ms | x grpo | min ms | x grpo" for lay in layouts) + " |")

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 _INT_FIELDS = ("group_ids", "answer_ids", "lengths")
+_REQUIRED_FIELDS = ("rewards", "group_ids")
 
 
 class RolloutBatchError(ValueError):
@@ -55,7 +56,11 @@ class RolloutBatch:
         ref_logprob_mean: [N] float, optional. The same under the frozen reference model (CAPO's noise mask).
         embeddings: [N, D] float, optional. One embedding per completion (GCPO's geometry).
         answer_ids: [N] int, optional. Equal ids mean equivalent final answers (semantic clusters, voting).
-        lengths: [N] int, optional. Number of completion tokens.
+        lengths: [N] int, optional. Number of completion tokens the loss trains on. A row with 0 (e.g. TRL's
+            ``mask_truncated_completions``, verl's rejection sampling) has nothing to train on:
+            :func:`calibrl.compute_advantages` gives it advantage 0 and leaves it out of every group statistic.
+
+    ``rewards`` and ``group_ids`` are required; the other fields may be None.
 
     Construction converts lists and arrays to tensors, checks shapes, dtypes and finiteness, and raises
     :class:`RolloutBatchError` naming the field and the problem.
@@ -73,6 +78,8 @@ class RolloutBatch:
         for f in fields(self):
             value = getattr(self, f.name)
             if value is None:
+                if f.name in _REQUIRED_FIELDS:
+                    raise RolloutBatchError(f"RolloutBatch.{f.name}: is required (one value per completion), got None")
                 continue
             setattr(self, f.name, _to_tensor(f.name, value))
         self._validate()
@@ -134,6 +141,24 @@ class RolloutBatch:
         """A copy with every tensor on ``device``."""
         kwargs = {f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device)) for f in fields(self)}
         return RolloutBatch(**kwargs)
+
+    def select(self, keep: torch.Tensor) -> "RolloutBatch":
+        """The rows where ``keep`` [N] bool is True, every field alike (e.g. the rows with ``lengths > 0``).
+
+        Rows of a validated batch are valid, so the copy is not validated again (that would re-scan every
+        embedding); keeping no row raises, as an empty batch does.
+        """
+        if not (isinstance(keep, torch.Tensor) and keep.dtype == torch.bool and keep.shape == (len(self),)):
+            shape = tuple(keep.shape) if isinstance(keep, torch.Tensor) else type(keep).__name__
+            raise RolloutBatchError(f"RolloutBatch.select: keep must be a bool mask of {len(self)} rows, got {shape}")
+        rows = keep.to(self.device).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            raise RolloutBatchError("RolloutBatch.select: keeps no row; the batch would be empty")
+        out = object.__new__(RolloutBatch)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            setattr(out, f.name, None if value is None else value.index_select(0, rows))
+        return out
 
 
 def masked_row_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

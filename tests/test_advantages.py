@@ -99,24 +99,30 @@ def test_capo_quantile_mask_thresholds_are_batch_quantiles():
 
 
 def test_seed_grpo_hand_values():
-    # answers [a, a, b, c], count-based p = [1/2, 1/4, 1/4]: SE = 1.5 ln 2, SE_max = ln 4 -> x = 0.75
+    # answers [a, a, b, c], count-based p = [1/2, 1/4, 1/4]: SE = 1.5 ln 2, SE_max = ln 4 -> x = alpha * 0.75
     b = RolloutBatch(rewards=[1.0, 1.0, 0.0, 0.0], group_ids=[0, 0, 0, 0], answer_ids=[7, 7, 8, 9])
     g = 0.5 / (math.sqrt(1 / 3) + 1e-4)  # GRPO: mean 1/2, unbiased std sqrt(1/3)
-    expected = torch.tensor([g, g, -g, -g]) / 1.75  # f = 1 / (1 + x)
-    a, info = compute_advantages(b, "seed_grpo", return_info=True)
+    expected = torch.tensor([g, g, -g, -g]) / 1.75  # f = 1 / (1 + x), alpha = 1
+    a, info = compute_advantages(b, "seed_grpo", base="grpo", alpha=1.0, return_info=True)
     torch.testing.assert_close(a, expected)
     assert info["semantic_entropy_mean"] == pytest.approx(1.5 * math.log(2), rel=1e-5)
-    torch.testing.assert_close(adv(b, "seed_grpo", f="linear"), torch.tensor([g, g, -g, -g]) * 0.25)
-    torch.testing.assert_close(adv(b, "seed_grpo", f="exp", alpha=2.0), torch.tensor([g, g, -g, -g]) * math.exp(-1.5))
+    torch.testing.assert_close(adv(b, "seed_grpo", base="grpo", alpha=1.0, f="linear"),
+                               torch.tensor([g, g, -g, -g]) * 0.25)
+    torch.testing.assert_close(adv(b, "seed_grpo", base="grpo", f="exp", alpha=2.0),
+                               torch.tensor([g, g, -g, -g]) * math.exp(-1.5))
+    # the paper's default: Dr.GRPO base r - mean = +-1/2, alpha = 0.042 -> scale 1 / (1 + 0.042 * 0.75)
+    torch.testing.assert_close(adv(b, "seed_grpo"), torch.tensor([0.5, 0.5, -0.5, -0.5]) / (1 + 0.042 * 0.75))
+    torch.testing.assert_close(adv(b, "seed_grpo", alpha=1.0), torch.tensor([0.5, 0.5, -0.5, -0.5]) / 1.75)
     # probability-weighted: exp(lpm) = [.5, .5, .25, .75] / 2 -> p(a) = 1/2, p(b) = 1/8, p(c) = 3/8
     lpm = torch.log(torch.tensor([0.5, 0.5, 0.25, 0.75], dtype=torch.float64))
     b2 = full_batch([1, 1, 0, 0], [0, 0, 0, 0], lpm=lpm, answers=[7, 7, 8, 9])
     se = -(0.5 * math.log(0.5) + 0.125 * math.log(0.125) + 0.375 * math.log(0.375))
     expected2 = torch.tensor([g, g, -g, -g], dtype=torch.float64) / (1 + se / math.log(4))
-    torch.testing.assert_close(adv(b2, "seed_grpo"), expected2)
-    # unanimous group: SE = 0, plain GRPO
+    torch.testing.assert_close(adv(b2, "seed_grpo", base="grpo", alpha=1.0), expected2)
+    # unanimous group: SE = 0, plain GRPO / Dr.GRPO
     b3 = RolloutBatch(rewards=[1.0, 0.0], group_ids=[0, 0], answer_ids=[3, 3])
-    torch.testing.assert_close(adv(b3, "seed_grpo"), adv(b3, "grpo"))
+    torch.testing.assert_close(adv(b3, "seed_grpo", base="grpo"), adv(b3, "grpo"))
+    torch.testing.assert_close(adv(b3, "seed_grpo"), adv(b3, "dr_grpo"))
 
 
 def test_gcpo_hand_values():
@@ -273,7 +279,7 @@ def test_equivariance_under_permutation_and_relabelling(b, data):
                                               unique=True)))
     permuted = RolloutBatch(rewards=b.rewards[perm], group_ids=new_ids[b.group_ids][perm],
                             logprob_mean=b.logprob_mean[perm], ref_logprob_mean=b.ref_logprob_mean[perm],
-                            embeddings=b.embeddings[perm], answer_ids=b.answer_ids[perm] * 3 - 5)
+                            embeddings=b.embeddings[perm], answer_ids=b.answer_ids[perm] * 3 + 5)  # negative ids mean "no answer"
     for name, params in EQUIVARIANT:
         torch.testing.assert_close(adv(permuted, name, **params), adv(b, name, **params)[perm], msg=name)
 
@@ -358,6 +364,7 @@ def test_missing_field_names_it(name, field):
 @pytest.mark.parametrize("name,params", [("capo", {"tau": 0.0}), ("capo", {"normalize": "mean"}),
                                          ("capo", {"mask": "yes"}), ("gcpo", {"measure": "l2"}),
                                          ("gcpo", {"strength": 2.0}), ("seed_grpo", {"f": "log"}),
+                                         ("seed_grpo", {"base": "rloo"}),
                                          ("cde", {"kappa": 0.0})])
 def test_bad_parameters_raise(name, params):
     b = full_batch([1, 0], [0, 0])
@@ -420,3 +427,134 @@ def test_bf16_rewards_are_summed_in_float32(name):
     want = compute_advantages(RolloutBatch(rewards=rewards.float(), group_ids=group_ids), name)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)
+
+
+# ------------------------------------------------------------------------------------- rows without tokens
+
+
+def batches_with_empty_rows(dtype=torch.float64):
+    """(batch with lengths, the same batch restricted to its rows with tokens, keep mask). Rows 2, 5, 9 have no
+    tokens and, as the adapters fill them, lpm = ref_lpm = 0 (perplexity 1); each would shift its group's mean."""
+    g = torch.Generator().manual_seed(7)
+    n = 12
+    lengths = torch.tensor([5, 7, 0, 3, 4, 0, 6, 2, 9, 0, 1, 8])
+    keep = lengths > 0
+    fields = dict(
+        rewards=torch.tensor([1, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 1], dtype=dtype),
+        group_ids=torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]),
+        logprob_mean=torch.where(keep, -0.1 - torch.rand(n, generator=g, dtype=dtype), torch.zeros((), dtype=dtype)),
+        ref_logprob_mean=torch.where(keep, -0.1 - torch.rand(n, generator=g, dtype=dtype),
+                                     torch.zeros((), dtype=dtype)),
+        embeddings=torch.randn(n, 4, generator=g, dtype=dtype),
+        answer_ids=torch.tensor([1, 2, 2, 1, 3, 3, 4, 3, 5, 6, 6, 5]),
+        lengths=lengths,
+    )
+    full = RolloutBatch(**fields)
+    kept = RolloutBatch(**{k: v[keep] for k, v in fields.items()})
+    return full, kept, keep
+
+
+@pytest.mark.parametrize("name,params", EQUIVARIANT, ids=[f"{n}{p}" for n, p in EQUIVARIANT])
+def test_rows_without_tokens_are_out_of_every_statistic(name, params):
+    full, kept, keep = batches_with_empty_rows()
+    a, info = compute_advantages(full, name, return_info=True, **params)
+    want, want_info = compute_advantages(kept, name, return_info=True, **params)
+    assert torch.all(a[~keep] == 0)
+    torch.testing.assert_close(a[keep], want)
+    assert info.pop("n_empty_rows") == 3 and want_info.pop("n_empty_rows") == 0
+    assert info == pytest.approx(want_info)
+    # the empty rows would have changed the kept rows' advantages
+    with_them = RolloutBatch(**{**full.__dict__, "lengths": None})
+    assert not torch.allclose(compute_advantages(with_them, name, **params)[keep], want)
+
+
+def test_capo_quantile_thresholds_ignore_rows_without_tokens():
+    full, kept, keep = batches_with_empty_rows()
+    _, info = compute_advantages(full, "capo", mask="quantile", return_info=True)
+    log_ppl = -full.ref_logprob_mean[keep]
+    assert info["ref_high"] == pytest.approx(math.exp(float(torch.quantile(log_ppl, 0.75))))
+    assert info["ref_low"] == pytest.approx(math.exp(float(torch.quantile(log_ppl, 0.25))))
+    with_them = RolloutBatch(**{**full.__dict__, "lengths": None})
+    _, info_with_them = compute_advantages(with_them, "capo", mask="quantile", return_info=True)
+    assert info_with_them["ref_low"] != pytest.approx(info["ref_low"])
+    assert info["ref_low"] > 1.0  # perplexity 1 of the empty rows no longer drags the lower quartile down
+
+
+def test_user_estimators_see_only_rows_with_tokens_and_per_token_output_scatters():
+    full, kept, keep = batches_with_empty_rows()
+    seen = []
+
+    def batch_centred(batch):  # a batch-wide statistic: any empty row in it would shift every advantage
+        seen.append(len(batch))
+        assert bool((batch.lengths > 0).all())
+        return batch.rewards - batch.rewards.mean()
+
+    a = compute_advantages(full, batch_centred)
+    assert seen == [9]
+    torch.testing.assert_close(a[keep], kept.rewards - kept.rewards.mean())
+    assert torch.all(a[~keep] == 0)
+
+    def per_token(batch):  # [N, T] advantages
+        steps = torch.arange(1, 4, dtype=batch.rewards.dtype)
+        return (batch.rewards - batch.rewards.mean())[:, None] * steps
+
+    t = compute_advantages(full, per_token)
+    assert t.shape == (12, 3)
+    torch.testing.assert_close(t[keep], per_token(kept))
+    assert torch.all(t[~keep] == 0)
+
+
+def test_batch_without_any_tokens_gives_zeros():
+    full, _, _ = batches_with_empty_rows()
+    empty = RolloutBatch(**{**full.__dict__, "lengths": torch.zeros(12, dtype=torch.long)})
+
+    def never(batch):  # pragma: no cover - must not be called
+        raise AssertionError("estimator called on a batch without tokens")
+
+    for estimator, params in [("grpo", {}), ("capo", {"mask": "quantile"}), (never, {})]:
+        a, info = compute_advantages(empty, estimator, return_info=True, **params)
+        assert a.shape == (12,) and a.dtype == full.rewards.dtype and torch.all(a == 0)
+        assert info["n_empty_rows"] == 12
+
+
+# ------------------------------------------------------------------------------ SEED: rows without an answer
+
+
+def test_seed_grpo_negative_answer_id_is_a_singleton_cluster():
+    r = [1.0, 0.0, 0.0, 1.0]
+    unanswered = RolloutBatch(rewards=r, group_ids=[0] * 4, answer_ids=[5, -1, -1, 5])
+    distinct = RolloutBatch(rewards=r, group_ids=[0] * 4, answer_ids=[5, 8, 9, 5])
+    shared = RolloutBatch(rewards=r, group_ids=[0] * 4, answer_ids=[5, 8, 8, 5])
+    # clusters {5, 5}, {-1}, {-1}: p = [1/2, 1/4, 1/4], SE = 1.5 ln 2, x = SE / ln 4 = 0.75; Dr.GRPO base +-1/2
+    a, info = compute_advantages(unanswered, "seed_grpo", alpha=1.0, return_info=True)
+    torch.testing.assert_close(a, torch.tensor([0.5, -0.5, -0.5, 0.5]) / 1.75)
+    assert info["semantic_entropy_mean"] == pytest.approx(1.5 * math.log(2), rel=1e-5)
+    torch.testing.assert_close(a, adv(distinct, "seed_grpo", alpha=1.0))
+    assert not torch.allclose(a, adv(shared, "seed_grpo", alpha=1.0))
+    # probability-weighted, several groups, any negative id: every unanswered row is its own cluster
+    lpm = [-0.3, -1.2, -0.7, -0.2, -0.9, -0.4, -1.5, -0.6]
+    many = full_batch([1, 0, 0, 1, 0, 1, 1, 0], [0, 0, 0, 0, 1, 1, 1, 1], lpm=lpm, answers=[4, -1, -3, 4, -1, 2, -1, 2])
+    renamed = full_batch([1, 0, 0, 1, 0, 1, 1, 0], [0, 0, 0, 0, 1, 1, 1, 1], lpm=lpm, answers=[4, 10, 11, 4, 12, 2, 13, 2])
+    torch.testing.assert_close(adv(many, "seed_grpo"), adv(renamed, "seed_grpo"))
+
+
+# ----------------------------------------------------------------------------------------- CAPO tiny tau
+
+
+def test_capo_tiny_tau_saturates_without_nan():
+    # tau -> 0: sigmoid((lpm_j - lpm_i) / tau) -> 1 if lpm_j > lpm_i, 1/2 if equal, 0 if less; tau * A is then
+    # group 0 (correct -1; wrong -0.5, -2): [1, -1, 0] / 3; group 1 (correct -1, -3; wrong -1): [1/2, -3/2, 1] / 3
+    lpm = [-10.0, -5.0, -20.0, -10.0, -10.0, -30.0]  # lpm / tau overflows float32 at tau = 2e-38
+    expected = torch.tensor([1 / 3, -1 / 3, 0.0, 1 / 6, -1 / 2, 1 / 3], dtype=torch.float64)
+    for dtype, tau in [(torch.float32, 2e-38), (torch.float64, 1e-40), (torch.float64, 1e-307)]:
+        b = full_batch([1, 0, 0, 1, 0, 1], [0, 0, 0, 1, 1, 1], lpm=lpm, dtype=dtype)
+        a = adv(b, "capo", tau=tau)
+        assert torch.isfinite(a).all(), (dtype, tau, a)
+        torch.testing.assert_close(a.double() * tau, expected, rtol=1e-5, atol=0)
+
+
+def test_capo_tau_too_small_for_the_dtype_is_rejected():
+    b = full_batch([1, 0, 0], [0, 0, 0], lpm=[-1.0, -0.5, -2.0], dtype=torch.float32)
+    # the advantages reach 1 / tau = 1e40, beyond float32's range: a clear error rather than inf / NaN
+    with pytest.raises(ValueError, match=r"capo: tau = 1e-40 is too small"):
+        adv(b, "capo", tau=1e-40)

@@ -108,3 +108,24 @@ def test_registry_accepts_same_definition_loaded_twice_but_rejects_a_different_o
         @register_reward("math")
         def other_math(prompts, completions, **kw):  # pragma: no cover - never called
             return [0.0] * len(completions)
+
+
+@pytest.mark.parametrize("field", ["rewards", "group_ids"])
+def test_required_field_missing_names_field(field):
+    kwargs = {"rewards": [1.0, 0.0], "group_ids": [0, 0], field: None}
+    with pytest.raises(RolloutBatchError, match=rf"RolloutBatch\.{field}: is required"):
+        RolloutBatch(**kwargs)
+
+
+def test_select_keeps_every_field_row_for_row():
+    b = RolloutBatch(rewards=[1.0, 0.0, 1.0], group_ids=[4, 4, 9], logprob_mean=[-0.1, -0.2, -0.3],
+                     embeddings=np.arange(6.0).reshape(3, 2), answer_ids=[7, 8, 7], lengths=[3, 0, 5])
+    keep = b.lengths > 0
+    s = b.select(keep)
+    assert len(s) == 2 and s.ref_logprob_mean is None
+    assert s.group_ids.tolist() == [4, 9] and s.answer_ids.tolist() == [7, 7] and s.lengths.tolist() == [3, 5]
+    assert s.logprob_mean.tolist() == pytest.approx([-0.1, -0.3]) and s.embeddings.tolist() == [[0.0, 1.0], [4.0, 5.0]]
+    with pytest.raises(RolloutBatchError, match=r"RolloutBatch\.select: keep must be a bool mask of 3 rows"):
+        b.select(torch.tensor([True, False]))
+    with pytest.raises(RolloutBatchError, match=r"RolloutBatch\.select: keeps no row"):
+        b.select(torch.zeros(3, dtype=torch.bool))

@@ -784,3 +784,13 @@ def test_undefined_metrics_are_left_out_of_the_logs(tmp_path):
     for entry in trainer.state.log_history:
         assert "calibration/auroc" not in entry and "calibration/confidence_correct" not in entry
         assert all(v is not None and not (isinstance(v, float) and math.isnan(v)) for v in entry.values()), entry
+
+
+def test_answer_last_line_clusters_bare_answers():
+    """Without \\boxed{} a completion is its own SEED cluster (-1) unless answer_last_line takes its last line."""
+    from calibrl.trl.rollout import answer_ids_for
+
+    texts = ["work\n42", "other work\n42", "\\boxed{7}", "x\n41", "\\boxed{7} and 7"]
+    groups = [0, 0, 0, 0, 1]
+    assert answer_ids_for(texts, group_ids=groups, classes=None) == [-1, -1, 0, -1, 1]
+    assert answer_ids_for(texts, group_ids=groups, classes=None, last_line=True) == [0, 0, 1, 2, 3]

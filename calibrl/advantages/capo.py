@@ -36,7 +36,11 @@ the pairwise sigmoids are a [n_groups, G_max, G_max] tensor, processed in blocks
 ``_MAX_PAIR_ELEMENTS``; there is no Python loop over groups. (One group of G samples still needs a G x G block:
 fine for the G <= a few hundred of RL practice.)
 Numerics: computed in the promoted dtype of logprob_mean and float32 (float64 inputs stay float64);
-torch.sigmoid saturates cleanly, so log-probs of +-1e4 give finite advantages.
+the sigmoid's argument is formed as (lpm_j - lpm_i) / tau (difference first, so a tiny tau gives +-inf, never
+inf - inf = NaN) and torch.sigmoid saturates cleanly, so log-probs of +-1e4 and any tau down to the dtype's
+bound give finite advantages. |A| <= 1 / tau ((G - 1) / tau with "none"), so a tau below bound / finfo.max (or
+below the smallest normal number of the working dtype) raises a ValueError naming the smallest usable tau
+(about 1.2e-38 in float32).
 """
 
 from __future__ import annotations
@@ -101,19 +105,22 @@ def padded_layout(group_index: torch.Tensor, n_groups: int) -> tuple[torch.Tenso
     return slot, counts, g_max
 
 
-def _pairwise_sums(scaled_grid: torch.Tensor, correct_grid: torch.Tensor,
-                   wrong_grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _pairwise_sums(lpm_grid: torch.Tensor, correct_grid: torch.Tensor, wrong_grid: torch.Tensor, *,
+                   tau: float) -> tuple[torch.Tensor, torch.Tensor]:
     """For each padded group: pos[g, a] = sum_b wrong[g, b] * s(g, a, b), neg[g, b] = sum_a correct[g, a] * s(g, a, b),
-    with s(g, a, b) = sigmoid(x[g, b] - x[g, a]), x = lpm / tau (``scaled_grid``). Blocks over groups to bound
-    memory."""
-    n_groups, g_max = scaled_grid.shape
-    pos = torch.zeros_like(scaled_grid)
-    neg = torch.zeros_like(scaled_grid)
+    with s(g, a, b) = sigmoid((lpm[g, b] - lpm[g, a]) / tau). Blocks over groups to bound memory.
+
+    The difference is taken before the division by tau: lpm / tau alone overflows for a tiny tau (then
+    inf - inf = NaN), while a finite difference divided by tau is at worst +-inf, where sigmoid saturates to 1 or
+    0 (and 0 / tau = 0 gives 1/2 for equal log-probs)."""
+    n_groups, g_max = lpm_grid.shape
+    pos = torch.zeros_like(lpm_grid)
+    neg = torch.zeros_like(lpm_grid)
     block = max(1, _MAX_PAIR_ELEMENTS // max(1, g_max * g_max))
     for start in range(0, n_groups, block):  # one iteration unless the batch is huge: blocks of groups, not groups
         sl = slice(start, start + block)
-        x = scaled_grid[sl]
-        s = torch.sigmoid(x.unsqueeze(1) - x.unsqueeze(2))  # [g, a, b]: (lpm_b - lpm_a) / tau
+        x = lpm_grid[sl]
+        s = (x.unsqueeze(1) - x.unsqueeze(2)).div_(tau).sigmoid_()  # [g, a, b]: sigmoid((lpm_b - lpm_a) / tau)
         pos[sl] = (s * wrong_grid[sl].unsqueeze(1)).sum(-1)  # multiply-and-sum beats thousands of tiny bmm's
         neg[sl] = (s * correct_grid[sl].unsqueeze(2)).sum(1)
     return pos, neg
@@ -180,6 +187,20 @@ def _check_params(tau: float, normalize: str, mask: str, ref_high: float, ref_lo
                          f"{ref_high_quantile!r}, {ref_low_quantile!r}")
 
 
+def _check_tau_range(*, tau: float, bound: float, dtypes: tuple[torch.dtype, ...]) -> None:
+    """Reject a tau so small that the advantages cannot be represented: |A| <= ``bound`` / tau (1 / tau with the
+    "group" and "pairs" normalisers, (G_max - 1) / tau with "none") must fit every dtype of ``dtypes`` (the
+    working dtype first, then the output's), and tau must be a normal number of the working dtype. Below that the
+    exact advantages overflow to inf; above it they are finite for any finite log-probs (the sigmoid saturates)."""
+    for k, dtype in enumerate(dtypes):
+        info = torch.finfo(dtype)
+        smallest = max(info.tiny if k == 0 else 0.0, bound / info.max)
+        if tau < smallest:
+            raise ValueError(
+                f"capo: tau = {tau!r} is too small: the advantages reach {bound:g} / tau, beyond the range of "
+                f"{str(dtype).removeprefix('torch.')}; use tau >= {smallest:.3g} (or float64 log-probs and rewards)")
+
+
 def capo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_groups: int, logprob_mean: torch.Tensor,
                     ref_logprob_mean: torch.Tensor | None = None, tau: float = 0.6, normalize: str = "group",
                     mask: str = "none", ref_high: float = 2.5, ref_low: float = 1.05, ref_high_quantile: float = 0.75,
@@ -222,11 +243,13 @@ def capo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
     def from_grid(grid: torch.Tensor) -> torch.Tensor:
         return grid.reshape(-1) if contiguous else grid.reshape(-1).index_select(0, slot)
 
-    scaled_grid = to_grid(logprob_mean.to(work) / tau)
+    _check_tau_range(tau=tau, bound=float(max(1, g_max - 1)) if normalize == "none" else 1.0,
+                     dtypes=(work, rewards.dtype))
+    lpm_grid = to_grid(logprob_mean.to(work))
     correct_grid = to_grid(correct.to(work))
     wrong_grid = (1.0 - correct_grid) if (contiguous or order is not None) else to_grid(1.0 - correct.to(work))
 
-    pos, neg = _pairwise_sums(scaled_grid, correct_grid, wrong_grid)
+    pos, neg = _pairwise_sums(lpm_grid, correct_grid, wrong_grid, tau=tau)
     raw = torch.where(correct, from_grid(pos), -from_grid(neg))  # [N]
 
     n_correct = correct_grid.sum(1)  # [n_groups]

@@ -5,6 +5,14 @@ Both scale each prompt group's GRPO advantages by a function of how much the gro
 SEED-GRPO, as written: A_i' = A_i * f(alpha * SE(q) / SE_max(q)), SE = semantic entropy of the group's responses
 (clusters = equivalent final answers, p(c) = sum of the members' sequence probabilities, normalised over the
 group), SE_max = log G. A public reimplementation uses f(x) = 1 / (1 + x), i.e. A_i / (1 + alpha/log G * SE).
+The base advantage A_i is the Dr.GRPO one, r_i - mean_g(r) (paper and released code), and alpha (about 0.042
+there) multiplies the raw SE before the division by SE_max = log G. What we implement, by default
+(``base="dr_grpo"``, ``alpha=0.042``, ``f="inverse"``):
+    A_i' = (r_i - mean_g(r)) * f(x),   x = alpha * SE(q) / log G
+(SE <= log G, so x <= alpha and, with "inverse", the scale stays in [1/(1 + alpha), 1] = [0.96, 1]: a gentle
+modulation of an unnormalised base). ``base="grpo"`` keeps the earlier std-normalised base (r_i - mean_g(r)) /
+(std_g(r) + eps) (Bessel std, as :func:`calibrl.advantages.grpo.grpo_advantages`); with ``alpha=1.0`` that is
+calibrl's earlier default.
 Our readings:
 - sequence probability = exp(lpm), lpm = mean token log-prob (``RolloutBatch.logprob_mean``): the only
   per-sequence score a RolloutBatch carries, and the length-normalised likelihood semantic entropy uses (Kuhn et
@@ -13,8 +21,10 @@ Our readings:
 - without ``logprob_mean`` every response counts 1 (p(c) = |c| / G: the "discrete semantic entropy" of Farquhar
   et al. 2024).
 - ``f="inverse"`` (default, the reimplementation's 1/(1 + x)), ``"linear"`` (max(0, 1 - x)), ``"exp"`` (exp(-x)).
-  alpha = 1.0 by default (scale 1 for unanimous groups down to 1/2 for maximal entropy with "inverse").
+  (alpha = 1.0 would scale from 1 for unanimous groups down to 1/2 for maximal entropy with "inverse".)
 - groups of size 1 have SE = SE_max = 0: scale 1.
+- a negative answer id means "no extractable answer": such a response is a cluster of its own (two unanswered
+  responses are not the same answer), as in SEED-GRPO, where a response without an answer is its own cluster.
 
 GCPO, what is public: semantic entropy has an anisotropic gap (it ignores how far apart and in which directions
 responses disagree) and a calibration gap (uncertainty is not aligned with how much learnable signal the rewards
@@ -53,6 +63,7 @@ from calibrl.advantages.registry import register_estimator
 from calibrl.batch import RolloutBatch
 
 _SEED_F = ("inverse", "linear", "exp")
+_SEED_BASES = ("dr_grpo", "grpo")
 _MEASURES = ("cosine", "barycentric")
 
 
@@ -64,15 +75,31 @@ def group_softmax(scores: torch.Tensor, group_index: torch.Tensor, n_groups: int
     return w / segment_sum(w, group_index, n_groups)[group_index]
 
 
+def unanswered_as_singletons(answer_ids: torch.Tensor) -> torch.Tensor:
+    """answer_ids [N] with every negative id ("no extractable answer") replaced by an id of its own -> [N] long.
+
+    Non-negative ids keep their equalities (all ids are made dense, 0..K-1, when some id is negative); each
+    negative row gets K + its row number, so no two unanswered responses share a cluster, nor one with an answer.
+    """
+    missing = answer_ids < 0
+    if not bool(missing.any()):
+        return answer_ids
+    _, dense = torch.unique(answer_ids, return_inverse=True)  # dense ids of all values, negatives included
+    fresh = int(dense.max()) + 1 + torch.arange(answer_ids.numel(), device=answer_ids.device)
+    return torch.where(missing, fresh, dense)
+
+
 def semantic_entropy(*, group_index: torch.Tensor, n_groups: int, answer_ids: torch.Tensor,
                      logprob_mean: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Semantic entropy per group -> [n_groups]: SE = -sum_c p(c) log p(c), clusters = equal answer_ids within
-    a group, p(c) = softmax-of-lpm mass of the cluster (count share without logprob_mean)."""
+    a group, p(c) = softmax-of-lpm mass of the cluster (count share without logprob_mean). A negative answer id
+    (no answer) is a cluster of its own (:func:`unanswered_as_singletons`)."""
     if logprob_mean is not None:
         w = group_softmax(logprob_mean.to(dtype), group_index, n_groups)
     else:
         count = group_count(group_index, n_groups, dtype)
         w = 1.0 / count[group_index]
+    answer_ids = unanswered_as_singletons(answer_ids)
     lo, hi = int(answer_ids.min()), int(answer_ids.max())
     if (hi - lo + 1) * max(n_groups, 1) < 2**62:  # offset the ids: one sort instead of two
         answer_dense, n_answers = answer_ids - lo, hi - lo + 1
@@ -86,11 +113,20 @@ def semantic_entropy(*, group_index: torch.Tensor, n_groups: int, answer_ids: to
 
 
 def seed_grpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_groups: int,
-                         answer_ids: torch.Tensor, logprob_mean: torch.Tensor | None = None, alpha: float = 1.0,
-                         f: str = "inverse", eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, Any]]:
-    """SEED-GRPO: GRPO advantage * f(alpha * SE / log G) (see the module docstring). -> (advantages [N], info)."""
+                         answer_ids: torch.Tensor, logprob_mean: torch.Tensor | None = None, alpha: float = 0.042,
+                         f: str = "inverse", base: str = "dr_grpo",
+                         eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, Any]]:
+    """SEED-GRPO: A_i' = A_i * f(alpha * SE / log G) (see the module docstring).
+
+    ``base="dr_grpo"`` (default, the paper's and its code's): A_i = r_i - mean_g(r); ``base="grpo"``:
+    A_i = (r_i - mean_g(r)) / (std_g(r) + eps) (``eps`` is read only there). alpha = 0.042 multiplies the raw
+    SE, before the division by log G. Negative ``answer_ids`` = no answer = a cluster of its own.
+    rewards, group_index, answer_ids, logprob_mean [N] -> (advantages [N] in the rewards dtype, info).
+    """
     if f not in _SEED_F:
         raise ValueError(f"seed_grpo: f must be one of {_SEED_F}, got {f!r}")
+    if base not in _SEED_BASES:
+        raise ValueError(f"seed_grpo: base must be one of {_SEED_BASES}, got {base!r}")
     if not (alpha >= 0 and math.isfinite(alpha)):
         raise ValueError(f"seed_grpo: alpha must be a non-negative finite number, got {alpha!r}")
     work = torch.promote_types(rewards.dtype, torch.float32)
@@ -104,8 +140,9 @@ def seed_grpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_
         scale = (1.0 - x).clamp_min(0.0)
     else:
         scale = torch.exp(-x)
-    base = grpo_advantages(rewards=rewards.to(work), group_index=group_index, n_groups=n_groups, eps=eps)
-    advantages = (base * scale[group_index]).to(rewards.dtype)
+    base_adv = grpo_advantages(rewards=rewards.to(work), group_index=group_index, n_groups=n_groups,
+                               scale=base == "grpo", eps=eps)
+    advantages = (base_adv * scale[group_index]).to(rewards.dtype)
     present = se_max >= 0  # log(count) is -inf for empty groups
     info = {"semantic_entropy_mean": float(se[present].mean()), "scale_mean": float(scale[present].mean())}
     return advantages, info
@@ -186,13 +223,15 @@ def gcpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
 
 
 @register_estimator("seed_grpo")
-def seed_grpo(batch: RolloutBatch, *, alpha: float = 1.0, f: str = "inverse",
+def seed_grpo(batch: RolloutBatch, *, alpha: float = 0.042, f: str = "inverse", base: str = "dr_grpo",
               eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Registered ``seed_grpo``. Needs ``answer_ids``; uses ``logprob_mean`` when present (count-based otherwise)."""
+    """Registered ``seed_grpo`` (see :func:`seed_grpo_advantages`). Needs ``answer_ids`` (-1: no answer, a
+    cluster of its own); uses ``logprob_mean`` when present (count-based otherwise)."""
     batch.require("answer_ids", estimator="seed_grpo")
     index, n_groups = dense_group_index(batch.group_ids)
     return seed_grpo_advantages(rewards=batch.rewards, group_index=index, n_groups=n_groups,
-                                answer_ids=batch.answer_ids, logprob_mean=batch.logprob_mean, alpha=alpha, f=f, eps=eps)
+                                answer_ids=batch.answer_ids, logprob_mean=batch.logprob_mean, alpha=alpha, f=f,
+                                base=base, eps=eps)
 
 
 @register_estimator("gcpo")

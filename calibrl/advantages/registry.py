@@ -2,7 +2,8 @@
 
 Built-in estimators register themselves when :mod:`calibrl.advantages` is imported; users add their own with
 :func:`register_estimator`. The TRL trainer, the verl plugin and the testbed all resolve estimators here, so an
-estimator registered once is usable by every engine.
+estimator registered once is usable by every engine. :func:`compute_advantages` is also where rows without tokens
+(``lengths == 0``) are left out, once for every estimator.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ _ESTIMATORS: dict[str, Estimator] = {}
 def register_estimator(name: str, *, overwrite: bool = False) -> Callable[[Estimator], Estimator]:
     """Decorator registering ``fn(batch: RolloutBatch, **params)`` under ``name``.
 
-    The function returns the advantages as a float tensor [N], or a tuple ``(advantages, info)`` where ``info``
-    is a dict of scalar diagnostics (e.g. the fraction of samples masked) that trainers log.
+    The function returns the advantages as a float tensor [N] (or per-token [N, T]), or a tuple
+    ``(advantages, info)`` where ``info`` is a dict of scalar diagnostics (e.g. the fraction of samples masked)
+    that trainers log. Through :func:`compute_advantages` it only ever sees rows with tokens.
 
     >>> @register_estimator("my_est")
     ... def my_est(batch, *, scale=1.0):
@@ -57,12 +59,37 @@ def compute_advantages(
     ``params`` are passed to the estimator as keyword arguments (e.g. ``tau=0.6, mask="quantile"`` for capo).
     With ``return_info=True`` returns ``(advantages, info)``, ``info`` being the estimator's diagnostics dict
     (empty for estimators that report none).
+
+    Rows without tokens: when ``batch.lengths`` is given, the estimator runs on the rows with ``lengths > 0``
+    only and its advantages are scattered back; rows with ``lengths == 0`` get 0 and enter no statistic of any
+    estimator (group means and stds, CAPO's pairs and quantile mask, semantic clusters, dispersions, ...) nor
+    its diagnostics. ``info["n_empty_rows"]`` then counts them (0 when there are none). A batch without any
+    row with tokens gives zeros [N] without calling the estimator. Estimators may return per-token advantages
+    [N, T]; they are scattered row for row.
     """
     fn = get_estimator(estimator) if isinstance(estimator, str) else estimator
+    name = estimator if isinstance(estimator, str) else getattr(estimator, "__name__", "estimator")
+    keep = None if batch.lengths is None else batch.lengths > 0
+    if keep is None or bool(keep.all()):
+        advantages, info = _run(fn, batch, name=name, params=params)
+    elif not bool(keep.any()):
+        advantages, info = torch.zeros_like(batch.rewards), {}
+    else:
+        kept, info = _run(fn, batch.select(keep), name=name, params=params)
+        advantages = kept.new_zeros((len(batch), *kept.shape[1:]))
+        advantages[keep] = kept
+    if keep is not None:
+        info = {**info, "n_empty_rows": int((~keep).sum())}
+    return (advantages, dict(info)) if return_info else advantages
+
+
+def _run(fn: Estimator, batch: RolloutBatch, *, name: str,
+         params: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
+    """``fn(batch, **params)`` as (advantages [N] or [N, T], info); a wrong leading shape raises a ValueError."""
     out = fn(batch, **params)
     advantages, info = (out if isinstance(out, tuple) else (out, {}))
-    if advantages.shape != batch.rewards.shape:
-        name = estimator if isinstance(estimator, str) else getattr(estimator, "__name__", "estimator")
-        raise ValueError(f"estimator {name!r} returned shape {tuple(advantages.shape)}, expected {tuple(batch.rewards.shape)}")
-    return (advantages, dict(info)) if return_info else advantages
+    if advantages.dim() not in (1, 2) or advantages.shape[0] != len(batch):
+        raise ValueError(f"estimator {name!r} returned shape {tuple(advantages.shape)}, expected ({len(batch)},) "
+                         f"or ({len(batch)}, T)")
+    return advantages, info
 

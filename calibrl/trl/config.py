@@ -129,6 +129,12 @@ class CalibratedGRPOConfig(GRPOConfig):
         metadata={"help": "Zero the policy-gradient advantage at the decision token, so only the calibration "
                   "term shapes it (arXiv 2601.13284)."},
     )
+    answer_last_line: bool = field(
+        default=False,
+        metadata={"help": "SEED-GRPO answer clustering (arXiv 2505.12346): a completion with no \\boxed{} answer (or "
+                  "decision class) is a cluster of its own (False, the paper's rule), or its stripped last line is "
+                  "taken as its answer (True: for tasks whose completion ends with the bare answer)."},
+    )
     rollout_logprobs: str = field(
         default="auto",
         metadata={"help": "Where the rollout policy's token log-probs come from when TRL has none: `auto` records "

@@ -145,11 +145,13 @@ def answer_ids(answers: list[str | None], group_ids: list[int]) -> list[int]:
     return [-1 if a is None else table.setdefault((g, a), len(table)) for g, a in zip(group_ids, answers)]
 
 
-def answer_ids_for(texts: list[str], *, group_ids: list[int], classes: list[str] | None) -> list[int]:
+def answer_ids_for(texts: list[str], *, group_ids: list[int], classes: list[str] | None,
+                   last_line: bool = False) -> list[int]:
     """SEED-GRPO's ``answer_ids`` [N] of completion ``texts``: equal extracted answers share an id within a group;
     a completion with no extractable answer (:func:`has_answer`) gets -1, a cluster of its own, rather than the
-    cluster of its last line (two unanswered completions do not agree on an answer)."""
-    answers = [extract_answer(t, classes) if has_answer(t, classes) else None for t in texts]
+    cluster of its last line (two unanswered completions do not agree on an answer), unless ``last_line``
+    (``CalibratedGRPOConfig.answer_last_line``) takes the last line as the answer."""
+    answers = [extract_answer(t, classes) if last_line or has_answer(t, classes) else None for t in texts]
     return answer_ids(answers, group_ids)
 
 
@@ -379,7 +381,8 @@ def collect_rollout(trainer: CalibratedGRPOTrainer, output: dict) -> Rollout:
         fields["ref_logprob_mean"] = accelerator.gather(masked_row_mean(ref_per_token_logps(trainer, output), mask))
     if "answer_ids" in needed:
         texts = gather_object([completion_text(c) for c in trainer._calibrl_completions])
-        ids = answer_ids_for(texts, group_ids=group_ids.tolist(), classes=args.decision_classes)
+        ids = answer_ids_for(texts, group_ids=group_ids.tolist(), classes=args.decision_classes,
+                             last_line=args.answer_last_line)
         fields["answer_ids"] = torch.tensor(ids, device=device)
     fields["lengths"] = lengths
 

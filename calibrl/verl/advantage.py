@@ -15,7 +15,7 @@ How a verl batch becomes a :class:`calibrl.RolloutBatch` (our choices):
   needs it.
 - ``lengths``: ``response_mask.sum(-1)``. Rows with none (verl's rollout-correction rejection sampling zeroes
   their mask) get advantage 0 and are left out of the estimator's statistics and diagnostics
-  (:func:`compute_on_rows_with_tokens`).
+  (:func:`calibrl.compute_advantages` does this for every estimator).
 - ``embeddings`` (gcpo): ``data.batch["embeddings"]`` [N, D] if some worker put it there; verl computes none.
   ``answer_ids`` (seed_grpo): the reward function's ``answer`` (it returns ``{"score": ..., "answer": ...}``):
   ``data.non_tensor_batch["answer"]`` (legacy trainer), else the V1 trainer's queue
@@ -34,7 +34,6 @@ the batch held by the wrapped advantage step (:func:`calibrl.verl.hooks.current_
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -131,28 +130,6 @@ def estimator_params(config: Any) -> dict[str, Any]:
     return params
 
 
-def _select_rows(batch: RolloutBatch, *, keep: torch.Tensor) -> RolloutBatch:
-    """The rows ``keep`` [N] bool of ``batch``, every field alike."""
-    return RolloutBatch(**{f.name: (None if getattr(batch, f.name) is None else getattr(batch, f.name)[keep])
-                           for f in dataclasses.fields(batch)})
-
-
-def compute_on_rows_with_tokens(batch: RolloutBatch, *, estimator: str,
-                                params: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
-    """``calibrl.compute_advantages(batch, estimator, return_info=True, **params)`` over the rows with ``lengths > 0``
-    only; the others (e.g. rejected by verl's rollout-correction rejection sampling, which zeroes their
-    ``response_mask`` before the advantage step) get advantage 0 and enter no group statistic and no diagnostic."""
-    keep = batch.lengths > 0
-    if bool(keep.all()):
-        return calibrl.compute_advantages(batch, estimator, return_info=True, **params)
-    advantages = torch.zeros_like(batch.rewards)
-    if not bool(keep.any()):
-        return advantages, {}
-    kept, info = calibrl.compute_advantages(_select_rows(batch, keep=keep), estimator, return_info=True, **params)
-    advantages[keep] = kept.to(advantages.dtype)
-    return advantages, info
-
-
 def _missing_input_hint(message: str, *, have_step: bool) -> str:
     """Where calibrl.verl looks for the field a :class:`RolloutBatchError` says is missing, and what to change."""
     if not have_step:
@@ -184,7 +161,7 @@ def make_adv_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Ten
         batch = rollout_batch_from_verl(token_level_rewards=token_level_rewards, response_mask=response_mask,
                                         index=index, **extras)
         try:
-            advantages, info = compute_on_rows_with_tokens(batch, estimator=name, params=estimator_params(config))
+            advantages, info = calibrl.compute_advantages(batch, name, return_info=True, **estimator_params(config))
         except RolloutBatchError as exc:
             raise RolloutBatchError(f"{exc}{_missing_input_hint(str(exc), have_step=bool(extras))}") from exc
         _record_info(name, info)
