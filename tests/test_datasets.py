@@ -144,3 +144,23 @@ def test_verl_export_round_trips_through_verl_compute_score(tmp_path):
     r = rows[0]
     assert verl_compute_score(r["data_source"], "so... Answer: B", r["reward_model"]["ground_truth"], r["extra_info"]) == 1.0
     assert verl_compute_score(r["data_source"], "so... Answer: C", r["reward_model"]["ground_truth"], r["extra_info"]) == 0.0
+
+
+def test_load_file_tells_the_task_from_the_fields(tmp_path):
+    from calibrl.tasks.datasets import load_file
+
+    math = tmp_path / "mine.jsonl"
+    math.write_text(json.dumps({"question": "1+1?", "solution": "so \\boxed{2}."}) + "\n"
+                    + json.dumps({"question": "no gold", "solution": "none"}) + "\n")
+    ds = load_file(math)
+    assert ds["answer"] == ["2"] and ds["benchmark"] == ["mine"] and ds["prompt_id"] == ["mine-0"]
+    assert ds["prompt"][0].endswith(MATH_INSTRUCTION)
+    ready = tmp_path / "ready.jsonl"
+    ready.write_text(json.dumps({"prompt": "Q: 1+1? A:", "answer": 2, "id": "x"}) + "\n")
+    assert load_file(ready)[0] == {"prompt": "Q: 1+1? A:", "answer": "2", "benchmark": "ready", "prompt_id": "x"}
+    choice = load_file(FIXTURES / "commonsenseqa.jsonl")
+    assert choice[0]["classes"] == ["A", "B", "C", "D", "E"] and choice[0]["prompt"].endswith("Answer: ")
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text(json.dumps({"text": "hello"}) + "\n")
+    with pytest.raises(ValueError, match="odd.jsonl: cannot tell the task from the fields \\(text\\)"):
+        load_file(odd)

@@ -1,6 +1,7 @@
 """End-to-end ``calibrl eval`` on synthetic JSONL and Parquet files."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -289,3 +290,103 @@ def test_labels_figure_names_and_short_prompt_note(tmp_path):
     assert m["scaling"]["majority"]["ns"] == [1]
     assert m["scaling_note"] == "the scaling curves stop at N = 1: 1 of 10 prompts have only 1 path(s) (others up to 4)"
     assert "Note for" in (out / "report.md").read_text() and "stop at N = 1" in (out / "report.md").read_text()
+
+
+def test_long_benchmark_names_get_short_unique_figure_names(tmp_path):
+    rows = _rows(7)
+    long_a, long_b = "x" * 249 + "a", "x" * 249 + "b"  # differ only past any truncation
+    for r in rows:
+        r["benchmark"] = long_a if r["benchmark"] == "easy" else long_b
+    src = _jsonl(tmp_path / "s.jsonl", rows)
+    out = tmp_path / "rep"
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", "majority"])
+    assert res.exit_code == 0, res.output
+    figs = json.loads((out / "metrics.json").read_text())["figures"]
+    assert figs[long_a][0] != figs[long_b][0]
+    assert all(len(n) <= 120 and (out / n).is_file() for names in figs.values() for n in names)
+
+
+@pytest.mark.parametrize("option,value", [("--seed", "-1"), ("--seed", str(2**32)), ("--n-bins", "1000000000"),
+                                          ("--n-bins", "1"), ("--bootstrap", "-1")])
+def test_out_of_range_options_exit_2_with_a_message(tmp_path, option, value):
+    src = _jsonl(tmp_path / "s.jsonl", _rows(0))
+    res = runner.invoke(app, ["eval", str(src), "--out", str(tmp_path / "rep"), *FAST, option, value])
+    assert res.exit_code == 2 and option in res.output and isinstance(res.exception, SystemExit)
+    assert not (tmp_path / "rep").exists()
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_killed_run_is_recovered_on_the_next_run(tmp_path):
+    src = _jsonl(tmp_path / "s.jsonl", _rows(0))
+    out = tmp_path / "rep"
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", ""])
+    assert res.exit_code == 0, res.output
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    pid = _dead_pid()
+    # killed between the two renames: the old report is only in .rep.old-PID, the new one in a temp folder
+    out.rename(tmp_path / f".rep.old-{pid}")
+    stale = tmp_path / f".rep.tmp-{pid}-abc123"
+    stale.mkdir()
+    (stale / "metrics.json").write_text("{}")
+    bad = _jsonl(tmp_path / "bad.jsonl", [{"prompt_id": "q", "correct": "maybe"}])
+    res = runner.invoke(app, ["eval", str(bad), "--out", str(out), *FAST])
+    assert res.exit_code == 2
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the old report is back
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "rep", "s.jsonl"]
+    # a live process's temp folder is left alone
+    live = tmp_path / f".rep.tmp-{_live_pid()}-x"
+    live.mkdir()
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", ""])
+    assert res.exit_code == 0 and live.is_dir()
+
+
+def _live_pid() -> int:
+    return os.getppid()
+
+
+def test_format_option_is_passed_to_the_reader(tmp_path):
+    from calibrl.cli.eval import SampleFormat
+    from calibrl.evaluation.readers import FORMATS
+
+    assert tuple(f.value for f in SampleFormat) == FORMATS
+    help_text = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "200"}).output
+    assert "--format" in help_text and "lm-eval" in help_text
+    src = _jsonl(tmp_path / "s.jsonl", _rows(0))
+    res = runner.invoke(app, ["eval", str(src), "--out", str(tmp_path / "a"), *FAST, "--format", "calibrl",
+                              "--methods", ""])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["eval", str(src), "--out", str(tmp_path / "b"), *FAST, "--format", "vllm"])
+    assert res.exit_code == 2 and "s.jsonl" in res.output and not (tmp_path / "b").exists()
+
+
+def test_input_without_confidence_gets_accuracy_and_majority_only(tmp_path):
+    """A TRL completions log written without calibrl's columns has correctness but no confidence: eval reports
+    accuracy and majority vote for it (no confidence metric, figure or post-hoc), beside an input that has one."""
+    from pathlib import Path
+
+    formats = Path(__file__).parent / "fixtures" / "formats"
+    out = tmp_path / "rep"
+    result = runner.invoke(app, ["eval", str(formats / "trl_plain"), str(formats / "trl_completions"), "--out",
+                                 str(out), "--posthoc", "temperature", "--bootstrap", "50"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads((out / "metrics.json").read_text())
+    plain = payload["results"]["overall"]["trl_plain"]
+    full = payload["results"]["overall"]["trl_completions"]
+    samples = load_samples(formats / "trl_plain")
+    assert plain["accuracy"] == pytest.approx(M.mean_at_k(samples.correct, samples.prompt_index))
+    assert "auroc" not in plain and "precision_at_coverage" not in plain
+    assert set(plain["bootstrap"]) == {"n_boot", "alpha", "accuracy"}
+    assert plain["posthoc"]["skipped"] == "no confidence in the input"
+    assert list(plain["selection"]) == ["majority"]
+    assert "best_of_n" in plain["selection_skipped"]
+    assert "auroc" in full and "weighted" in full["selection"]
+    assert (out / "overall_reliability.png").exists()  # drawn for the input that has a confidence
+    assert payload["inputs"][0]["format"] == "trl" and payload["inputs"][0]["notes"]

@@ -252,3 +252,96 @@ def test_logprob_mean_ignores_the_models_sampling_settings(tmp_path):
         expected = _reference_logps(model.eval(), tokenizer, prompts[r["prompt_id"]], ids, 1.0).mean().item()
         assert r["logprob_mean"] == pytest.approx(expected, abs=1e-4)
     assert checked >= 6
+
+
+def _fast(tiny_dir, out, **extra):
+    """generate() keyword arguments for a quick run on the tiny model."""
+    return dict(model=str(tiny_dir), n=2, max_new_tokens=4, template="none", batch_size=4, progress=False, out=out,
+                backend="transformers", **extra)
+
+
+def test_refuses_an_existing_samples_file_it_did_not_write(tiny_dir, tmp_path):
+    out = tmp_path / "other.jsonl"
+    foreign = "".join(json.dumps({"prompt_id": f"p{i // 5}", "sample_index": i % 5, "correct": True}) + "\n"
+                      for i in range(12))  # another run's output: 5 samples per problem, last problem unfinished
+    out.write_text(foreign)
+    kw = _fast(tiny_dir, out, dataset="deepscaler", path=str(FIXTURES / "deepscaler.jsonl"))
+    with pytest.raises(GenerateError, match=r"other\.jsonl.*--overwrite"):
+        generate(**kw)
+    assert out.read_text() == foreign and not (tmp_path / "other.jsonl.meta.json").exists()
+    with pytest.raises((OSError, ValueError)):  # --overwrite, but the model cannot be loaded: the file stays
+        generate(**{**kw, "overwrite": True, "model": str(tmp_path / "no-such-model")})
+    assert out.read_text() == foreign and not (tmp_path / "other.jsonl.meta.json").exists()
+
+    from typer.testing import CliRunner
+
+    from calibrl.cli import app
+
+    args = ["generate", "--model", str(tiny_dir), "--dataset", "deepscaler", "--path", str(FIXTURES / "deepscaler.jsonl"),
+            "--n", "2", "--max-new-tokens", "4", "--template", "none", "--out", str(out), "--quiet"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "other.jsonl" in result.output and out.read_text() == foreign
+    result = CliRunner().invoke(app, args + ["--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert len(out.read_text().splitlines()) == 6  # 3 problems with a gold answer x 2
+
+
+def _repeated_ids_file(tmp_path) -> Path:
+    rows = [{"problem": f"What is {i}+{i}?", "answer": str(2 * i), "unique_id": uid}
+            for i, uid in enumerate(["a", "b", "a", "c", "b"])]  # no repeat among the first two
+    path = tmp_path / "repeated.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_prompt_ids_do_not_depend_on_the_limit(tmp_path):
+    path = _repeated_ids_file(tmp_path)
+    loader = get_dataset_loader("math500")
+    full = loader(path=path)["prompt_id"]
+    assert len(set(full)) == 5
+    for limit in (1, 2, 3, 4):
+        assert loader(path=path, limit=limit)["prompt_id"] == full[:limit]
+
+
+def test_resume_with_a_larger_limit_never_duplicates_problems(tiny_dir, tmp_path):
+    out = tmp_path / "s.jsonl"
+    kw = _fast(tiny_dir, out, dataset="math500", path=str(_repeated_ids_file(tmp_path)))
+    generate(limit=2, **kw)
+    summary = generate(**kw)  # raising the limit appends the remaining problems
+    assert summary["problems_skipped"] == 2 and summary["samples_written"] == 6
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    expected = get_dataset_loader("math500")(path=kw["path"])["prompt_id"]
+    assert len(rows) == 10 and sorted({r["prompt_id"] for r in rows}) == sorted(expected)
+    with pytest.raises(GenerateError, match=r"n: 2 -> 3.*max_new_tokens: 4 -> 5"):
+        generate(**{**kw, "n": 3, "max_new_tokens": 5})
+
+
+def test_bad_outputs_and_settings_leave_nothing_behind(tiny_dir, tmp_path):
+    kw = _fast(tiny_dir, tmp_path / "s.jsonl", dataset="deepscaler", path=str(FIXTURES / "deepscaler.jsonl"))
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    with pytest.raises(GenerateError, match="folder.*is a folder"):
+        generate(**{**kw, "out": folder})
+    assert not (tmp_path / "folder.meta.json").exists()
+    for field, value in (("temperature", -1.0), ("temperature", float("nan")), ("max_new_tokens", 0), ("limit", 0)):
+        with pytest.raises(GenerateError, match=field):
+            generate(**{**kw, field: value})
+    with pytest.raises((OSError, ValueError, GenerateError)):  # the model cannot be loaded
+        generate(**{**kw, "model": str(tmp_path / "no-such-model")})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]  # no stray samples or .meta.json
+
+
+def test_dataset_given_as_a_file(tiny_dir, tmp_path):
+    out = tmp_path / "s.jsonl"
+    generate(**_fast(tiny_dir, out, dataset=str(FIXTURES / "math500.jsonl")))
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2 * 2 and {r["benchmark"] for r in rows} == {"math500"}
+    assert rows[0]["prompt_id"] == "test/prealgebra/1.json" and rows[0]["gold"] == "5"
+    out2 = tmp_path / "d.jsonl"
+    generate(**{**_fast(tiny_dir, out2, dataset=str(FIXTURES / "commonsenseqa.jsonl")), "template": "direct"})
+    rows = [json.loads(line) for line in out2.read_text().splitlines()]
+    assert rows[0]["classes"] == ["A", "B", "C", "D", "E"] and rows[0]["label"] == "B"
+    with pytest.raises(GenerateError, match="--dataset NAME --path FILE"):
+        generate(**_fast(tiny_dir, tmp_path / "x.jsonl", dataset="nope"))
+    with pytest.raises(GenerateError, match="does not exist"):
+        generate(**_fast(tiny_dir, tmp_path / "x.jsonl", dataset=str(tmp_path / "missing.jsonl")))

@@ -175,3 +175,57 @@ def test_scaling_curve_n_draws_reports_draws_used():
     ans, correct, pid, _ = _random_groups(n_prompts=5, n=2)
     c = S.scaling_curve("majority", ans, correct, pid, n_draws=9)
     assert c.ns.tolist() == [1, 2] and c.n_draws == 1 and c.to_dict()["n_draws"] == 1
+
+
+# (a, b, equal?) worked out by hand; grading (tasks.rewards.math_equal) and clustering must both give this answer
+EQUIVALENCE_TABLE = [
+    ("3\\sqrt{2}", "3", False),  # a radical is not its coefficient
+    ("3\\sqrt{2}", "2, 3", False),
+    ("3", "2, 3", False),  # one answer is not a list containing it
+    ("3\\sqrt{2}", "\\sqrt{18}", True),
+    ("\\sqrt{2}", "\\sqrt{3}", False),
+    ("\\frac{1}{2}", "0.5", True),  # fraction vs decimal
+    ("\\dfrac{3}{4}", "3/4", True),
+    ("\\frac{1}{3}", "0.333", False),  # a rounded decimal is not the fraction
+    ("0.5", "0.50", True),
+    ("(1, 2)", "(2, 1)", False),  # ordered tuples
+    ("(1,2)", "(1, 2)", True),
+    ("\\{1,2\\}", "\\{2,1\\}", True),  # sets
+    ("1, 2", "2, 1", True),  # a bare list of answers is unordered (several solutions)
+    ("5\\text{ cm}", "5", True),  # units
+    ("5\\text{ cm}", "6\\text{ cm}", False),
+    ("(0, 1]", "(0, 1)", False),  # intervals: the bracket matters
+    ("[0, \\infty)", "[0,\\infty)", True),
+    ("(-\\infty, 2)", "x<2", True),  # the same set written as an inequality
+    ("\\text{Monday}", "Monday", True),  # text answers
+    ("\\text{Monday}", "\\text{Tuesday}", False),
+    ("yes", "no", False),
+    ("1,000", "1000", True),  # thousands separators
+    ("12,345,678", "12345678", True),
+    ("2,3", "23", False),  # a pair is not a number
+    ("2, 300", "2300", False),
+    ("-3", "3", False),  # negative numbers
+    ("-3", "- 3", True),
+    ("-0.5", "-\\frac{1}{2}", True),
+    ("\\pm 2", "2", False),
+    ("50\\%", "50", True),  # percent
+    ("10\\%", "0.1", True),
+    ("x=2", "2", True),
+    ("2x+1", "1+2x", True),
+]
+
+
+@pytest.mark.parametrize("a,b,equal", EQUIVALENCE_TABLE)
+def test_grading_and_clustering_agree_with_the_hand_worked_table(a, b, equal):
+    from calibrl.selection.answers import answers_equivalent
+    from calibrl.tasks.rewards import math_equal
+
+    assert math_equal(a, b) is equal and math_equal(b, a) is equal
+    ids = S.answer_clusters([a, b, b, a], [0, 0, 1, 1])
+    assert bool(ids[0] == ids[1]) is equal and bool(ids[2] == ids[3]) is equal
+    assert answers_equivalent(a, b) is equal
+
+
+def test_clusters_follow_grading_not_a_looser_parse():
+    ids = S.answer_clusters(["3\\sqrt{2}", "3", "2, 3", "\\sqrt{18}"], [0, 0, 0, 0])
+    assert ids[0] != ids[1] and ids[0] != ids[2] and ids[1] != ids[2] and ids[0] == ids[3]

@@ -15,6 +15,7 @@ computed and written by :func:`calibrl.evaluation.pipeline.write_eval_report`.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -34,6 +35,17 @@ class Posthoc(str, Enum):
     isotonic = "isotonic"
     temperature = "temperature"
     platt = "platt"
+
+
+class SampleFormat(str, Enum):
+    """The input formats :func:`calibrl.evaluation.samples.load_samples` reads (its ``FORMATS``)."""
+
+    calibrl = "calibrl"
+    trl = "trl"
+    verl = "verl"
+    vllm = "vllm"
+    openai = "openai"
+    lm_eval = "lm-eval"
 
 
 class Confidence(str, Enum):
@@ -103,11 +115,15 @@ def eval_command(
     out: Path = typer.Option(..., "--out", help="Output folder (replaced if it holds a previous eval report)."),
     posthoc: Optional[Posthoc] = typer.Option(
         None, "--posthoc", help="Also report cross-validated post-hoc calibration (folds split by prompt)."),
-    n_bins: int = typer.Option(10, "--n-bins", min=2, help="Bins for ECE / MCE / reliability diagrams."),
+    n_bins: int = typer.Option(10, "--n-bins", min=2, max=1000, help="Bins for ECE / MCE / reliability diagrams (2-1000)."),
     bootstrap: int = typer.Option(
-        1000, "--bootstrap", min=0, help="Prompt-level bootstrap resamples for intervals (0: none)."),
+        1000, "--bootstrap", min=0, max=1_000_000, help="Prompt-level bootstrap resamples for intervals (0: none)."),
     no_math_verify: bool = typer.Option(
         False, "--no-math-verify", help="Cluster answers by normalised string only (no math-verify)."),
+    input_format: Optional[SampleFormat] = typer.Option(
+        None, "--format",
+        help="Format of every FILE: calibrl, trl, verl, vllm, openai or lm-eval (default: detected from each file's "
+             "fields)."),
     confidence: Optional[Confidence] = typer.Option(
         None, "--confidence",
         help="Confidence input (default: the first of logprob_mean, decision_prob, class_probs in each file)."),
@@ -115,10 +131,12 @@ def eval_command(
         "majority,weighted,pc,rpc,best_of_n", "--methods",
         help="Answer-selection methods for the scaling curves ('' for none)."),
     scaling_draws: int = typer.Option(
-        10, "--scaling-draws", min=1, help="Random path subsets averaged per N on the scaling curves."),
+        10, "--scaling-draws", min=1, max=10_000, help="Random path subsets averaged per N on the scaling curves."),
     rpc_draws: int = typer.Option(
-        2, "--rpc-draws", min=1, help="Draws per N for RPC's curve (one Weibull fit per prompt per draw: slow)."),
-    seed: int = typer.Option(0, "--seed", help="Seed for bootstrap, folds and scaling-curve draws."),
+        2, "--rpc-draws", min=1, max=1000,
+        help="Draws per N for RPC's curve (one Weibull fit per prompt per draw: slow)."),
+    seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1,
+                             help="Seed (0 to 2^32-1) for bootstrap, folds and scaling-curve draws."),
 ) -> None:
     """Evaluate calibration (AUROC, ECE, Brier, reliability), abstention (precision-coverage, AURC), post-hoc
     calibration and inference-time answer selection (majority, weighted, PC, RPC, best-of-N) of sampled
@@ -131,13 +149,17 @@ def eval_command(
     unknown = [m for m in method_list if m not in METHODS]
     if unknown:
         _fail(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+    _recover_interrupted(out)
     _check_out_dir(out, files)
 
     # 1. read and validate everything before writing anything
+    reader_options = {"confidence": confidence.value if confidence else None}
+    if input_format is not None:
+        reader_options["format"] = input_format.value
     loaded = []
     for path in files:
         try:
-            loaded.append(load_samples(path, confidence=confidence.value if confidence else None))
+            loaded.append(load_samples(path, **reader_options))
         except SamplesError as exc:
             _fail(str(exc))
 
@@ -151,13 +173,53 @@ def eval_command(
     _print_summary(results, out)
 
 
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (another one than this: this process's own leftovers are from a run that
+    ended)."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
+def _leftovers(out: Path, kind: str) -> list[tuple[Path, int]]:
+    """``(path, pid)`` of the ``.<out>.<kind>-<pid>...`` folders beside ``out`` whose process no longer runs."""
+    found = []
+    for path in out.parent.glob(f".{glob.escape(out.name)}.{kind}-*"):
+        pid_text = path.name[len(f".{out.name}.{kind}-"):].split("-", 1)[0]
+        if pid_text.isdigit() and path.is_dir() and not path.is_symlink() and not _pid_alive(int(pid_text)):
+            found.append((path, int(pid_text)))
+    return found
+
+
+def _recover_interrupted(out: Path) -> None:
+    """Undo what a killed run left beside ``out``: when ``out`` is missing, the newest ``.<out>.old-<pid>`` (a run
+    killed between its two renames) is renamed back to ``out``; other ``.old-`` folders and the ``.tmp-<pid>-``
+    build folders of processes that no longer run are removed. Folders of running processes are left alone."""
+    out = out.resolve()
+    if not out.parent.is_dir():
+        return
+    olds = sorted(_leftovers(out, "old"), key=lambda item: item[0].stat().st_mtime, reverse=True)
+    if olds and not out.exists() and not out.is_symlink():
+        olds[0][0].rename(out)
+        typer.echo(f"note: restored {out} from {olds[0][0].name}, left by an interrupted calibrl eval", err=True)
+        olds = olds[1:]
+    for path, _pid in olds + _leftovers(out, "tmp"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _replace_folder(out: Path, build: Callable[[Path], Any]) -> Any:
     """Run ``build(folder)`` on a fresh temporary folder beside ``out`` and rename it to ``out`` (replacing a
     previous one) once it returns; on any error the temporary folder is removed and ``out`` is left as it was.
     Returns what ``build`` returned."""
     out = out.resolve()  # "." or "rep/" have no usable name/parent for the temp folder and the swap
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     try:
         result = build(tmp)
         if out.exists():
@@ -212,6 +274,6 @@ def _print_summary(metrics: dict[str, dict[str, Any]], out: Path) -> None:
         for label, m in by_label.items():
             sel = m.get("selection") or {}
             best = max(sel.items(), key=lambda kv: -1 if kv[1] is None else kv[1], default=None)
-            table.add_row(scope, label, str(m["n_samples"]), num(m["accuracy"]), num(m["auroc"]), num(m["ece"]),
-                          num(m["brier"]), f"{best[0]} {num(best[1])}" if best else "-")
+            table.add_row(scope, label, str(m["n_samples"]), num(m["accuracy"]), num(m.get("auroc")), num(m.get("ece")),
+                          num(m.get("brier")), f"{best[0]} {num(best[1])}" if best else "-")
     Console(file=sys.stdout).print(table)

@@ -13,22 +13,22 @@ from calibrl.cli.app import app
 @app.command("generate")
 def generate_command(
     model: str = typer.Option(..., "--model", "-m", help="Hub id or local folder of a causal LM, or builtin:tiny."),
-    dataset: str = typer.Option(..., "--dataset", "-d", help="Registered dataset name (math500, aime24, commonsenseqa, ...)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output JSONL (appended to and resumed if it exists)."),
+    dataset: str = typer.Option(..., "--dataset", "-d", help="Registered dataset name (math500, aime24, commonsenseqa, ...) or a local .jsonl/.json/.parquet file (task told by its fields)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output JSONL (resumed if an earlier calibrl generate wrote it; any other existing file is refused without --overwrite)."),
     n: int = typer.Option(16, "--n", help="Completions per problem."),
     path: Optional[str] = typer.Option(None, "--path", help="Local JSON/JSONL/Parquet file in the hub dataset's format."),
     split: Optional[str] = typer.Option(None, "--split", help="Dataset split (default: the dataset's usual eval split)."),
     max_new_tokens: int = typer.Option(1024, "--max-new-tokens", help="Maximum completion length in tokens."),
     temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature (0 = greedy). Log-probs are the sampling distribution's."),
     batch_size: int = typer.Option(8, "--batch-size", help="Problems per batch (each batch samples batch-size x n completions)."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first LIMIT problems."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first LIMIT problems (may be raised on resume: more problems are appended)."),
     template: Optional[str] = typer.Option(None, "--template", help="Prompt template (math: qwen-math, qwen-math-chat, chat, none; decisions: direct, reasoning, chat)."),
     reward: Optional[str] = typer.Option(None, "--reward", help="Registered reward (default: math, or decision for multiple-choice datasets)."),
     backend: str = typer.Option("auto", "--backend", help="auto (vLLM if installed and a GPU is present), vllm or transformers."),
     seed: int = typer.Option(0, "--seed"),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on GPU, float32 on CPU), bfloat16, float16 or float32."),
     device: Optional[str] = typer.Option(None, "--device", help="transformers backend device (default: cuda if available)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Start afresh instead of resuming an existing OUT."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing OUT (and its settings) instead of resuming it."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Sample N completions per problem and record each one's answer, correctness and confidence.
@@ -48,7 +48,7 @@ def generate_command(
     )
     try:
         summary = generate(config)
-    except (GenerateError, FileNotFoundError, ValueError, KeyError, RuntimeError) as exc:
+    except (GenerateError, OSError, ValueError, KeyError, RuntimeError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(code=2) from None
     if summary["samples_written"]:

@@ -30,12 +30,23 @@ log-probs and class probabilities off each completion are in :mod:`calibrl.evalu
 Resumable: rows are appended and flushed (``fsync``) after every batch of problems, and a batch only ever holds
 whole problems. On restart the file is read back, a torn last line and the rows of any problem with fewer than
 ``n`` rows are dropped, and only the missing problems are generated; a killed run loses at most the batch in
-flight. The settings are kept next to the output (``<out>.meta.json``); resuming with different settings is an
-error (``overwrite=True`` starts afresh). A resumed run draws fresh randomness for the remaining problems.
+flight. The settings are kept next to the output (``<out>.meta.json``, written with the first rows, so a run that
+fails before writing any row leaves nothing behind). Resuming is refused (``GenerateError``; the CLI exits 2)
+when the settings differ (the message lists each one, old -> new) and when ``out`` is a non-empty file without
+its ``.meta.json`` (another tool's or run's output, whose rows resuming would drop); ``overwrite=True``
+(``--overwrite``) replaces the file instead, truncating it only once the first new rows are ready. ``limit`` may
+differ on resume: raising it appends the further problems, lowering it adds none and keeps every row. Problem
+ids do not depend on ``limit`` (:mod:`calibrl.tasks.datasets` makes repeated ids unique over the whole dataset
+before limiting), so no problem is ever written twice under two ids. A resumed run draws fresh randomness for the
+remaining problems.
+
+``dataset`` is a registered name (with ``path`` for a local copy in the hub format) or the path of a local
+JSON / JSONL / Parquet file whose task is told by its fields (:func:`calibrl.tasks.datasets.load_file`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -128,19 +139,41 @@ def _meta_path(out: Path) -> Path:
     return out.with_name(out.name + ".meta.json")
 
 
-def _check_meta(config: GenerateConfig, out: Path, resuming: bool) -> None:
+def _check_resume(config: GenerateConfig, out: Path) -> None:
+    """Refuse to resume ``out`` unless this command wrote it with the same settings: a non-empty ``out`` without
+    its ``<out>.meta.json`` is another tool's or run's file (resuming would drop its rows), and a ``meta.json``
+    whose settings differ (``limit`` aside: raising it appends problems, lowering it adds none) would mix two
+    experiments in one file. ``overwrite`` starts afresh instead."""
+    if not out.exists() or out.stat().st_size == 0:
+        return
     meta_file = _meta_path(out)
-    meta = config.meta()
-    if resuming and meta_file.exists():
+    if not meta_file.exists():
+        raise GenerateError(
+            f"{out} exists but has no {meta_file.name}, so calibrl generate did not write it; refusing to resume "
+            "into it (its rows would be dropped): pass --overwrite (overwrite=True) to replace it or choose another "
+            "--out")
+    try:
         old = json.loads(meta_file.read_text())
-        diff = {k: (old.get(k), meta[k]) for k in _META_KEYS if k != "limit" and old.get(k) != meta[k]}
-        if diff:
-            described = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
-            raise GenerateError(
-                f"{out} was started with other settings ({described}); pass overwrite=True (--overwrite) to start "
-                "afresh or choose another output file"
-            )
-    meta_file.write_text(json.dumps(meta, indent=2) + "\n")
+    except (OSError, ValueError) as exc:
+        raise GenerateError(f"{meta_file}: unreadable settings ({exc}); pass --overwrite to start afresh") from None
+    if not isinstance(old, dict):
+        raise GenerateError(f"{meta_file}: settings are not a JSON object; pass --overwrite to start afresh")
+    meta = config.meta()
+    diff = {k: (old.get(k), meta[k]) for k in _META_KEYS if k != "limit" and old.get(k) != meta[k]}
+    if diff:
+        described = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
+        raise GenerateError(
+            f"{out} was started with other settings ({described}); pass overwrite=True (--overwrite) to start "
+            "afresh or choose another output file"
+        )
+
+
+def _write_meta(config: GenerateConfig, out: Path) -> None:
+    """Record the run's settings next to ``out``; called just before the first rows are appended, so a run that
+    fails before writing any row leaves no ``.meta.json`` behind."""
+    tmp = out.with_name(out.name + ".meta.json.tmp")
+    tmp.write_text(json.dumps(config.meta(), indent=2) + "\n")
+    os.replace(tmp, _meta_path(out))
 
 
 # --------------------------------------------------------------------------------------------------- main loop
@@ -156,24 +189,63 @@ def _seed_for(seed: int, prompt_ids: Sequence[str]) -> int:
 
 
 def _check_config(config: GenerateConfig) -> None:
-    if config.n < 1:
-        raise GenerateError("n must be >= 1")
-    if config.batch_size < 1:
-        raise GenerateError("batch_size must be >= 1")
+    """Refuse settings that cannot run (or would silently run something else) before anything is loaded or
+    written."""
+    import math
+
+    for name, low in (("n", 1), ("batch_size", 1), ("max_new_tokens", 1)):
+        if getattr(config, name) < low:
+            raise GenerateError(f"{name} must be >= {low} (got {getattr(config, name)})")
+    if config.limit is not None and config.limit < 1:
+        raise GenerateError(f"limit must be >= 1 (got {config.limit}); leave it out for every problem")
+    if not (math.isfinite(config.temperature) and config.temperature >= 0):
+        raise GenerateError(f"temperature must be a finite number >= 0 (0 = greedy); got {config.temperature}")
     if config.backend not in ("auto", "vllm", "transformers"):
         raise GenerateError(f"unknown backend {config.backend!r} (auto, vllm or transformers)")
+    out = Path(config.out)
+    if out.is_dir():
+        raise GenerateError(f"--out {out} is a folder; give the samples file to write, e.g. {out / 'samples.jsonl'}")
+
+
+_FILE_SUFFIXES = (".json", ".jsonl", ".parquet")
+
+
+def _dataset_loader(config: GenerateConfig):
+    """The loader ``--dataset`` names: a registered dataset, or a local file / folder (:func:`load_file`: its task
+    told by its fields), called with the same keyword arguments."""
+    from calibrl.tasks.datasets import load_file
+    from calibrl.tasks.registry import available_datasets, get_dataset_loader
+
+    name = config.dataset
+    if name in available_datasets():
+        return get_dataset_loader(name)
+    candidate = Path(name)
+    if candidate.suffix.lower() in _FILE_SUFFIXES or candidate.exists():
+        if config.path is not None:
+            raise GenerateError(f"--dataset {name} is a file; --path applies only to a registered dataset name")
+        if not candidate.exists():
+            raise GenerateError(f"--dataset {name}: the file does not exist")
+
+        def from_file(*, path=None, **kwargs):
+            """:func:`load_file` of ``--dataset``'s file (``path`` is None here: refused above otherwise)."""
+            return load_file(candidate, **kwargs)
+
+        return from_file
+    raise GenerateError(
+        f"unknown dataset {name!r}; registered: {', '.join(sorted(available_datasets()))}. For a local file pass "
+        "--dataset FILE.jsonl (its task told by its fields) or --dataset NAME --path FILE (in NAME's hub format)")
 
 
 def _load_problems(config: GenerateConfig):
     """(the problems as dicts, each with a prompt_id; whether they are a decision task; the reward function)."""
-    from calibrl.tasks.registry import get_dataset_loader, get_reward
+    from calibrl.tasks.registry import get_reward
 
     loader_kwargs: dict[str, Any] = {"path": config.path, "limit": config.limit}
     if config.split is not None:
         loader_kwargs["split"] = config.split
     if config.template is not None:
         loader_kwargs["template"] = config.template
-    dataset = get_dataset_loader(config.dataset)(**loader_kwargs)
+    dataset = _dataset_loader(config)(**loader_kwargs)
     columns = set(dataset.column_names)
     if "prompt" not in columns:
         raise GenerateError(f"dataset {config.dataset!r} has no 'prompt' column")
@@ -221,14 +293,16 @@ def _append_batches(out: Path, pending: list[dict], backend, reward_fn, config: 
                     total: int, done: int) -> tuple[int, int]:
     """Sample ``pending`` batch by batch, appending each batch's rows to ``out`` and syncing them to disk (so a
     killed run loses at most one batch); returns (rows written, rows correct). ``total`` / ``done``: samples of the
-    whole run / already on disk, for the progress bar."""
+    whole run / already on disk, for the progress bar. ``out`` (and its ``.meta.json``) is only opened once the
+    first batch's rows are ready, truncated then under ``overwrite``: a run that fails earlier changes nothing."""
     from tqdm.auto import tqdm
 
     generated = 0
     n_correct = 0
     bar = tqdm(total=total, initial=done, unit="sample", dynamic_ncols=True, disable=not config.progress,
                desc=f"generate {config.dataset}")
-    with out.open("a", encoding="utf-8") as handle:
+    with contextlib.ExitStack() as stack:
+        handle = None
         for batch in _batches(pending, config.batch_size):
             pids = [str(p["prompt_id"]) for p in batch]
             groups = backend.generate([p["prompt"] for p in batch], config.n, _seed_for(config.seed, pids))
@@ -238,6 +312,9 @@ def _append_batches(out: Path, pending: list[dict], backend, reward_fn, config: 
                 for row in _problem_rows(problem, group, texts, reward_fn, dataset=config.dataset, variants=variants):
                     n_correct += row["correct"]
                     lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+            if handle is None:
+                _write_meta(config, out)
+                handle = stack.enter_context(out.open("w" if config.overwrite else "a", encoding="utf-8"))
             handle.write("".join(lines))
             handle.flush()
             os.fsync(handle.fileno())
@@ -257,16 +334,12 @@ def generate(config: GenerateConfig | None = None, *, hf_model=None, hf_tokenize
     config = config or GenerateConfig(**kwargs)
     _check_config(config)
     out = Path(config.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     problems, decision_task, reward_fn = _load_problems(config)
+    if not config.overwrite:
+        _check_resume(config, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
 
-    if config.overwrite:
-        for p in (out, _meta_path(out)):
-            if p.exists():
-                p.unlink()
-    resuming = out.exists()
-    _check_meta(config, out, resuming)
-    complete, kept_rows = scan_existing(out, config.n)
+    complete, kept_rows = (set(), 0) if config.overwrite else scan_existing(out, config.n)
     pending = [p for p in problems if str(p["prompt_id"]) not in complete]
 
     backend = None

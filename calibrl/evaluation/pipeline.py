@@ -11,6 +11,7 @@ computes and writes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -28,8 +29,18 @@ __all__ = ["SCOPE_OVERALL", "write_eval_report"]
 SCOPE_OVERALL = "overall"
 
 
+_MAX_STEM = 64  # figure names stay far below file systems' 255-byte limit: stem + "_reliability_temperature.png"
+
+
 def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "scope"
+    """A file-name stem for scope ``name``: runs of other characters than letters, digits, ``_ . -`` become ``_``;
+    a stem longer than 64 characters is cut to its first 55 and a hash of the whole name (``<head>-<8 hex>``), so
+    long benchmark names give short, still distinct names."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "scope"
+    if len(stem) > _MAX_STEM:
+        digest = hashlib.sha1(name.encode("utf-8")).hexdigest()[:8]
+        stem = f"{stem[:_MAX_STEM - 9]}-{digest}"
+    return stem
 
 
 def _scope_parts(samples: Samples, ids) -> list[tuple[str, Samples, Any]]:
@@ -74,11 +85,13 @@ def _figure_base(scope: str, taken: set[str], n_scopes: int) -> str:
 def _scope_figures(scope: str, by_label: dict[str, ScopeResult], folder: Path, base: str, *, n_bins: int,
                    posthoc: str | None) -> list[str]:
     """Draw one scope's figures into ``folder``; returns their file names."""
-    names = [f"{base}_reliability.png", f"{base}_roc.png", f"{base}_precision_coverage.png"]
-    series = {lab: (r.confidence, r.target) for lab, r in by_label.items()}
-    plot_reliability(series, folder / names[0], n_bins=n_bins, title=f"Reliability: {scope}")
-    plot_roc(series, folder / names[1], title=f"ROC: {scope}")
-    plot_precision_coverage(series, folder / names[2], title=f"Precision vs coverage: {scope}")
+    names: list[str] = []
+    series = {lab: (r.confidence, r.target) for lab, r in by_label.items() if r.confidence is not None}
+    if series:  # inputs without a confidence have no confidence figures
+        names += [f"{base}_reliability.png", f"{base}_roc.png", f"{base}_precision_coverage.png"]
+        plot_reliability(series, folder / names[0], n_bins=n_bins, title=f"Reliability: {scope}")
+        plot_roc(series, folder / names[1], title=f"ROC: {scope}")
+        plot_precision_coverage(series, folder / names[2], title=f"Precision vs coverage: {scope}")
     if posthoc and any(r.posthoc_confidence is not None for r in by_label.values()):
         names.append(f"{base}_reliability_{posthoc}.png")
         plot_reliability({lab: (r.posthoc_confidence, r.target) for lab, r in by_label.items()
@@ -129,7 +142,8 @@ def write_eval_report(
 
     metrics = {scope: {lab: r.metrics for lab, r in by_label.items()} for scope, by_label in scoped.items()}
     inputs = [{"label": lab, "file": str(f), "rows": len(s), "prompts": s.n_prompts,
-               "confidence": s.confidence_kind} for s, lab, f in zip(loaded, labels, files)]
+               "confidence": s.confidence_kind, "format": s.format, "notes": list(s.notes)}
+              for s, lab, f in zip(loaded, labels, files)]
     settings = {"n_bins": n_bins, "bootstrap": n_boot, "posthoc": posthoc, "math_verify": use_math_verify,
                 "methods": ",".join(methods), "scaling_draws": scaling_draws, "rpc_draws": rpc_draws, "seed": seed}
     payload = {"inputs": inputs, "settings": settings, "results": metrics, "figures": figures}

@@ -76,6 +76,10 @@ def render_eval_report(
     out.append(markdown_table(["label", "file", "samples", "prompts", "confidence"],
                               [[i["label"], f"`{i['file']}`", i["rows"], i["prompts"], i["confidence"]]
                                for i in inputs]))
+    for i in inputs:  # how another tool's file was read (which field gave correctness, ...)
+        fmt = i.get("format", "calibrl")
+        for note in i.get("notes") or []:
+            out += ["", f"{i['label']} ({fmt}): {note}"]
     out.append("")
     for scope, by_label in results.items():
         labels = list(by_label)
@@ -94,11 +98,12 @@ def render_eval_report(
             out.append("")
             out.append(f"Brackets: {100 * (1 - b['alpha']):.0f}% prompt-level bootstrap intervals "
                        f"({b['n_boot']} resamples of prompts).")
-        cov_rows = []
-        for c in ("0.1", "0.2", "0.5", "0.8", "1.0"):
-            cov_rows.append([c] + [_fmt(by_label[l]["precision_at_coverage"].get(c)) for l in labels])
-        out += ["", "Precision when answering only the most confident fraction (coverage):", ""]
-        out.append(markdown_table(["coverage"] + labels, cov_rows))
+        if any("precision_at_coverage" in by_label[l] for l in labels):  # inputs with a confidence
+            cov_rows = []
+            for c in ("0.1", "0.2", "0.5", "0.8", "1.0"):
+                cov_rows.append([c] + [_fmt(by_label[l].get("precision_at_coverage", {}).get(c)) for l in labels])
+            out += ["", "Precision when answering only the most confident fraction (coverage):", ""]
+            out.append(markdown_table(["coverage"] + labels, cov_rows))
         if any("posthoc" in by_label[l] for l in labels):
             method = next(by_label[l]["posthoc"]["method"] for l in labels if "posthoc" in by_label[l])
             out += ["", f"Post-hoc `{method}` calibration, cross-validated out-of-fold (folds split by prompt):", ""]

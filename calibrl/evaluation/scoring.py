@@ -38,8 +38,8 @@ class ScopeResult:
     label: str
     scope: str
     metrics: dict[str, Any]
-    confidence: np.ndarray
-    target: np.ndarray
+    confidence: np.ndarray | None  # None: the input has no confidence (accuracy and majority vote only)
+    target: np.ndarray | None
     posthoc_confidence: np.ndarray | None = None
     curves: dict[str, ScalingCurve] = field(default_factory=dict)
 
@@ -89,9 +89,10 @@ def evaluate_samples(
     step = step or (lambda _desc: None)
     pidx = samples.prompt_index
     sizes = samples.group_sizes()
-    conf = samples.confidence()
-    target = samples.confidence_target()
-    score = samples.score()
+    has_conf = samples.confidence_kind is not None  # other tools' logs may carry correctness only
+    conf = samples.confidence() if has_conf else None
+    target = samples.confidence_target() if has_conf else None
+    score = samples.score() if has_conf else None
     kmax = int(sizes.min())
     out: dict[str, Any] = {
         "n_samples": len(samples),
@@ -105,17 +106,17 @@ def evaluate_samples(
         out[f"pass@{kmax}"] = _f(M.pass_at_k(samples.correct, pidx, kmax))
     if samples.confidence_kind == "class_probs":
         out["top_label_accuracy"] = _f(M.mean_at_k(target, pidx))
-    out.update(_confidence_metrics(conf, target, score, pidx, n_bins))
+    if has_conf:
+        out.update(_confidence_metrics(conf, target, score, pidx, n_bins))
 
     if n_boot > 0:
         step(f"{label}/{scope}: bootstrap ({n_boot} prompt resamples)")
         ci = functools.partial(M.bootstrap_ci, prompt_ids=pidx, n_boot=n_boot, alpha=alpha, seed=seed)
-        boot = {
-            "accuracy": ci(M.mean_at_k, {"correct": samples.correct, "prompt_ids": pidx}),
-            "auroc": ci(M.auroc, (score, target)),
-            "ece": ci(functools.partial(M.ece, n_bins=n_bins, strategy="uniform"), (conf, target)),
-            "brier": ci(M.brier, (conf, target)),
-        }
+        boot = {"accuracy": ci(M.mean_at_k, {"correct": samples.correct, "prompt_ids": pidx})}
+        if has_conf:
+            boot["auroc"] = ci(M.auroc, (score, target))
+            boot["ece"] = ci(functools.partial(M.ece, n_bins=n_bins, strategy="uniform"), (conf, target))
+            boot["brier"] = ci(M.brier, (conf, target))
         out["bootstrap"] = {"n_boot": n_boot, "alpha": alpha,
                             **{k: [_f(v.low), _f(v.high)] for k, v in boot.items()}}
 
@@ -124,7 +125,9 @@ def evaluate_samples(
         from calibrl.posthoc import cross_validated_posthoc
 
         step(f"{label}/{scope}: {posthoc} post-hoc calibration ({n_splits} folds by prompt)")
-        if samples.n_prompts < 2:
+        if not has_conf:
+            out["posthoc"] = {"method": posthoc, "skipped": "no confidence in the input"}
+        elif samples.n_prompts < 2:
             out["posthoc"] = {"method": posthoc, "skipped": "needs at least 2 prompts"}
         else:
             cal = cross_validated_posthoc(posthoc, conf, target, pidx, n_splits=n_splits, seed=seed)
@@ -141,6 +144,9 @@ def evaluate_samples(
             reason = f"logprob_mean missing on {int(np.isnan(lpm).sum())} of {lpm.size} rows"
             lpm = None
         usable = [m for m in methods if lpm is not None or m in ("majority", "best_of_n")]
+        if not has_conf:  # best-of-N ranks paths by their confidence
+            reason = "no confidence in the input"
+            usable = [m for m in usable if m == "majority"]
         skipped = {m: reason for m in methods if m not in usable}
         kwargs = {"logprob_mean": lpm, "completions": samples.completions, "confidence": score}
         sel: dict[str, Any] = {}  # accuracy of each method on all of each prompt's paths

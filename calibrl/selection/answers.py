@@ -1,9 +1,12 @@
 """Answer equivalence: which sampled answers of a prompt count as the same answer in a vote.
 
-:func:`answer_clusters` maps answers to integer cluster ids, merging answers that math-verify judges equal within a
-prompt; missing answers (None) form one "no answer" cluster per prompt, which can win a vote (as ``[Invalid]`` does
-in the reference code, WNJXYK/RPC) and then counts with its paths' correctness. :func:`normalize_answer` is the
-cheap exact-match stage before math-verify.
+:func:`answers_equivalent` is calibrl's one answer equivalence: grading (:func:`calibrl.tasks.rewards.math_equal`)
+and clustering both call it, so a vote never merges answers the grader tells apart (``3\\sqrt{2}``, ``3`` and
+``2, 3`` are three answers) nor splits answers it counts as one. :func:`answer_clusters` maps answers to integer
+cluster ids, merging answers of a prompt that :func:`answers_equivalent` judges equal; missing answers (None) form
+one "no answer" cluster per prompt, which can win a vote (as ``[Invalid]`` does in the reference code, WNJXYK/RPC)
+and then counts with its paths' correctness. :func:`normalize_answer` is the cheap exact-match stage (equal
+normalised forms are equivalent answers).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["answer_clusters", "normalize_answer"]
+__all__ = ["MATH_TIMEOUT_SECONDS", "answer_clusters", "answers_equivalent", "normalize_answer"]
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{(.*)\}\s*$", re.S)
 _THOUSANDS = re.compile(r"^-?\d{1,3}(,\d{3})+(\.\d+)?$")
@@ -48,33 +51,59 @@ def normalize_answer(answer: str | None) -> str | None:
         return s.lower()
 
 
-def _timeout_arg() -> int | None:
-    # math-verify's timeouts use signal.alarm, which only works in the main thread
-    return 5 if threading.current_thread() is threading.main_thread() else None
+MATH_TIMEOUT_SECONDS = 5
+_LATEX_NOISE = re.compile(r"\\(?:left|right|displaystyle|!|,|;|:)")
+_TEXT = re.compile(r"\\text\{\s*([^{}]*)\}")
+
+
+def _unwrap(answer: str) -> str:
+    """``answer`` without surrounding spaces, ``$...$`` and whole-answer ``\\boxed{}`` / ``\\fbox{}`` wrappers."""
+    s = str(answer).strip()
+    for _ in range(3):
+        s = s.strip().strip("$").strip()
+        m = _BOXED.match(s)
+        if not m:
+            break
+        s = m.group(1)
+    return s
+
+
+def _latex_key(s: str) -> str:
+    """Second exact-match form: \\left/\\right, \\displaystyle and spacing commands dropped, \\text{...} unwrapped,
+    \\dfrac/\\tfrac -> \\frac, no whitespace, no trailing period (case kept)."""
+    s = _TEXT.sub(r"\1", _LATEX_NOISE.sub("", s))
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    return re.sub(r"\s+", "", s).rstrip(".")
+
+
+def _effective_timeout(timeout: int | None) -> int | None:
+    """math-verify's time limits use signal.alarm, which only works in the main thread: elsewhere none."""
+    return timeout if (timeout and threading.current_thread() is threading.main_thread()) else None
 
 
 @functools.lru_cache(maxsize=65536)
-def _parse(answer: str):
-    from math_verify import parse
+def _parse(expr: str, timeout: int | None):
+    """math-verify's parse of one bare answer, read as the content of a ``\\boxed{}`` (LaTeX first, then a plain
+    expression), the way a completion's final answer is read."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
 
-    timeout = _timeout_arg()
-    parsed = parse(answer, parsing_timeout=timeout)
-    if not parsed and not answer.lstrip().startswith("$"):
-        parsed = parse(f"${answer}$", parsing_timeout=timeout)
-    return parsed
+    return parse("\\boxed{" + expr + "}",
+                 extraction_config=[LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()],
+                 parsing_timeout=timeout)
 
 
 @functools.lru_cache(maxsize=262144)
-def _math_equal(a: str, b: str) -> bool:
-    """math-verify equivalence of two answers (cached; called with a <= b so the cache is symmetric)."""
+def _verify_pair(a: str, b: str, timeout: int | None) -> bool:
+    """math-verify equivalence in either direction (verify is not symmetric: an interval gold accepts the
+    inequality, not the reverse); called with ``a <= b`` so the cache is symmetric."""
     from math_verify import verify
 
-    pa, pb = _parse(a), _parse(b)
-    if not pa or not pb:
-        return False
     try:
-        return bool(verify(pa, pb, timeout_seconds=_timeout_arg()))
-    except Exception:  # noqa: BLE001 - a failed comparison means "not shown equal"
+        pa, pb = _parse(a, timeout), _parse(b, timeout)
+        if not pa or not pb:
+            return False
+        return bool(verify(pa, pb, timeout_seconds=timeout) or verify(pb, pa, timeout_seconds=timeout))
+    except Exception:  # noqa: BLE001 - a failed parse or comparison means "not shown equal"
         return False
 
 
@@ -84,6 +113,30 @@ def _math_verify_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def answers_equivalent(a: str | None, b: str | None, *, timeout: int | None = MATH_TIMEOUT_SECONDS) -> bool:
+    """Whether two final answers are the same answer: THE equivalence of calibrl, used by grading
+    (:func:`calibrl.tasks.rewards.math_equal`) and by answer clustering (:func:`answer_clusters`), so a vote never
+    merges answers the grader tells apart, nor splits answers it counts as one.
+
+    Symmetric. ``$...$`` and ``\\boxed{}`` wrappers are removed; equal :func:`normalize_answer` forms or equal
+    LaTeX-stripped forms are equal; otherwise math-verify decides (each answer parsed as the content of a
+    ``\\boxed{}``; ``verify`` in either order), each step limited to ``timeout`` seconds in the main thread (no
+    limit elsewhere). None, empty answers and answers math-verify cannot parse are equal to nothing but their own
+    normalised form. Without math-verify installed only the exact-match stages apply.
+    """
+    if a is None or b is None:
+        return False
+    a, b = _unwrap(a), _unwrap(b)
+    if not a or not b:
+        return False
+    if normalize_answer(a) == normalize_answer(b) or _latex_key(a) == _latex_key(b):
+        return True
+    if not _math_verify_available():
+        return False
+    x, y = sorted((a, b))
+    return _verify_pair(x, y, _effective_timeout(timeout))
 
 
 def answer_clusters(
@@ -97,8 +150,8 @@ def answer_clusters(
 
     Answers are first grouped by :func:`normalize_answer` (exact match after normalisation). With math-verify
     installed and ``use_math_verify``, each prompt's distinct normalised answers are then merged greedily: an answer
-    joins the first earlier cluster whose representative math-verify judges equal (``verify(parse(a), parse(b))``,
-    both cached with ``functools.lru_cache``), so ``0.5`` and ``\\frac{1}{2}`` share an id. Missing answers (None)
+    joins the first earlier cluster whose representative :func:`answers_equivalent` judges equal (the grader's
+    equivalence, cached), so ``0.5`` and ``\\frac{1}{2}`` share an id and ``3\\sqrt{2}`` and ``3`` do not. Missing answers (None)
     form one cluster per prompt. ``progress``: True for a rich progress bar over prompts, or a callable wrapping an
     iterable like ``rich.progress.track(iterable, total=...)``.
     """
@@ -136,8 +189,7 @@ def answer_clusters(
             if text is None:
                 continue
             for rep in reps:
-                a, b = sorted((str(text), str(u_text[rep])))
-                if _math_equal(a, b):
+                if answers_equivalent(str(text), str(u_text[rep])):
                     parent[u] = rep
                     break
             else:

@@ -87,6 +87,7 @@ __all__ = [
     "math_prompt",
     "decision_prompt",
     "load_table",
+    "load_file",
     "HUB",
     "to_verl_rows",
     "to_verl_parquet",
@@ -242,19 +243,28 @@ def _gold_text(value: Any) -> str | None:
     return text or None
 
 
+def _unique_ids(rows: list[dict]) -> None:
+    """Make ``prompt_id`` unique in place: when any id repeats (hub ids are unique; a hand-made file may repeat
+    them), every row's id becomes ``<id>#<position among the usable rows>``. Decided over ALL usable rows, never a
+    ``limit``'s prefix, so a problem keeps its id whatever the limit and a resumed ``calibrl generate`` never writes
+    one problem twice under two ids."""
+    ids = [r["prompt_id"] for r in rows]
+    if len(set(ids)) != len(ids):
+        for i, r in enumerate(rows):
+            r["prompt_id"] = f"{r['prompt_id']}#{i}"
+
+
 def _finish(rows: list[dict], name: str, n_total: int, dropped: int, limit: int | None):
+    """The dataset of the usable ``rows``: ids made unique over all of them, then the first ``limit`` kept."""
     import datasets
 
     if dropped:
         logger.warning("%s: dropped %d of %d rows without a gold answer", name, dropped, n_total)
+    _unique_ids(rows)
     if limit is not None:
         rows = rows[: int(limit)]
     if not rows:
         raise ValueError(f"{name}: no usable rows (every row lacks a problem or a gold answer)")
-    ids = [r["prompt_id"] for r in rows]
-    if len(set(ids)) != len(ids):  # hub ids are unique; a hand-made file may repeat them
-        for i, r in enumerate(rows):
-            r["prompt_id"] = f"{r['prompt_id']}#{i}"
     return datasets.Dataset.from_list(rows)
 
 
@@ -337,6 +347,63 @@ def _register_all() -> None:
     for name, question_columns in (("commonsenseqa", ("question",)), ("openbookqa", ("question_stem", "question"))):
         register_dataset(name)(_loader(name, "decision", DECISION_TEMPLATES, "prompt, classes, label, benchmark, prompt_id",
                                        _decision_row(name, question_columns)))
+
+
+_FILE_PROBLEM = ("problem", "question", "Problem", "Question")
+_FILE_GOLD = ("answer", "final_answer", "gt", "Answer", "solution")
+
+
+def _file_math_row(name: str, *, verbatim: bool) -> Callable:
+    """``make_row`` for a math file: problem from problem/question (or, when ``verbatim``, the ready-made
+    ``prompt``), gold from answer/final_answer/gt, else the last ``\\boxed{}`` of ``solution``."""
+    from calibrl.tasks.rewards import last_boxed
+
+    def make_row(row: dict, index: int, template: str) -> dict | None:
+        problem = _first(row, ("prompt",) if verbatim else _FILE_PROBLEM)
+        gold = _gold_text(_first(row, _FILE_GOLD[:-1]))
+        if gold is None and isinstance(row.get("solution"), str):
+            gold = _gold_text(last_boxed(row["solution"]))
+        if not problem or gold is None:
+            return None
+        pid = _first(row, ("unique_id", "id", "prompt_id"))
+        return {"prompt": math_prompt(str(problem), template), "answer": gold,
+                "benchmark": str(row.get("benchmark") or name),
+                "prompt_id": str(pid) if pid is not None else f"{name}-{index}"}
+
+    return make_row
+
+
+def load_file(path: str | Path, *, limit: int | None = None, template: str | None = None, **_ignored):
+    """A benchmark given as a local JSON / JSONL / Parquet file (or folder of them) rather than by name, its kind
+    told by its fields: ``choices`` with ``label`` / ``answerKey`` is a multiple-choice decision task (as
+    CommonsenseQA's rows); ``problem`` / ``question`` (or a ready-made ``prompt``) with ``answer`` /
+    ``final_answer`` / ``gt`` / ``solution`` (its last ``\\boxed{}``) is math. The benchmark is the row's
+    ``benchmark`` field or the file's stem; ids as the named loaders' (``unique_id`` / ``id`` / ``prompt_id``, else
+    ``<stem>-<row>``). The template defaults as for named datasets, except that a ``prompt`` column is used as
+    written (``"none"``) unless ``template`` says otherwise. Split and hub options do not apply and are ignored."""
+    rows_in = load_table(path)
+    name = Path(path).stem or "dataset"
+    for number, row in enumerate(rows_in, 1):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: row {number} is a {type(row).__name__}, not a record of fields")
+    fields = set().union(*(r.keys() for r in rows_in if isinstance(r, dict)))
+    if "choices" in fields and fields & {"answerKey", "label"}:
+        template = template or DECISION_TEMPLATES[0]
+        if template not in DECISION_TEMPLATES:
+            raise ValueError(f"unknown decision template {template!r}; choose one of {', '.join(DECISION_TEMPLATES)}")
+        make_row = _decision_row(name, ("question", "question_stem", "prompt"))
+    elif (fields & set(_FILE_PROBLEM) or "prompt" in fields) and fields & set(_FILE_GOLD):
+        verbatim = not fields & set(_FILE_PROBLEM)
+        template = template or ("none" if verbatim else MATH_TEMPLATES[0])
+        if template not in MATH_TEMPLATES:
+            raise ValueError(f"unknown math template {template!r}; choose one of {', '.join(MATH_TEMPLATES)}")
+        make_row = _file_math_row(name, verbatim=verbatim)
+    else:
+        raise ValueError(
+            f"{path}: cannot tell the task from the fields ({', '.join(sorted(fields)) or 'none'}): expected "
+            "problem/question/prompt with answer/solution (math) or choices with label/answerKey (decisions)")
+    rows = [r for r in (make_row(row, i, template) for i, row in enumerate(rows_in)) if r is not None]
+    return _finish(rows, name, len(rows_in), len(rows_in) - len(rows), limit)
 
 
 if __name__ != "__main__":  # run as a script, the registry imports (and registers) the package module itself

@@ -8,8 +8,10 @@ does not apply to this row" (TRL then ignores it in the weighted sum), used only
 Registered names (:mod:`calibrl.tasks.registry`):
 
 * ``"math"``: 1.0 when the LAST ``\boxed{...}`` (or ``\fbox{...}``) of the completion is mathematically equal to
-  the ``answer`` column, checked with math-verify (``parse`` + ``verify``, each under a time limit); 0.0 when it
-  differs, when there is no ``\boxed{}``, when it cannot be parsed, or when the check times out.
+  the ``answer`` column by :func:`calibrl.selection.answers.answers_equivalent` (exact-match forms, then
+  math-verify's ``parse`` + ``verify``, each under a time limit), the same equivalence that answer clustering
+  uses for votes; 0.0 when it differs, when there is no ``\boxed{}``, when it cannot be parsed, or when the check
+  times out.
 * ``"format"``: 1.0 when the completion contains a non-empty ``\boxed{}``, else 0.0 (optional shaping term).
 * ``"decision"``: 1.0 when the decision (the LAST standalone class string of the completion, from the ``classes``
   column) equals ``label`` (index into ``classes`` or the class string), else 0.0. The decision's token and its
@@ -39,17 +41,12 @@ adversarial.
 
 from __future__ import annotations
 
-import functools
-import logging
 import re
-import threading
 from typing import Any, Sequence
 
+from calibrl.selection.answers import MATH_TIMEOUT_SECONDS, answers_equivalent
 from calibrl.tasks.registry import register_reward
 
-logger = logging.getLogger(__name__)
-
-MATH_TIMEOUT_SECONDS = 5
 DEFAULT_CLASSES = ("A", "B", "C", "D", "E")
 
 __all__ = [
@@ -124,53 +121,9 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def _normalise(s: str) -> str:
-    s = s.strip().strip("$").strip()
-    s = re.sub(r"\\(?:left|right|displaystyle|!|,|;|:)", "", s)
-    s = re.sub(r"\\text\{\s*([^{}]*)\}", r"\1", s)
-    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = re.sub(r"\s+", "", s)
-    return s.rstrip(".")
-
-
-def _in_main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
-
-
-@functools.lru_cache(maxsize=65536)
-def _parse(expr: str, timeout: int | None):
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
-
-    return parse(
-        "\\boxed{" + expr + "}",
-        extraction_config=[LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()],
-        parsing_timeout=timeout,
-    )
-
-
-@functools.lru_cache(maxsize=65536)
-def _math_equal_cached(pred: str, gold: str, timeout: int | None) -> bool:
-    if _normalise(pred) == _normalise(gold):
-        return True
-    from math_verify import verify
-
-    try:
-        gold_parsed = _parse(gold, timeout)
-        pred_parsed = _parse(pred, timeout)
-    except Exception as exc:  # math-verify swallows most errors itself; be safe
-        logger.debug("math-verify parse failed for %r / %r: %s", pred, gold, exc)
-        return False
-    if not gold_parsed or not pred_parsed:
-        return False
-    try:
-        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout))
-    except Exception as exc:
-        logger.debug("math-verify verify failed for %r / %r: %s", pred, gold, exc)
-        return False
-
-
 def math_equal(pred: str | None, gold: Any, *, timeout: int | None = MATH_TIMEOUT_SECONDS) -> bool:
-    """True when answer string ``pred`` equals ``gold`` (math-verify, normalised-string shortcut first).
+    """True when answer string ``pred`` equals ``gold``: :func:`calibrl.selection.answers.answers_equivalent`,
+    the one answer equivalence that answer clustering (majority votes, ``calibrl eval``) uses too.
 
     ``gold`` may be a string, a number, or a list of ALTERNATIVE answers (any one matching counts). Not for
     multi-part answers: OlympiadBench's list-valued ``final_answer`` needs every part, and the dataset loaders
@@ -185,12 +138,7 @@ def math_equal(pred: str | None, gold: Any, *, timeout: int | None = MATH_TIMEOU
     boxed = last_boxed(gold)
     if boxed is not None:
         gold = boxed
-    gold = gold.strip().strip("$").strip()
-    pred = pred.strip().strip("$").strip()
-    if not pred or not gold:
-        return False
-    effective = timeout if (timeout and _in_main_thread()) else None
-    return _math_equal_cached(pred, gold, effective)
+    return answers_equivalent(pred, gold, timeout=timeout)
 
 
 def check_math(completion: Any, gold: Any, *, timeout: int | None = MATH_TIMEOUT_SECONDS) -> tuple[str | None, bool]:
