@@ -34,13 +34,7 @@ def normalize_answer(answer: str | None) -> str | None:
     distinct from ``23`` and ``2300``."""
     if answer is None:
         return None
-    s = str(answer).strip()
-    for _ in range(3):
-        s = s.strip().strip("$").strip()
-        m = _BOXED.match(s)
-        if not m:
-            break
-        s = m.group(1)
+    s = _unwrap(answer)
     spaced_comma = re.search(r",\s", s) is not None
     s = _SPACES.sub(lambda m: "\\frac" if "frac" in m.group(0) else "", s).rstrip(".")
     if _THOUSANDS.match(s) and not spaced_comma:  # "1,000" -> 1000; "2, 3" stays a pair
