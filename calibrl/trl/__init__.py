@@ -15,7 +15,8 @@ The package, in the order a generation batch goes through it:
 * :mod:`~calibrl.trl.decision`: decision-token plumbing (class spellings, positions, logits).
 * :mod:`~calibrl.trl.telemetry`: ``calibration/...`` metrics of a RolloutBatch.
 * :mod:`~calibrl.trl.trainer`: ``CalibratedGRPOTrainer``, only the overridden TRL methods.
-* :mod:`~calibrl.trl.recipes` and :mod:`~calibrl.trl.train`: YAML recipes and ``calibrl train``.
+* :mod:`~calibrl.trl.recipes` and :mod:`~calibrl.trl.train`: YAML recipes and ``calibrl train``;
+  :mod:`~calibrl.trl.progress`: its progress bar, ``log_history.jsonl`` and summary.
 """
 
 from __future__ import annotations

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import json
-import math
 import warnings
 from pathlib import Path
 from typing import Any
 
+from calibrl.trl.progress import LOG_HISTORY, log_history_writer, print_summary, progress_callback, summarize
 from calibrl.trl.recipes import (
     TINY,
     DatasetSpec,
@@ -34,57 +33,7 @@ __all__ = [
 ]
 
 
-LOG_HISTORY = "log_history.jsonl"
 _TRL_CHECKPOINTING_DEPRECATION = r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated"
-
-
-def _defined(value: Any) -> bool:
-    """False for a metric with no value this step (None, NaN: e.g. AUROC of a batch with one class)."""
-    return value is not None and not (isinstance(value, float) and math.isnan(value))
-
-
-def _log_history_writer():
-    from transformers import TrainerCallback
-
-    class LogHistoryWriter(TrainerCallback):
-        """Drops undefined metrics (None / NaN) from every logged dict, so no logger records them and averages
-        stay honest, and appends each log to ``<output_dir>/log_history.jsonl`` (one JSON line with ``step``,
-        ``epoch`` and every metric, main process only) so the per-step history survives with ``report_to:
-        none``. Put first in the callback list so the printer and the trackers see the filtered dict."""
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            if state.is_world_process_zero:
-                _truncate_log_history(Path(args.output_dir) / LOG_HISTORY, after_step=state.global_step)
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            for record in (logs, state.log_history[-1] if state.log_history else None):
-                if isinstance(record, dict):
-                    for key in [k for k, v in record.items() if not _defined(v)]:
-                        del record[key]
-            if not state.is_world_process_zero or not logs:
-                return
-            path = Path(args.output_dir) / LOG_HISTORY
-            path.parent.mkdir(parents=True, exist_ok=True)
-            line = {"step": state.global_step, "epoch": state.epoch, **logs}
-            with path.open("a") as handle:
-                handle.write(json.dumps(line, default=float) + "\n")
-
-    return LogHistoryWriter()
-
-
-def _truncate_log_history(path: Path, *, after_step: int) -> None:
-    """Keep only the lines of steps up to ``after_step`` (a resumed run rewrites the steps after its checkpoint;
-    a fresh run in a used folder starts an empty history)."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= after_step and after_step > 0:
-                kept.append(line)
-        except json.JSONDecodeError:
-            continue
-    path.write_text("".join(f"{line}\n" for line in kept))
 
 
 def _dataset_kwargs(spec: DatasetSpec, section: str, source: str) -> tuple[Any, dict[str, Any]]:
@@ -301,109 +250,13 @@ def build_trainer(recipe: Recipe, *, model=None, tokenizer=None, overrides: dict
         peft_config=_peft_config(recipe.model.peft),
         callbacks=callbacks,
     )
-    trainer.callback_handler.callbacks.insert(0, _log_history_writer())  # first: the others see filtered logs
+    trainer.callback_handler.callbacks.insert(0, log_history_writer())  # first: the others see filtered logs
     return trainer
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Running
 # ----------------------------------------------------------------------------------------------------------------
-
-_SUMMARY_KEYS = (
-    ("reward", "reward"),
-    ("accuracy", "calibration/accuracy"),
-    ("AUROC (pooled)", "calibration/auroc"),
-    ("AUROC (per prompt)", "calibration/auroc_per_prompt"),
-    ("confidence right", "calibration/confidence_correct"),
-    ("confidence wrong", "calibration/confidence_wrong"),
-    ("masked fraction", "calibration/estimator/mask_fraction"),
-    ("decision ECE", "calibration/decision_ece"),
-    ("decision p>0.99", "calibration/decision_frac_above_099"),
-    ("entropy", "entropy"),
-)
-
-
-def _progress_callback(console):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-    from transformers import TrainerCallback
-
-    class RichProgress(TrainerCallback):
-        """Rich progress bar with the latest reward and AUROC (main process only)."""
-
-        def __init__(self):
-            self.progress = None
-            self.task = None
-            self.last: dict[str, float] = {}
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            if not state.is_world_process_zero:
-                return
-            self.progress = Progress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console, transient=False,
-            )
-            self.progress.start()
-            self.task = self.progress.add_task("train", total=state.max_steps, completed=state.global_step, info="")
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs:
-                self.last.update({k: v for k, v in logs.items() if isinstance(v, (int, float))})
-            if self.progress is not None:
-                parts = []
-                for label, key in (("reward", "reward"), ("auroc", "calibration/auroc")):
-                    value = self.last.get(key)
-                    if value is not None and not (isinstance(value, float) and math.isnan(value)):
-                        parts.append(f"{label} {value:.3f}")
-                self.progress.update(self.task, info="  ".join(parts))
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if self.progress is not None:
-                self.progress.update(self.task, completed=state.global_step)
-
-        def on_train_end(self, args, state, control, **kwargs):
-            if self.progress is not None:
-                self.progress.update(self.task, completed=state.global_step)
-                self.progress.stop()
-                self.progress = None
-
-    return RichProgress()
-
-
-def summarize(log_history: list[dict], *, last_n: int = 5) -> dict[str, dict[str, float]]:
-    """First and last (mean of the last ``last_n`` logged values) of the summary metrics, and final eval values."""
-    out: dict[str, dict[str, float]] = {}
-    for label, key in _SUMMARY_KEYS:
-        values = [h[key] for h in log_history if isinstance(h.get(key), (int, float)) and not math.isnan(h[key])]
-        evals = [h[f"eval_{key}"] for h in log_history
-                 if isinstance(h.get(f"eval_{key}"), (int, float)) and not math.isnan(h[f"eval_{key}"])]
-        if not values and not evals:
-            continue
-        row = {}
-        if values:
-            row["first"] = float(values[0])
-            tail = values[-last_n:]
-            row["last"] = float(sum(tail) / len(tail))
-        if evals:
-            row["eval"] = float(evals[-1])
-        out[label] = row
-    return out
-
-
-def _print_summary(console, summary: dict, trainer) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"calibrl train: {trainer.args.advantage_estimator} ({trainer.state.global_step} steps)")
-    table.add_column("metric")
-    table.add_column("first", justify="right")
-    table.add_column("last (mean of 5)", justify="right")
-    table.add_column("eval", justify="right")
-    fmt = lambda row, k: f"{row[k]:.4f}" if k in row else "-"  # noqa: E731
-    for label, row in summary.items():
-        table.add_row(label, fmt(row, "first"), fmt(row, "last"), fmt(row, "eval"))
-    console.print(table)
-    console.print(f"output: {trainer.args.output_dir}")
-    console.print(f"log history (one JSON line per logged step): {Path(trainer.args.output_dir) / LOG_HISTORY}")
-
 
 def last_checkpoint(output_dir: str | Path) -> str | None:
     """The newest ``checkpoint-N`` folder in ``output_dir`` (None if there is none)."""
@@ -438,7 +291,7 @@ def train(recipe: Recipe, resume: bool = False, *, overrides: dict | None = None
     callbacks = []
     if progress:
         overrides.setdefault("disable_tqdm", True)
-        callbacks.append(_progress_callback(console))
+        callbacks.append(progress_callback(console))
     output_dir = Path(validate_recipe(recipe, overrides=overrides, stand_in_model=model is not None).output_dir)
     existed = output_dir.exists()
     try:
@@ -466,7 +319,7 @@ def train(recipe: Recipe, resume: bool = False, *, overrides: dict | None = None
         raise
     summary = summarize(trainer.state.log_history)
     if is_main:
-        _print_summary(console, summary, trainer)
+        print_summary(console, summary, trainer)
     return {
         "output_dir": trainer.args.output_dir,
         "global_step": trainer.state.global_step,
