@@ -7,6 +7,7 @@
 from calibrl.advantages.registry import (
     available_estimators,
     compute_advantages,
+    estimator_inputs,
     get_estimator,
     register_estimator,
 )
@@ -15,4 +16,4 @@ from calibrl.advantages import capo as _capo  # noqa: F401  (registers capo)
 from calibrl.advantages import gcpo as _gcpo  # noqa: F401  (registers gcpo, seed_grpo)
 from calibrl.advantages import baselines as _baselines  # noqa: F401  (registers codapo, cde)
 
-__all__ = ["available_estimators", "compute_advantages", "get_estimator", "register_estimator"]
+__all__ = ["available_estimators", "compute_advantages", "estimator_inputs", "get_estimator", "register_estimator"]

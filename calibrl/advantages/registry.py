@@ -20,6 +20,20 @@ Estimator = Callable[..., EstimatorOutput]
 
 _ESTIMATORS: dict[str, Estimator] = {}
 
+# Which optional RolloutBatch fields each built-in estimator reads, so that engine adapters gather only those.
+# Unknown (user) estimators receive logprob_mean (and ref_logprob_mean where the engine has it anyway).
+_ESTIMATOR_INPUTS: dict[str, frozenset[str]] = {
+    "grpo": frozenset(),
+    "dr_grpo": frozenset(),
+    "rloo": frozenset(),
+    "capo": frozenset({"logprob_mean"}),
+    "codapo": frozenset({"logprob_mean"}),
+    "cde": frozenset({"logprob_mean"}),
+    "seed_grpo": frozenset({"logprob_mean", "answer_ids"}),
+    "gcpo": frozenset({"logprob_mean", "embeddings"}),
+}
+
+
 
 def register_estimator(name: str, *, overwrite: bool = False) -> Callable[[Estimator], Estimator]:
     """Decorator registering ``fn(batch: RolloutBatch, **params)`` under ``name``.
@@ -93,3 +107,10 @@ def _run(fn: Estimator, batch: RolloutBatch, *, name: str,
                          f"or ({len(batch)}, T)")
     return advantages, info
 
+
+def estimator_inputs(name: str, params: dict[str, Any]) -> frozenset[str]:
+    """Optional RolloutBatch fields the estimator ``name`` needs with ``params`` (CAPO's mask adds the reference)."""
+    needed = set(_ESTIMATOR_INPUTS.get(name, {"logprob_mean"}))
+    if name == "capo" and params.get("mask", "none") != "none":
+        needed.add("ref_logprob_mean")
+    return frozenset(needed)

@@ -9,7 +9,8 @@ TRL 1.16's ``GRPOTrainer._generate_and_score_completions`` returns, for THIS pro
 * rewards: TRL's weighted sum of the reward functions (``reward_weights``). A completion every reward function
   returned ``None`` for ("unscorable") forms a group of its own and gets advantage 0, as in TRL.
 * ``lengths``: tokens of the training mask. A completion without any (TRL's ``mask_truncated_completions`` zeroes
-  a truncated one's mask) also forms a group of its own, gets advantage 0 and is left out of the telemetry: its
+  a truncated one's mask) is left out of every estimator statistic by :func:`calibrl.compute_advantages`, gets
+  advantage 0 and is left out of the telemetry: its
   masked mean log-prob (0) is no confidence.
 * correctness: the UNWEIGHTED value of ONE reward function (``correctness_reward``, default the first) > 0.5, not
   the weighted total, so with ``[math, format]`` a wrong answer in ``\boxed{}`` (total 1.0) stays wrong.
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from calibrl.advantages import estimator_inputs
 from calibrl.batch import RolloutBatch, masked_row_mean
 
 if TYPE_CHECKING:
@@ -59,19 +61,6 @@ __all__ = [
 
 # ---------------------------------------------------------------------------------------------------- what to gather
 
-# Which optional RolloutBatch fields each built-in estimator reads. Unknown (user) estimators receive
-# logprob_mean and, when it is available anyway (beta > 0), ref_logprob_mean.
-_ESTIMATOR_INPUTS: dict[str, frozenset[str]] = {
-    "grpo": frozenset(),
-    "dr_grpo": frozenset(),
-    "rloo": frozenset(),
-    "capo": frozenset({"logprob_mean"}),
-    "codapo": frozenset({"logprob_mean"}),
-    "cde": frozenset({"logprob_mean"}),
-    "seed_grpo": frozenset({"logprob_mean", "answer_ids"}),
-    "gcpo": frozenset({"logprob_mean", "embeddings"}),
-}
-
 # Estimators that use the rewards only through correctness (reward > 0.5): they receive the correctness
 # function's column (``correctness_reward``) instead of the weighted total.
 RANKS_BY_CORRECTNESS: frozenset[str] = frozenset({"capo"})
@@ -81,14 +70,6 @@ MODEL_KWARG_KEYS = (
     "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
     "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
 )
-
-
-def estimator_inputs(name: str, params: dict[str, Any]) -> frozenset[str]:
-    """Optional RolloutBatch fields the estimator ``name`` needs with ``params`` (CAPO's mask adds the reference)."""
-    needed = set(_ESTIMATOR_INPUTS.get(name, {"logprob_mean"}))
-    if name == "capo" and params.get("mask", "none") != "none":
-        needed.add("ref_logprob_mean")
-    return frozenset(needed)
 
 
 # ---------------------------------------------------------------------------------------------------- answers
@@ -181,8 +162,8 @@ def reward_columns(rewards_per_func: torch.Tensor, *, reward_weights: torch.Tens
 
 def group_ids_for(alone: torch.Tensor, *, num_generations: int) -> torch.Tensor:
     """[N] prompt group of each row (TRL lays out ``num_generations`` consecutive rows per prompt); a row marked
-    ``alone`` [N] bool (unscorable, or without tokens) forms a group of its own (excluded from its prompt's
-    baseline)."""
+    ``alone`` [N] bool (unscorable) forms a group of its own (excluded from its prompt's baseline). Rows without
+    tokens need no such group: :func:`calibrl.compute_advantages` leaves them out by their ``lengths``."""
     n_total = alone.numel()
     rows = torch.arange(n_total, device=alone.device)
     group_ids = rows // num_generations
@@ -338,7 +319,7 @@ def collect_rollout(trainer: CalibratedGRPOTrainer, output: dict) -> Rollout:
     mask = training_mask(output)
     lengths = accelerator.gather(mask.sum(dim=1))  # [N_total]; 0 for a row TRL masked out (truncated)
     empty = lengths == 0
-    group_ids = group_ids_for(columns.unscorable | empty, num_generations=num_generations)
+    group_ids = group_ids_for(columns.unscorable, num_generations=num_generations)
     needed = trainer._needed_fields(mode)
     logs_confidence = args.calibration_logging or trainer.log_completions  # telemetry / the completions table
     want_dec = trainer._decision_class_ids is not None and logs_confidence  # decision probabilities

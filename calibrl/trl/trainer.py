@@ -232,8 +232,8 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         all_adv, info = compute_advantages(
             rollout.batch, self.args.advantage_estimator, return_info=True, **self._step_params()
         )
-        all_adv = torch.nan_to_num(all_adv.to(torch.float32), nan=0.0)
-        all_adv = all_adv.masked_fill(rollout.unscorable | rollout.empty, 0.0)
+        # rows without tokens are already 0 (compute_advantages leaves them out by their lengths)
+        all_adv = torch.nan_to_num(all_adv.to(torch.float32), nan=0.0).masked_fill(rollout.unscorable, 0.0)
         return all_adv, info, False
 
     def _mark_decisions(self, output: dict, rollout: Rollout, advantages: torch.Tensor):

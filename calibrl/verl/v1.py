@@ -26,12 +26,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from calibrl.advantages import estimator_inputs
 from calibrl.batch import masked_row_mean
 
 V1_TRAINER = "verl.trainer.ppo.v1.trainer_base"
-
-# calibrl estimators whose inputs verl 0.9.1 cannot provide on the V1 trainer.
-NEEDS_EMBEDDINGS = frozenset({"gcpo"})
 
 logger = logging.getLogger("calibrl.verl")
 
@@ -58,10 +56,10 @@ def _calibrl_estimator(verl_name: Any) -> str | None:
 
 def check_v1_config(*, config: Any) -> None:
     """Raise a ValueError naming what to use instead if ``config.algorithm.adv_estimator`` is a calibrl estimator
-    the V1 trainer cannot feed (:data:`NEEDS_EMBEDDINGS`)."""
+    the V1 trainer cannot feed (one reading ``embeddings``: :func:`calibrl.advantages.estimator_inputs`)."""
     verl_name = config.algorithm.adv_estimator
     name = _calibrl_estimator(verl_name)
-    if name in NEEDS_EMBEDDINGS:
+    if name is not None and "embeddings" in estimator_inputs(name, {}):
         raise ValueError(
             f"calibrl estimator {name!r} (algorithm.adv_estimator={verl_name}) needs embeddings, one per completion "
             "(e.g. mean-pooled last hidden states); verl 0.9.1 computes none, and its V1 trainer (trainer.use_v1=True, "

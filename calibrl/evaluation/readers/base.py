@@ -155,3 +155,11 @@ def need_object(raw: Any, where: str) -> dict:
     if not isinstance(raw, dict):
         raise SamplesError(f"{where}: expected a JSON object per line, got {type(raw).__name__}")
     return raw
+
+
+def need_fields(raw: dict, names: tuple[str, ...], where: str, *, what: str) -> None:
+    """Raise, naming the first of ``names`` that ``raw`` lacks (or holds null) and what ``what`` (e.g. "a verl
+    validation dump") always has."""
+    for name in names:
+        if raw.get(name) is None:
+            raise fail(where, name, f"missing ({what} has {', '.join(names)})")

@@ -25,7 +25,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterator
 
-from calibrl.evaluation.readers.base import as_float, fail, need_object, rows_jsonl
+from calibrl.evaluation.readers.base import as_float, fail, need_fields, need_object, rows_jsonl
 
 REQUIRED = ("doc_id", "target", "resps")
 _INVALID = "[invalid]"  # lm-eval's regex filters' fallback when nothing matched: no answer extracted
@@ -113,9 +113,7 @@ def read(path: Path, notes: list[str]) -> Iterator[tuple[str, dict]]:
     for lineno, raw in rows_jsonl(path):
         where = f"{path.name}:{lineno}"
         need_object(raw, where)
-        for name in REQUIRED:
-            if raw.get(name) is None:
-                raise fail(where, name, "missing (an lm-eval samples line has doc_id, target, resps)")
+        need_fields(raw, REQUIRED, where, what="an lm-eval samples line")
         if not isinstance(raw["resps"], list) or not raw["resps"]:
             raise fail(where, "resps", f"expected a non-empty list, got {raw['resps']!r}")
         first_filter = raw.get("filter") if first_filter is None else first_filter

@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterator
 
-from calibrl.evaluation.readers.base import as_float, fail, prompt_key, rows_parquet
+from calibrl.evaluation.readers.base import as_float, fail, need_fields, prompt_key, rows_parquet
 
 REQUIRED = ("step", "prompt", "completion")
 _CALIBRL_EXTRAS = ("logprob_mean", "correct", "decision_prob")
@@ -61,9 +61,7 @@ def read(path: Path, notes: list[str]) -> Iterator[tuple[str, dict]]:
     for file in files(path):
         for lineno, raw in rows_parquet(file):
             where = f"{file.name}:{lineno}"
-            for name in REQUIRED:
-                if raw.get(name) is None:
-                    raise fail(where, name, "missing (a TRL completions log has step, prompt, completion)")
+            need_fields(raw, REQUIRED, where, what="a TRL completions log")
             text = completion_text(raw["completion"])
             row: dict[str, Any] = {"prompt_id": prompt_key(raw["step"], raw["prompt"]), "completion": text}
             for name in ("logprob_mean", "decision_prob"):

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from calibrl.evaluation.readers.base import as_float, fail, need_object, prompt_key, rows_jsonl
+from calibrl.evaluation.readers.base import as_float, fail, need_fields, need_object, prompt_key, rows_jsonl
 
 REQUIRED = ("input", "output", "score")
 
@@ -51,9 +51,7 @@ def read(path: Path, notes: list[str]) -> Iterator[tuple[str, dict]]:
         for lineno, raw in rows_jsonl(file):
             where = f"{file.name}:{lineno}"
             need_object(raw, where)
-            for name in REQUIRED:
-                if raw.get(name) is None:
-                    raise fail(where, name, "missing (a verl validation dump has input, output, score)")
+            need_fields(raw, REQUIRED, where, what="a verl validation dump")
             output = raw["output"]
             if not isinstance(output, str):
                 raise fail(where, "output", f"expected a string, got {type(output).__name__} {output!r}")
