@@ -2,7 +2,9 @@
 
 Times every metric once on the same data and prints each beside scikit-learn's roc_auc_score on that data
 (measured in the same run), plus the whole suite. Goal: whole suite <= 2 s on 2 CPU cores; per-prompt AUROC is
-one vectorised pass (compare with a Python loop of roc_auc_score over a subset of prompts, extrapolated).
+one vectorised pass (compare with a Python loop of roc_auc_score over a subset of prompts, extrapolated). Also the
+certified abstention threshold: the Clopper-Pearson search over the 101-threshold grid on all samples, and the
+whole calibrated_abstention (prompt split, one sample per calibration prompt, held-out figures); goal well under 1 s.
 
     python bench/metrics.py [--prompts 62500] [--per-prompt 16] [--repeats 3]
 """
@@ -72,6 +74,17 @@ def main() -> None:
         fn()
     whole = time.perf_counter() - t0
     print(f"{'WHOLE SUITE (one pass)':<24}{'':>10}{whole:>11.4f}{whole / t_sk:>17.2f}")
+
+    # abstention threshold with a guarantee (precision >= 0.8 with probability >= 0.95)
+    t_search, found = best_of(lambda: M.abstention_threshold(conf, correct, target_precision=0.8, delta=0.05),
+                              args.repeats)
+    t_split, split = best_of(lambda: M.calibrated_abstention(conf, correct, prompt_ids, target_precision=0.8,
+                                                             delta=0.05), args.repeats)
+    print(f"abstention_threshold on all {n:,} samples (101 thresholds, Clopper-Pearson + Bonferroni): "
+          f"{t_search:.4f} s -> t = {found.threshold}")
+    precision = "none" if split.precision_heldout is None else f"{split.precision_heldout:.4f}"
+    print(f"calibrated_abstention ({args.prompts:,} prompts split in half, one sample per calibration prompt): "
+          f"{t_split:.4f} s -> t = {split.threshold}, held-out coverage {split.coverage:.3f}, precision {precision}")
 
     auc = M.auroc(conf, correct)
     assert abs(auc - ref) < 1e-9, (auc, ref)

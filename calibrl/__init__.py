@@ -14,10 +14,41 @@ The package, by layer:
     interface     cli/: calibrl train | generate | eval | demo
 """
 
-from calibrl.advantages import available_estimators, compute_advantages, get_estimator, register_estimator
-from calibrl.batch import RolloutBatch, RolloutBatchError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from calibrl.advantages import available_estimators, compute_advantages, get_estimator, register_estimator
+    from calibrl.batch import RolloutBatch, RolloutBatchError
 
 __version__ = "0.1.0"
+
+# The core API imports torch; it loads on first use (PEP 562) so that `import calibrl.cli`, and with it
+# `calibrl --help` and argument errors, do not wait seconds for torch.
+_LAZY_ATTRIBUTES = {
+    "RolloutBatch": "calibrl.batch",
+    "RolloutBatchError": "calibrl.batch",
+    "available_estimators": "calibrl.advantages",
+    "compute_advantages": "calibrl.advantages",
+    "get_estimator": "calibrl.advantages",
+    "register_estimator": "calibrl.advantages",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY_ATTRIBUTES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'calibrl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_ATTRIBUTES))
+
 
 __all__ = [
     "RolloutBatch",

@@ -9,13 +9,12 @@
 #
 # Usage:  bash scripts/setup_verl_env.sh [VENV_DIR]     (default .venv-verl; idempotent: a stamp file
 #         holding this script's checksum makes a second run a no-op)
-# Env:    PYTHON (default python3), TORCH_SPEC (default torch==2.13.0), TORCH_INDEX (optional index URL for a
-#         CPU torch wheel on machines whose pip would pull a CUDA build).
+# Env:    PYTHON (default python3); TORCH_SPEC, TORCH_INDEX as in scripts/install_torch.sh (the CPU build of
+#         torch 2.13.0 unless `nvidia-smi` exists).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv-verl}"
 PYTHON="${PYTHON:-python3}"
-TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 STAMP="$VENV/.calibrl-verl-stamp"
 SUM="$(cat "$0" pyproject.toml | sha256sum | cut -d' ' -f1)"
 
@@ -29,11 +28,15 @@ start=$(date +%s)
 "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip
-# 1. torch first, pinned (never unpinned: an unpinned resolve may pull a CUDA build).
-"${PIP[@]}" "$TORCH_SPEC" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
+# 1. torch first, pinned (never unpinned: an unpinned resolve may pull a CUDA build); later steps repeat the
+#    installed version so the resolver keeps it.
+bash scripts/install_torch.sh "$VENV"
+TORCH_SPEC="torch==$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))')"
 # 2. verl and TransferQueue (imported by verl's V1 trainer) without their dependency trees.
 "${PIP[@]}" --no-deps "verl==0.9.1" "TransferQueue>=0.1.10"
 # 3. What those modules import, within verl's pins; torch repeated so the resolver keeps it.
+echo "setup_verl_env: pip may now print 'ERROR: pip's dependency resolver ...' naming verl's pybind11, tensorboard"
+echo "  and wandb: verl was installed without its dependency tree on purpose and none of those is needed here."
 "${PIP[@]}" "$TORCH_SPEC" \
     "transformers>=5.5.3,<5.11,!=5.6.0" "tensordict==0.10.0" "numpy>=2" "pyarrow>=19" \
     omegaconf hydra-core codetiming pandas packaging dill ray torchdata datasets pillow peft pylatexenc \
@@ -41,6 +44,10 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 # 4. calibrl itself (editable), without its TRL/transformers pins, plus what its core and tests import.
 "${PIP[@]}" "$TORCH_SPEC" pytest pyyaml scipy "math-verify>=0.7"
 "${PIP[@]}" --no-deps -e .
-"$VENV/bin/python" -c "import verl, calibrl; from verl.trainer.ppo import core_algos, ray_trainer; print('verl', verl.__version__)"
+# the check's import-time notices (engines and accelerators verl does not find on a CPU) are shown only on failure
+if ! "$VENV/bin/python" -W ignore -c "import verl, calibrl; from verl.trainer.ppo import core_algos, ray_trainer; \
+print('setup_verl_env: verl', verl.__version__, 'imports')" 2>"$VENV/.import-check.log"; then
+    cat "$VENV/.import-check.log" >&2; exit 1
+fi
 echo "$SUM" > "$STAMP"
 echo "setup_verl_env: built $VENV in $(( $(date +%s) - start )) s"

@@ -82,10 +82,11 @@ def test_capo_mask_hand_values_masked_samples_stay_opponents():
     assert info["mixed_group_fraction"] == 1.0
 
 
-def test_capo_quantile_mask_thresholds_are_batch_quantiles():
+@pytest.mark.parametrize("mask", ["batch_quantile", "quantile"])  # a stateless "quantile" call is a first batch
+def test_capo_quantile_mask_thresholds_are_batch_quantiles(mask):
     ref = torch.tensor([-0.1, -0.5, -0.9, -1.3, -0.2, -0.7, -1.1, -0.4], dtype=torch.float64)
     b = full_batch([1, 0, 1, 0, 1, 1, 0, 0], [0, 0, 0, 0, 1, 1, 1, 1], ref=ref)
-    a, info = compute_advantages(b, "capo", mask="quantile", return_info=True)
+    a, info = compute_advantages(b, "capo", mask=mask, return_info=True)
     log_ppl = -ref
     hi = math.exp(float(torch.quantile(log_ppl, 0.75)))
     lo = math.exp(float(torch.quantile(log_ppl, 0.25)))
@@ -198,8 +199,8 @@ def batches(draw, min_groups=1, max_groups=5, max_size=6, uniform=False):
 
 
 ZERO_ON_UNIFORM = [("grpo", {}), ("dr_grpo", {}), ("rloo", {}), ("capo", {}), ("capo", {"normalize": "pairs"}),
-                   ("capo", {"mask": "quantile"}), ("seed_grpo", {}), ("gcpo", {}), ("gcpo", {"measure": "barycentric"}),
-                   ("codapo", {})]
+                   ("capo", {"mask": "quantile"}), ("capo", {"mask": "batch_quantile"}), ("seed_grpo", {}), ("gcpo", {}),
+                   ("gcpo", {"measure": "barycentric"}), ("codapo", {})]
 
 
 @SETTINGS
@@ -265,8 +266,10 @@ def test_finite_for_extreme_logprobs(name, params):
 
 
 EQUIVARIANT = [("grpo", {}), ("dr_grpo", {}), ("rloo", {}), ("capo", {}), ("capo", {"normalize": "pairs"}),
-               ("capo", {"mask": "fixed"}), ("capo", {"mask": "quantile"}), ("seed_grpo", {}), ("gcpo", {}),
-               ("gcpo", {"measure": "barycentric", "center": True}), ("codapo", {}), ("cde", {})]
+               ("capo", {"mask": "fixed"}), ("capo", {"mask": "quantile"}), ("capo", {"mask": "batch_quantile"}),
+               ("seed_grpo", {}), ("gcpo", {}),
+               ("gcpo", {"measure": "barycentric", "center": True}), ("gcpo", {"center": "batch", "standardize": True}),
+               ("codapo", {}), ("cde", {})]
 
 
 @SETTINGS
@@ -412,7 +415,7 @@ def test_layout_paths_agree(sizes):
     shuffled = RolloutBatch(rewards=b.rewards[perm], group_ids=b.group_ids[perm], logprob_mean=b.logprob_mean[perm],
                             ref_logprob_mean=b.ref_logprob_mean[perm], embeddings=b.embeddings[perm],
                             answer_ids=b.answer_ids[perm])
-    for name, params in [("capo", {}), ("capo", {"mask": "quantile"}), ("gcpo", {}),
+    for name, params in [("capo", {}), ("capo", {"mask": "batch_quantile"}), ("gcpo", {}),
                          ("gcpo", {"measure": "barycentric"}), ("seed_grpo", {})]:
         torch.testing.assert_close(adv(shuffled, name, **params), adv(b, name, **params)[perm], msg=name)
 
@@ -558,3 +561,181 @@ def test_capo_tau_too_small_for_the_dtype_is_rejected():
     # the advantages reach 1 / tau = 1e40, beyond float32's range: a clear error rather than inf / NaN
     with pytest.raises(ValueError, match=r"capo: tau = 1e-40 is too small"):
         adv(b, "capo", tau=1e-40)
+
+
+# ----------------------------------------------------------------------------------- CAPO frozen quantile mask
+
+
+def _ref_batch(seed: int, n: int = 32, shift: float = 0.0, dtype=torch.float32) -> RolloutBatch:
+    """Mixed groups of 8 whose reference log-probs are drawn around ``-(0.5 + shift)``."""
+    g = torch.Generator().manual_seed(seed)
+    return RolloutBatch(rewards=(torch.rand(n, generator=g) < 0.5).to(dtype), group_ids=torch.arange(n) // 8,
+                        logprob_mean=-torch.rand(n, generator=g, dtype=dtype),
+                        ref_logprob_mean=-(0.5 + shift) - 0.5 * torch.rand(n, generator=g, dtype=dtype))
+
+
+def test_frozen_quantile_mask_freezes_first_batch_quartiles():
+    state = capo_module.FrozenQuantileMask()
+    params = {"mask": "quantile", "tau": 0.6}
+    first = _ref_batch(0)
+    used = capo_module.frozen_quantile_params(params, batch=first, state=state)
+    log_ppl = -first.ref_logprob_mean
+    expected = (math.exp(float(torch.quantile(log_ppl, 0.75))), math.exp(float(torch.quantile(log_ppl, 0.25))))
+    assert (used["ref_high"], used["ref_low"]) == pytest.approx(expected, rel=1e-6)
+    assert state.frozen and state.thresholds == (used["ref_high"], used["ref_low"])
+    # on the first batch, frozen == that batch's quantiles: the same advantages as batch_quantile
+    torch.testing.assert_close(adv(first, "capo", **used), adv(first, "capo", mask="batch_quantile"))
+    fractions, batch_fractions = [], []
+    for seed, shift in [(1, 0.0), (2, 0.3), (3, -0.3)]:  # later batches with other perplexity distributions
+        later = _ref_batch(seed, shift=shift)
+        p = capo_module.frozen_quantile_params(params, batch=later, state=state)
+        assert (p["ref_high"], p["ref_low"]) == state.thresholds  # constant
+        a, info = compute_advantages(later, "capo", return_info=True, **p)
+        torch.testing.assert_close(a, adv(later, "capo", mask="fixed", ref_high=p["ref_high"], ref_low=p["ref_low"]))
+        fractions.append(info["mask_fraction"])
+        _, batch_info = compute_advantages(later, "capo", mask="batch_quantile", return_info=True)
+        batch_fractions.append(batch_info["mask_fraction"])
+    # frozen thresholds: the dropped fraction follows the batch (a shift down in log-PPL drops more wrong samples,
+    # up more correct ones); per-batch quartiles drop about the same fraction every time
+    assert max(fractions) - min(fractions) > 0.2
+    assert max(batch_fractions) - min(batch_fractions) < max(fractions) - min(fractions)
+
+
+def test_frozen_quantile_mask_pools_first_k_batches_and_round_trips():
+    import json
+
+    a, b, c = (-_ref_batch(s, shift=0.2 * s).ref_logprob_mean for s in range(3))
+    state = capo_module.FrozenQuantileMask(warmup_batches=2)
+    q = lambda x: (math.exp(float(torch.quantile(x, 0.75))), math.exp(float(torch.quantile(x, 0.25))))  # noqa: E731
+    assert state.update(a) == pytest.approx(q(a), rel=1e-6) and not state.frozen
+    # mid-warmup checkpoint: the pool travels in the state dict
+    saved = json.loads(json.dumps(state.state_dict()))
+    restored = capo_module.FrozenQuantileMask(warmup_batches=2)
+    restored.load_state_dict(saved)
+    pooled = torch.cat([a, b])
+    assert restored.update(b) == pytest.approx(q(pooled), rel=1e-6) and restored.frozen
+    assert state.update(b) == pytest.approx(q(pooled), rel=1e-6)
+    assert restored.update(c) == restored.thresholds == state.update(c)  # frozen after batch K = 2
+    assert restored.batches_seen == 2
+    # peek (evaluation) never changes the state
+    fresh = capo_module.FrozenQuantileMask()
+    assert fresh.peek(a) == pytest.approx(q(a), rel=1e-6) and not fresh.frozen and fresh.batches_seen == 0
+    with pytest.raises(ValueError, match="configured"):
+        capo_module.FrozenQuantileMask(high_quantile=0.9).load_state_dict(saved)
+    with pytest.raises(ValueError):
+        capo_module.FrozenQuantileMask(warmup_batches=0)
+
+
+def test_frozen_quantile_mask_from_params_and_empty_rows():
+    seeded = capo_module.FrozenQuantileMask.from_params({"mask": "quantile", "ref_high": 3.0, "ref_low": 1.2})
+    assert seeded.frozen and seeded.thresholds == pytest.approx((3.0, 1.2), rel=1e-12)
+    # rows without tokens enter no statistic: the frozen quartiles are those of the rows with tokens
+    full, kept, keep = batches_with_empty_rows()
+    state = capo_module.FrozenQuantileMask()
+    used = capo_module.frozen_quantile_params({"mask": "quantile"}, batch=full, state=state)
+    assert used["ref_low"] == pytest.approx(math.exp(float(torch.quantile(-full.ref_logprob_mean[keep], 0.25))))
+    # other masks pass through; a quantile mask without the reference is left for the estimator to explain
+    assert capo_module.frozen_quantile_params({"mask": "fixed"}, batch=full, state=state) == {"mask": "fixed"}
+    no_ref = RolloutBatch(rewards=[1.0, 0.0], group_ids=[0, 0], logprob_mean=[-0.1, -0.2])
+    params = capo_module.frozen_quantile_params({"mask": "quantile"}, batch=no_ref, state=capo_module.FrozenQuantileMask())
+    with pytest.raises(RolloutBatchError, match="ref_logprob_mean"):
+        compute_advantages(no_ref, "capo", **params)
+
+
+def test_capo_quantile_with_thresholds_equals_fixed_and_fixed_defaults_are_the_papers():
+    b = _ref_batch(5, dtype=torch.float64)
+    torch.testing.assert_close(adv(b, "capo", mask="quantile", ref_high=1.9, ref_low=1.7),
+                               adv(b, "capo", mask="fixed", ref_high=1.9, ref_low=1.7))
+    _, info = compute_advantages(b, "capo", mask="fixed", return_info=True)
+    assert (info["ref_high"], info["ref_low"]) == pytest.approx((2.5, 1.05))
+    with pytest.raises(ValueError, match="both"):
+        compute_advantages(b, "capo", mask="quantile", ref_high=1.9)
+    # batch_quantile ignores ref_high / ref_low
+    torch.testing.assert_close(adv(b, "capo", mask="batch_quantile", ref_high=1.9, ref_low=1.7),
+                               adv(b, "capo", mask="batch_quantile"))
+
+
+# ----------------------------------------------------------------------------------- GCPO options
+
+
+def _gcpo_batch(common: torch.Tensor | None = None, seed: int = 0) -> RolloutBatch:
+    """6 groups of 4 with one correct answer each (equal RD), embeddings [24, 16] whose within-group spread grows
+    with the group index; ``common`` is added to every embedding."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(6, 16, generator=g, dtype=torch.float64) * 3
+    spread = torch.tensor([0.1, 0.4, 0.8, 1.6, 3.2, 6.4], dtype=torch.float64)
+    emb = centres.repeat_interleave(4, 0) + spread.repeat_interleave(4)[:, None] * torch.randn(
+        24, 16, generator=g, dtype=torch.float64)
+    if common is not None:
+        emb = emb + common
+    return RolloutBatch(rewards=torch.tensor([1.0, 0.0, 0.0, 0.0] * 6, dtype=torch.float64),
+                        group_ids=torch.arange(24) // 4, embeddings=emb)
+
+
+def _cosine_dispersion(emb: torch.Tensor) -> torch.Tensor:
+    """CD per group of 4 rows, computed directly: 1 - || mean of unit vectors ||."""
+    unit = emb / emb.norm(dim=1, keepdim=True)
+    return 1 - unit.view(-1, 4, emb.shape[1]).mean(1).norm(dim=1)
+
+
+def test_gcpo_centring_makes_disagreement_invariant_to_a_common_vector():
+    plain = _gcpo_batch()
+    shifted = _gcpo_batch(common=torch.full((16,), 40.0, dtype=torch.float64))
+    for measure in ("cosine", "barycentric"):
+        torch.testing.assert_close(adv(shifted, "gcpo", measure=measure, center="batch"),
+                                   adv(plain, "gcpo", measure=measure, center="batch"))
+    _, info_plain = compute_advantages(plain, "gcpo", return_info=True)
+    _, info_shifted = compute_advantages(shifted, "gcpo", return_info=True)
+    # un-centred: the common vector swamps the directions, CD collapses towards 0
+    assert info_shifted["cd_mean"] < 0.1 * info_plain["cd_mean"]
+    # centring = cosine dispersion of e - mean_batch(e), by hand
+    _, info = compute_advantages(shifted, "gcpo", center="batch", return_info=True)
+    centred = shifted.embeddings - shifted.embeddings.mean(0)
+    assert info["cd_mean"] == pytest.approx(float(_cosine_dispersion(centred).mean()), rel=1e-9)
+    torch.testing.assert_close(adv(shifted, "gcpo", center=True), adv(shifted, "gcpo", center="batch"))
+
+
+def test_gcpo_standardized_weights_hand_values_range_and_order():
+    b = _gcpo_batch(common=torch.full((16,), 40.0, dtype=torch.float64))
+    strength = 0.6
+    a, info = compute_advantages(b, "gcpo", center="batch", standardize=True, strength=strength, return_info=True)
+    grpo = adv(b, "grpo")
+    scale = (a / grpo).view(6, 4)
+    assert torch.allclose(scale, scale[:, :1].expand(6, 4))  # one factor per group
+    scale = scale[:, 0]
+    # by hand: u = CD * (1 - rd), z-scored over the 6 mixed groups (population std), 1 - strength * sigmoid(z)
+    cd = _cosine_dispersion(b.embeddings - b.embeddings.mean(0))
+    rd = math.sqrt(0.25 * 0.75) / 0.5
+    u = cd * (1 - rd)
+    z = (u - u.mean()) / (u.std(unbiased=False) + 1e-8)
+    torch.testing.assert_close(scale, 1 - strength * torch.sigmoid(z))
+    assert bool(((scale > 1 - strength) & (scale < 1)).all())
+    # the groups' spread grows with the index: the damping follows the disagreement
+    assert bool((torch.diff(cd) > 0).all()) and bool((torch.diff(scale) < 0).all())
+    assert float(scale.max() - scale.min()) > 0.3 * strength  # it acts: the un-standardised range is tiny
+    plain_scale = (adv(b, "gcpo", center="batch", strength=strength) / grpo).view(6, 4)[:, 0]
+    assert float(plain_scale.max() - plain_scale.min()) < float(scale.max() - scale.min()) / 3
+
+
+def test_gcpo_standardize_uses_mixed_groups_only_and_defaults_are_unchanged():
+    b = _gcpo_batch()
+    # a uniform-reward group added: its advantage stays 0 and it does not move the other groups' z-scores
+    extra = RolloutBatch(rewards=torch.cat([b.rewards, torch.ones(4, dtype=torch.float64)]),
+                         group_ids=torch.arange(28) // 4,
+                         embeddings=torch.cat([b.embeddings, 50 * torch.randn(4, 16, dtype=torch.float64)]))
+    with_extra = adv(extra, "gcpo", standardize=True)
+    assert torch.all(with_extra[24:] == 0)
+    torch.testing.assert_close(with_extra[:24], adv(b, "gcpo", standardize=True))
+    # a single mixed group: z = 0, scale 1 - strength / 2
+    one = RolloutBatch(rewards=b.rewards[:4], group_ids=b.group_ids[:4], embeddings=b.embeddings[:4])
+    torch.testing.assert_close(adv(one, "gcpo", standardize=True), adv(one, "grpo") * 0.75)
+    # defaults: exactly the first reading's formula, computed here independently
+    cd = _cosine_dispersion(b.embeddings)
+    rd = math.sqrt(0.25 * 0.75) / 0.5
+    expected = adv(b, "grpo") * (1 - 0.5 * cd * (1 - rd)).repeat_interleave(4)
+    torch.testing.assert_close(adv(b, "gcpo"), expected)
+    torch.testing.assert_close(adv(b, "gcpo", center=False, standardize=False), expected)
+    torch.testing.assert_close(adv(b, "gcpo", center="none"), expected)
+    for bad in ({"center": "whiten"}, {"standardize": "yes"}):
+        with pytest.raises(ValueError):
+            compute_advantages(b, "gcpo", **bad)

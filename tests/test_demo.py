@@ -6,7 +6,6 @@ import json
 import math
 import os
 
-import numpy as np
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -89,6 +88,14 @@ def test_demo_cli_quick_writes_report(decision_warm, tmp_path):
             assert all(math.isfinite(h[k]) for k in ("accuracy", "auroc", "dec_ece", "calib_err"))
     report = (out / "report.md").read_text()
     assert "GRPO + decision CE" in report and "AUROC ceiling" in report
+    # the findings are written from this run's numbers
+    assert "## What this run shows" in report
+    assert any(f"GRPO {verb} expected accuracy" in report for verb in ("raised", "lowered", "left"))
+    assert "Most calibration kept:" in report
+    # CliRunner's output is not a terminal: plain progress lines (no bars), each run ending with its done line
+    assert "decision/grpo s0: step 4/4, done in" in result.output
+    assert "decision/decision s0: step 4/4, done in" in result.output
+    assert "━" not in result.output
     bad = CliRunner().invoke(app, ["demo", "--quick", "--out", str(tmp_path / "x"), "--methods", "nope/grpo"])
     assert bad.exit_code == 2
 

@@ -11,6 +11,7 @@ from calibrl import metrics as M
 from calibrl import selection as S
 from calibrl.cli import app
 from calibrl.evaluation.samples import load_samples
+from calibrl.selection.voting import confidence_weighted_vote
 
 runner = CliRunner()
 FAST = ["--bootstrap", "20", "--scaling-draws", "2", "--rpc-draws", "1", "--no-math-verify"]
@@ -307,7 +308,8 @@ def test_long_benchmark_names_get_short_unique_figure_names(tmp_path):
 
 
 @pytest.mark.parametrize("option,value", [("--seed", "-1"), ("--seed", str(2**32)), ("--n-bins", "1000000000"),
-                                          ("--n-bins", "1"), ("--bootstrap", "-1")])
+                                          ("--n-bins", "1"), ("--bootstrap", "-1"), ("--abstain-precision", "1"),
+                                          ("--abstain-delta", "0")])
 def test_out_of_range_options_exit_2_with_a_message(tmp_path, option, value):
     src = _jsonl(tmp_path / "s.jsonl", _rows(0))
     res = runner.invoke(app, ["eval", str(src), "--out", str(tmp_path / "rep"), *FAST, option, value])
@@ -390,3 +392,105 @@ def test_input_without_confidence_gets_accuracy_and_majority_only(tmp_path):
     assert "auroc" in full and "weighted" in full["selection"]
     assert (out / "overall_reliability.png").exists()  # drawn for the input that has a confidence
     assert payload["inputs"][0]["format"] == "trl" and payload["inputs"][0]["notes"]
+
+
+# ------------------------------------------------------------------------ confidence sources and abstention
+def _rows_with_verbalized(seed=5, n_prompts=30, n=4):
+    """_rows plus a verbalized confidence: a field on some rows, a <confidence> tag in the text on others, none
+    on every fourth row."""
+    rows = _rows(seed, n_prompts, n)
+    rng = np.random.default_rng(seed)
+    for i, r in enumerate(rows):
+        value = round(float(np.clip((0.7 if r["correct"] else 0.4) + rng.normal(0, 0.15), 0, 1)), 2)
+        if i % 4 == 0:
+            r["completion"] += f" <confidence>{value}</confidence>"
+        elif i % 4 != 3:
+            r["verbalized_confidence"] = value
+    return rows
+
+
+def test_confidence_sources_side_by_side_and_weighted_verbalized(tmp_path):
+    src = _jsonl(tmp_path / "rlcr.jsonl", _rows_with_verbalized())
+    out = tmp_path / "rep"
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", "majority,weighted"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "metrics.json").read_text())
+    m = data["results"]["overall"]["rlcr"]
+    s = load_samples(src)
+    has = ~np.isnan(s.verbalized_confidence)
+    assert has.sum() == 90  # 120 rows, every fourth states none
+    verbal, y = s.verbalized_confidence[has], s.correct[has]
+    sources = m["confidence_sources"]
+    assert m["confidence"] == "logprob_mean" and m["auroc"] == pytest.approx(M.auroc(s.logprob_mean, s.correct))
+    assert sources["logprob_mean"]["n"] == 120 and sources["logprob_mean"]["n_excluded"] == 0
+    assert sources["logprob_mean"]["ece"] == pytest.approx(m["ece"])
+    v = sources["verbalized_confidence"]
+    assert v["n"] == 90 and v["n_excluded"] == 30
+    assert v["auroc"] == pytest.approx(M.auroc(verbal, y)) and v["ece"] == pytest.approx(M.ece(verbal, y))
+    assert v["brier"] == pytest.approx(M.brier(verbal, y)) and v["aurc"] == pytest.approx(M.aurc(verbal, y))
+    # confidence-weighted vote with the stated confidence (rows without one add nothing)
+    ids = S.answer_clusters(s.answers, s.prompt_ids, use_math_verify=False)
+    expected = confidence_weighted_vote(ids, s.correct, s.prompt_index, confidence=s.verbalized_confidence)
+    assert m["selection"]["weighted_verbalized"] == pytest.approx(expected.accuracy)
+    assert m["scaling"]["weighted_verbalized"]["accuracy"][0] == pytest.approx(m["accuracy"])  # N = 1: mean@k
+    assert "overall_reliability_sources.png" in data["figures"]["overall"]
+    assert (out / "overall_reliability_sources.png").is_file()
+    assert data["inputs"][0]["confidence_sources"] == ["logprob_mean", "verbalized_confidence"]
+    report = (out / "report.md").read_text()
+    assert "| rlcr | `verbalized_confidence` | 90 (30 excluded) |" in report
+    assert "| rlcr | `logprob_mean` (main) | 120 (0 excluded) |" in report
+
+
+def test_single_source_input_has_no_source_table(tmp_path):
+    src = _jsonl(tmp_path / "s.jsonl", _rows(0))
+    out = tmp_path / "rep"
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", ""])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "metrics.json").read_text())
+    assert list(data["results"]["overall"]["s"]["confidence_sources"]) == ["logprob_mean"]
+    assert "reliability_sources" not in " ".join(data["figures"]["overall"])
+    assert "Confidence sources side by side" not in (out / "report.md").read_text()
+
+
+def _separable_rows(n_prompts=400, n=4, seed=0):
+    """Right answers at confidence ~0.95, wrong ones at ~0.3: a threshold certifies precision 0.9."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in range(n_prompts):
+        for _ in range(n):
+            correct = bool(rng.random() < 0.6)
+            conf = (0.95 if correct else 0.3) + rng.uniform(-0.04, 0.04)
+            rows.append({"prompt_id": p, "correct": correct, "logprob_mean": float(np.log(conf))})
+    return rows
+
+
+def test_abstention_threshold_in_metrics_report_and_terminal(tmp_path):
+    src = _jsonl(tmp_path / "s.jsonl", _separable_rows())
+    out = tmp_path / "rep"
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", "",
+                              "--abstain-precision", "0.9", "--abstain-delta", "0.1", "--seed", "4"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "metrics.json").read_text())
+    a = data["results"]["overall"]["s"]["abstention"]
+    s = load_samples(src)
+    ref = M.calibrated_abstention(np.exp(s.logprob_mean), s.correct, s.prompt_index, target_precision=0.9,
+                                  delta=0.1, seed=4)
+    assert ref.threshold is not None and 0.34 <= ref.threshold <= 0.91  # between the two clusters
+    assert a["threshold"] == pytest.approx(ref.threshold) and a["coverage"] == pytest.approx(ref.coverage)
+    assert a["precision_heldout"] == 1.0 and a["target_precision"] == 0.9 and a["delta"] == 0.1
+    assert a["n_calibration_prompts"] == 200 and a["confidence"] == "logprob_mean"
+    assert data["settings"]["abstain_precision"] == 0.9
+    assert f"answer when confidence >= {ref.threshold:g}" in res.output
+    assert "Abstention: answer only when confidence >= t" in (out / "report.md").read_text()
+
+
+def test_abstention_says_plainly_when_no_threshold_qualifies(tmp_path):
+    src = _jsonl(tmp_path / "s.jsonl", _rows(0))  # 10 prompts: far too few to certify precision 0.99
+    out = tmp_path / "rep"
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", "",
+                              "--abstain-precision", "0.99"])
+    assert res.exit_code == 0, res.output
+    a = json.loads((out / "metrics.json").read_text())["results"]["overall"]["s"]["abstention"]
+    assert a["threshold"] is None and a["coverage"] == 0.0 and a["precision_heldout"] is None
+    assert "NO threshold satisfies precision >= 0.99" in res.output
+    assert "**s: no threshold satisfies the target.**" in (out / "report.md").read_text()

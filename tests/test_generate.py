@@ -345,3 +345,99 @@ def test_dataset_given_as_a_file(tiny_dir, tmp_path):
         generate(**_fast(tiny_dir, tmp_path / "x.jsonl", dataset="nope"))
     with pytest.raises(GenerateError, match="does not exist"):
         generate(**_fast(tiny_dir, tmp_path / "x.jsonl", dataset=str(tmp_path / "missing.jsonl")))
+
+
+class _ScriptedBackend:
+    """A backend that records the prompts it is given and 'samples' fixed texts, in order, for every prompt."""
+
+    name = "scripted"
+
+    def __init__(self, texts):
+        self.texts, self.prompts = list(texts), []
+
+    def generate(self, prompts, n, seed):
+        self.prompts.extend(prompts)
+        return [[_Sample(ids=[i % len(self.texts)], logps=[-0.5], ended=True) for i in range(n)] for _ in prompts]
+
+    def decode(self, ids):
+        return self.texts[ids[0]]
+
+
+def test_confidence_prompt_and_verbalized_confidence(monkeypatch, tiny_dir, tmp_path):
+    import calibrl.evaluation.generate as generate_module
+    from calibrl.tasks.verbalized import CONFIDENCE_INSTRUCTION
+
+    texts = [r"\boxed{5} <confidence>0.9</confidence>", r"\boxed{4} <confidence>.2</confidence>", r"\boxed{5}",
+             r"\boxed{5} <confidence>90%</confidence>"]
+    backend = _ScriptedBackend(texts)
+    monkeypatch.setattr(generate_module, "open_backend", lambda config, **kw: (backend, None))
+    out = tmp_path / "c.jsonl"
+    kw = dict(model="scripted", dataset="math500", path=str(FIXTURES / "math500.jsonl"), n=4, template="none",
+              progress=False, out=out)
+    generate(confidence_prompt=True, reward="rlcr", **kw)
+    assert backend.prompts and all(p.endswith("\n" + CONFIDENCE_INSTRUCTION) for p in backend.prompts)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["verbalized_confidence"] for r in rows[:4]] == [0.9, 0.2, None, None]
+    # reward: RLCR's value; correct: the math grading (gold 5 for the first problem, 4 for the second)
+    assert [r["correct"] for r in rows[:8]] == [True, False, True, True, False, True, False, False]
+    assert [r["reward"] for r in rows[:4]] == pytest.approx([0.99, -0.04, 0.0, 0.0])
+    assert [r["reward"] for r in rows[4:8]] == pytest.approx([-0.81, 1 - 0.64, -1.0, -1.0])
+    # a stated confidence is recorded without the prompt option too; the option is a setting of the run
+    with pytest.raises(GenerateError, match="confidence_prompt: True -> False"):
+        generate(reward="rlcr", **kw)
+    backend.prompts.clear()
+    plain = tmp_path / "p.jsonl"
+    generate(**{**kw, "out": plain})
+    assert backend.prompts and not any(CONFIDENCE_INSTRUCTION in p for p in backend.prompts)
+    rows = [json.loads(line) for line in plain.read_text().splitlines()]
+    assert [r["verbalized_confidence"] for r in rows[:4]] == [0.9, 0.2, None, None]
+    assert [r["reward"] for r in rows[:4]] == [1.0, 0.0, 1.0, 1.0]  # the math reward
+
+
+def test_files_written_before_the_confidence_prompt_setting_still_resume(tiny_dir, tmp_path):
+    out = tmp_path / "s.jsonl"
+    kw = _fast(tiny_dir, out, dataset="math500", path=str(FIXTURES / "math500.jsonl"))
+    generate(limit=1, **kw)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(r["verbalized_confidence"] is None for r in rows)  # the tiny model states none
+    meta_file = tmp_path / "s.jsonl.meta.json"
+    meta = json.loads(meta_file.read_text())
+    assert meta["confidence_prompt"] is False
+    del meta["confidence_prompt"]  # as an older calibrl wrote it
+    meta_file.write_text(json.dumps(meta))
+    assert generate(**kw)["problems_skipped"] == 1
+    with pytest.raises(GenerateError, match="confidence_prompt: False -> True"):
+        generate(**{**kw, "confidence_prompt": True})
+
+
+def test_cli_confidence_prompt(tiny_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from calibrl.cli import app
+
+    out = tmp_path / "s.jsonl"
+    args = ["generate", "--model", str(tiny_dir), "--dataset", "math500", "--path", str(FIXTURES / "math500.jsonl"),
+            "--n", "1", "--limit", "1", "--max-new-tokens", "2", "--template", "none", "--out", str(out), "--quiet",
+            "--confidence-prompt"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "s.jsonl.meta.json").read_text())["confidence_prompt"] is True
+
+
+def test_a_stated_confidence_is_never_graded_as_the_answer(monkeypatch, tmp_path):
+    """arithmetic's final-number grader would read the "0.8" of the tag; rlcr takes the dataset's own grader."""
+    import calibrl.evaluation.generate as generate_module
+
+    gold = get_dataset_loader("arithmetic")(limit=1)[0]["answer"]
+    texts = [f"It is {gold}. <confidence>0.8</confidence>", f"It is {int(gold) + 1}. <confidence>0.3</confidence>"]
+    backend = _ScriptedBackend(texts)
+    monkeypatch.setattr(generate_module, "open_backend", lambda config, **kw: (backend, None))
+    kw = dict(model="scripted", dataset="arithmetic", limit=1, n=2, progress=False, confidence_prompt=True)
+    generate(out=tmp_path / "a.jsonl", **kw)
+    rows = [json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines()]
+    expected = [(gold, True, 1.0), (str(int(gold) + 1), False, 0.0)]
+    assert [(r["answer"], r["correct"], r["reward"]) for r in rows] == expected
+    generate(out=tmp_path / "r.jsonl", reward="rlcr", **kw)
+    rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [r["correct"] for r in rows] == [True, False]
+    assert [r["reward"] for r in rows] == pytest.approx([1 - 0.04, -0.09])

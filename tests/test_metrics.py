@@ -442,3 +442,22 @@ def test_aurc_and_precision_at_coverage_tie_rules_documented_example():
     s2 = [0.9, 0.6, 0.5]
     pac2 = M.precision_at_coverage(s2, y, [1 / 3, 2 / 3, 1.0])
     assert M.aurc(s2, y) == pytest.approx(np.mean([1 - v for v in pac2.values()]))
+
+
+def test_calibrated_abstention_heldout_figures_are_pooled_over_heldout_samples():
+    rng = np.random.default_rng(11)
+    pids = rng.permutation(np.repeat(np.arange(300), 5))
+    conf = rng.random(pids.size)
+    y = rng.random(pids.size) < conf**0.3
+    res = M.calibrated_abstention(conf, y, pids, target_precision=0.75, delta=0.1, seed=2)
+    assert res.threshold is not None
+    cal, draw = M.calibration_split(pids, seed=2)
+    # the threshold is the one abstention_threshold finds on the one-sample-per-prompt calibration draw
+    assert res.threshold == M.abstention_threshold(conf[draw], y[draw], target_precision=0.75, delta=0.1).threshold
+    held = ~cal
+    answered = held & (conf >= res.threshold)
+    assert res.coverage == pytest.approx(answered.sum() / held.sum())
+    assert res.precision_heldout == pytest.approx(y[answered].mean())
+    assert res.n_heldout_prompts == 150 and res.n_heldout_samples == held.sum() == 750
+    # the certified threshold's calibration lower bound is at least the target
+    assert res.calibration_lower_bound >= 0.75

@@ -115,3 +115,68 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     assert [h["step"] for h in lines if "loss" in h] == list(range(1, MAX_STEPS + 1))
     assert [h["loss"] for h in lines if "loss" in h] == pytest.approx(
         [h["loss"] for h in reference_lines if "loss" in h], rel=1e-5, abs=1e-7)
+
+
+# ---------------------------------------------------------------------------------------------------- CAPO frozen mask
+
+
+def _capo_quantile_trainer(out: Path, max_steps: int):
+    """In-process tiny trainer with capo_mask="quantile", a checkpoint every step, recording each step's params."""
+    from datasets import Dataset
+
+    from calibrl.testbed.model import build_tiny_model
+    from calibrl.trl import CalibratedGRPOConfig, CalibratedGRPOTrainer
+
+    class Recording(CalibratedGRPOTrainer):
+        def _calibrl_replace_advantages(self, output):
+            result = super()._calibrl_replace_advantages(output)
+            self.steps.append((self.last_rollout["params"], self.last_rollout["batch"]))
+            return result
+
+    def parity(prompts, completions, **kwargs):
+        return [float(bool(c) and ord(c[0]) % 2 == 0) for c in completions]
+
+    model, tok = build_tiny_model(seed=0)
+    args = CalibratedGRPOConfig(
+        output_dir=str(out), per_device_train_batch_size=8, num_generations=4, max_completion_length=6,
+        max_steps=max_steps, save_strategy="steps", save_steps=1, logging_steps=1, report_to="none", use_cpu=True,
+        bf16=False, seed=3, disable_tqdm=True, learning_rate=5e-3, advantage_estimator="capo", capo_mask="quantile")
+    trainer = Recording(model=model, reward_funcs=parity, args=args, processing_class=tok,
+                        train_dataset=Dataset.from_list([{"prompt": f"{i:02d}+{i % 7}="} for i in range(64)]))
+    trainer.steps = []
+    return trainer
+
+
+def test_capo_frozen_quantile_thresholds_are_checkpointed_and_restored(tmp_path):
+    import math
+
+    from calibrl.trl.trainer import CAPO_MASK_STATE_FILE
+
+    torch.set_num_threads(1)
+    out = tmp_path / "run"
+    first = _capo_quantile_trainer(out, max_steps=2)
+    first.train()
+    log_ppl = -first.steps[0][1].ref_logprob_mean
+    expected = (math.exp(float(torch.quantile(log_ppl, 0.75))), math.exp(float(torch.quantile(log_ppl, 0.25))))
+    for step in (1, 2):
+        saved = json.loads((out / f"checkpoint-{step}" / CAPO_MASK_STATE_FILE).read_text())
+        assert saved["ref_ppl_high_low"] == pytest.approx(list(expected), rel=1e-6)
+        assert saved["log_thresholds"] == list(first.capo_quantile_mask.log_thresholds)
+
+    # Thresholds no batch of this run would give: the resumed run must read them, not estimate new ones.
+    planted = dict(saved, log_thresholds=[math.log(7.0), math.log(1.5)])
+    (out / "checkpoint-1" / CAPO_MASK_STATE_FILE).write_text(json.dumps(planted))
+    resumed = _capo_quantile_trainer(out, max_steps=3)
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-1"))
+    assert resumed.state.global_step == 3 and len(resumed.steps) == 2  # steps 2 and 3
+    for params, _ in resumed.steps:
+        assert (params["ref_high"], params["ref_low"]) == pytest.approx((7.0, 1.5), rel=1e-12)
+    saved = json.loads((out / "checkpoint-3" / CAPO_MASK_STATE_FILE).read_text())
+    assert saved["ref_ppl_high_low"] == pytest.approx([7.0, 1.5], rel=1e-12)
+
+    # A checkpoint without the file (saved with another mask): estimated again from the first batch after it.
+    (out / "checkpoint-2" / CAPO_MASK_STATE_FILE).unlink()
+    again = _capo_quantile_trainer(out, max_steps=3)
+    again.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    params, batch = again.steps[0]
+    assert params["ref_high"] == pytest.approx(math.exp(float(torch.quantile(-batch.ref_logprob_mean, 0.75))))

@@ -207,3 +207,51 @@ def test_calibrl_files_are_detected_as_calibrl(tmp_path):
         load_samples(_write(tmp_path / "u.jsonl", [{"prompt_id": 1, "logprob_mean": -0.1}]))
     with pytest.raises(SamplesError, match=r"^v\.jsonl:1: expected a JSON object per line, got int"):
         load_samples(_write(tmp_path / "v.jsonl", [3]))
+
+
+# ------------------------------------------------------------------------------------ verbalized confidence
+def test_verbalized_confidence_field_and_parsed_from_completion(tmp_path):
+    rows = [
+        {"prompt_id": "a", "correct": True, "logprob_mean": -0.1, "verbalized_confidence": 0.7},
+        # an explicit null means "stated none": the text is not read again
+        {"prompt_id": "a", "correct": False, "logprob_mean": -0.9, "verbalized_confidence": None,
+         "completion": "x <confidence>0.9</confidence>"},
+        {"prompt_id": "b", "correct": True, "logprob_mean": -0.2,
+         "completion": "<confidence>0.1</confidence> 4 <confidence>.8</confidence>"},  # the LAST tag counts
+        {"prompt_id": "b", "correct": False, "logprob_mean": -0.5, "completion": "4 <confidence>80%</confidence>"},
+        {"prompt_id": "c", "correct": False, "logprob_mean": -0.6, "completion": "4 <confidence>1.2</confidence>"},
+        {"prompt_id": "c", "correct": True, "logprob_mean": -0.3},
+    ]
+    s = load_samples(_write(tmp_path / "v.jsonl", rows))
+    assert s.confidence_kind == "logprob_mean"  # the main confidence is unchanged by the new source
+    np.testing.assert_array_equal(s.verbalized_confidence, [0.7, np.nan, 0.8, np.nan, np.nan, np.nan])
+    assert s.confidence_sources() == ["logprob_mean", "verbalized_confidence"]
+    assert s.source_mask("verbalized_confidence").tolist() == [True, False, True, False, False, False]
+    assert any("on 1 rows" in n for n in s.notes)  # only row 3 was read from its text
+    sub = s.subset(np.array([False, False, True, True, False, False]))
+    np.testing.assert_array_equal(sub.verbalized_confidence, [0.8, np.nan])
+    with pytest.raises(SamplesError, match="'verbalized_confidence' is not present on every row"):
+        s.confidence("verbalized_confidence")
+
+
+def test_verbalized_confidence_as_main_and_errors(tmp_path):
+    only_text = [{"prompt_id": i, "correct": i % 2 == 0, "completion": f"{i} <confidence>0.{i + 1}</confidence>"}
+                 for i in range(4)]
+    # a confidence stated only in the text is the main one when asked for, never by detection
+    with pytest.raises(SamplesError, match="pass --confidence verbalized_confidence"):
+        load_samples(_write(tmp_path / "t.jsonl", only_text))
+    s = load_samples(tmp_path / "t.jsonl", confidence="verbalized_confidence")
+    assert s.confidence_kind == "verbalized_confidence"
+    np.testing.assert_allclose(s.confidence(), [0.1, 0.2, 0.3, 0.4])
+    gap = only_text + [{"prompt_id": 9, "correct": True, "completion": "no tag"}]
+    with pytest.raises(SamplesError, match=r"g\.jsonl:5: field 'verbalized_confidence': missing"):
+        load_samples(_write(tmp_path / "g.jsonl", gap), confidence="verbalized_confidence")
+    # a field in the first row is detected (after the other kinds)
+    field = [{"prompt_id": 1, "correct": True, "verbalized_confidence": 0.6}]
+    assert load_samples(_write(tmp_path / "f.jsonl", field)).confidence_kind == "verbalized_confidence"
+    bad = [{"prompt_id": 1, "correct": True, "logprob_mean": -0.1, "verbalized_confidence": 1.5}]
+    with pytest.raises(SamplesError, match=r"b\.jsonl:1: field 'verbalized_confidence': out of range"):
+        load_samples(_write(tmp_path / "b.jsonl", bad))
+    text = [{"prompt_id": 1, "correct": True, "logprob_mean": -0.1, "verbalized_confidence": "0.5"}]
+    with pytest.raises(SamplesError, match="field 'verbalized_confidence': expected a number"):
+        load_samples(_write(tmp_path / "s.jsonl", text))

@@ -229,3 +229,38 @@ def test_grading_and_clustering_agree_with_the_hand_worked_table(a, b, equal):
 def test_clusters_follow_grading_not_a_looser_parse():
     ids = S.answer_clusters(["3\\sqrt{2}", "3", "2, 3", "\\sqrt{18}"], [0, 0, 0, 0])
     assert ids[0] != ids[1] and ids[0] != ids[2] and ids[1] != ids[2] and ids[0] == ids[3]
+
+
+def test_confidence_weighted_vote_lets_a_few_confident_paths_outvote_many_unconfident_ones():
+    # prompt 0: A has 4 paths at confidence 0.1 (score 0.4), B 2 paths at 0.9 (1.8): B wins, majority picks A
+    # prompt 1: A has 3 paths at 0.7 (2.1), B 2 paths at 0.9 (1.8): the scores add up, A wins (best-of-N: B)
+    answers = ["A"] * 4 + ["B"] * 2 + ["A"] * 3 + ["B"] * 2
+    prompts = [0] * 6 + [1] * 5
+    confidence = [0.1] * 4 + [0.9] * 2 + [0.7] * 3 + [0.9] * 2
+    ids = S.answer_clusters(answers, prompts, use_math_verify=False)
+    b_right = [a == "B" for a in answers]
+    res = S.voting.confidence_weighted_vote(ids, b_right, prompts, confidence=confidence)
+    assert res.method == "confidence_weighted"
+    assert res.correct.tolist() == [1.0, 0.0]
+    assert res.confidence == pytest.approx([1.8 / 2.2, 2.1 / 3.9])
+    assert S.majority_vote(ids, b_right, prompts).correct.tolist() == [0.0, 0.0]
+    assert S.best_of_n(ids, b_right, prompts, confidence=confidence).correct.tolist() == [1.0, 1.0]
+    # equal confidences: exactly the majority vote
+    flat = S.voting.confidence_weighted_vote(ids, b_right, prompts, confidence=[0.5] * len(answers))
+    assert flat.correct.tolist() == S.majority_vote(ids, b_right, prompts).correct.tolist()
+
+
+def test_confidence_weighted_vote_missing_and_bad_confidences():
+    ids = np.array([0, 0, 1])
+    # the two unstated confidences add nothing: the single stated path wins
+    res = S.voting.confidence_weighted_vote(ids, [False, False, True], [0, 0, 0], confidence=[None, np.nan, 0.2])
+    assert res.correct.tolist() == [1.0] and res.confidence.tolist() == [1.0]
+    # none stated at all: a tie of both answers, scored as a uniform tie-break
+    res = S.voting.confidence_weighted_vote(ids, [False, False, True], [0, 0, 0], confidence=[None] * 3)
+    assert res.correct.tolist() == [0.5]
+    with pytest.raises(ValueError, match="path 1 has 1.5"):
+        S.voting.confidence_weighted_vote(ids, [True] * 3, [0] * 3, confidence=[0.5, 1.5, 0.2])
+    with pytest.raises(ValueError, match="needs confidence"):
+        S.voting.confidence_weighted_vote(ids, [True] * 3, [0] * 3)
+    with pytest.raises(ValueError, match="2 entries for 3"):
+        S.voting.confidence_weighted_vote(ids, [True] * 3, [0] * 3, confidence=[0.5, 0.5])

@@ -1,7 +1,10 @@
-"""bench/testbed.py rebuilds docs/results/testbed.md from saved results: the hand-written Findings must survive."""
+"""The testbed report: findings computed from the results, tables, curves; bench/testbed.py keeps hand-written
+Findings when it rebuilds docs/results/testbed.md."""
 
 import importlib.util
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,3 +52,112 @@ def test_report_only_rebuild_keeps_findings_and_tables(tmp_path, capsys):
     assert "kept the Findings section" in err
     # the run folders are not under tmp_path: the reliability diagrams cannot be drawn, and the script says so
     assert "no final_samples.npz" in err and "testbed_reliability" not in rebuilt
+
+
+def _run(method: str, label: str, seed: int, final: dict, *, task: str = "stochastic_reasoning", steps: int = 200):
+    start = {"step": 0, "expected_accuracy": 0.31, "accuracy": 0.33, "auroc": 0.89, "auroc_ceiling": 0.915,
+             "seq_ece": 0.04}
+    end = {**start, "step": steps, **final}
+    return {"task": task, "method": method, "key": f"{task}/{method}", "label": label, "seed": seed,
+            "history": [start, end] if steps else [start]}
+
+
+def _summary(grpo: dict, capo: dict, *, seeds=(0,), spread: float = 0.0) -> dict:
+    """GRPO and CAPO runs with the given final metrics; seed k shifts every final value by k * spread."""
+    shift = lambda final, k: {key: value + k * spread for key, value in final.items()}  # noqa: E731
+    results = [_run(m, label, k, shift(final, k)) for k in seeds
+               for m, label, final in (("grpo", "GRPO", grpo), ("capo", "CAPO", capo))]
+    return {"config": {"methods": ["stochastic_reasoning/grpo", "stochastic_reasoning/capo"], "seeds": list(seeds)},
+            "results": results}
+
+
+def test_findings_name_the_best_and_worst_method_and_flip_with_the_numbers():
+    from calibrl.testbed.report import findings
+
+    grpo = {"expected_accuracy": 0.48, "auroc": 0.73, "auroc_ceiling": 0.84, "seq_ece": 0.31}
+    capo = {"expected_accuracy": 0.46, "auroc": 0.79, "auroc_ceiling": 0.85, "seq_ece": 0.24}
+    text = findings(_summary(grpo, capo), "stochastic_reasoning")
+    assert "GRPO raised expected accuracy from 0.310 to 0.480 in 200 steps" in text[0]
+    assert "AUROC of the sequence confidence fell from 0.890 to 0.730 (worse), 0.110 below the ceiling" in text[0]
+    ranking = next(x for x in text if x.startswith("Most calibration kept"))
+    assert ranking.startswith("Most calibration kept: CAPO, AUROC of the sequence confidence 0.790; least: GRPO, "
+                              "0.730 (a difference of 0.060).")
+    # unequal accuracy: said so, and the best calibrated is the least accurate
+    unmatched = next(x for x in text if x.startswith("Not a comparison at matched accuracy"))
+    assert "0.460 (CAPO) and 0.480 (GRPO)" in unmatched and "the best calibrated, CAPO, is also the least" in unmatched
+    assert any(x.startswith("One seed") for x in text)
+    # the numbers swapped: the sentences swap too
+    flipped = findings(_summary(capo, grpo), "stochastic_reasoning")
+    ranking = next(x for x in flipped if x.startswith("Most calibration kept"))
+    assert ranking.startswith("Most calibration kept: GRPO, AUROC of the sequence confidence 0.790; least: CAPO, ")
+    # a tiny difference is said to be one
+    close = findings(_summary(grpo, {**capo, "auroc": 0.732}), "stochastic_reasoning")
+    assert any("(a difference of 0.002, too small to tell the methods apart)" in x for x in close)
+    # equal accuracy: no caveat, a matched comparison instead
+    matched = findings(_summary(grpo, {**capo, "expected_accuracy": 0.475}), "stochastic_reasoning")
+    assert not any(x.startswith("Not a comparison") for x in matched)
+    assert any(x.startswith("The methods ended at matched expected accuracy") for x in matched)
+
+
+def test_findings_compare_the_lead_with_the_seed_spread():
+    from calibrl.testbed.report import findings
+
+    grpo = {"expected_accuracy": 0.48, "auroc": 0.73, "auroc_ceiling": 0.84, "seq_ece": 0.31}
+    capo = {"expected_accuracy": 0.47, "auroc": 0.79, "auroc_ceiling": 0.85, "seq_ece": 0.24}
+    # seed k adds k * spread to every value: the std over seeds 0, 1, 2 is `spread`
+    tight = findings(_summary(grpo, capo, seeds=(0, 1, 2), spread=0.005), "stochastic_reasoning")
+    assert any("Over 3 seeds, CAPO's lead" in x and "0.060: it exceeds the seed spread" in x for x in tight)
+    noisy = findings(_summary(grpo, capo, seeds=(0, 1, 2), spread=0.05), "stochastic_reasoning")
+    assert any("0.060: it does not exceed the seed spread (sum of the two seed stds, 0.100)" in x for x in noisy)
+    assert not any(x.startswith("One seed") for x in tight)
+
+
+def test_decision_findings_rank_by_ece_and_keep_the_sft_row_out_of_the_ranking():
+    from calibrl.testbed.report import findings, markdown_table, warm_start_sentence
+
+    start = {"step": 0, "expected_accuracy": 0.52, "dec_ece": 0.12, "calib_err": 0.19,
+             "greedy_decision_accuracy": 0.54}
+    def run(method, label, final, steps=200):
+        hist = [start] + ([{**start, **final, "step": steps}] if steps else [])
+        return {"task": "decision", "method": method, "key": f"decision/{method}", "label": label, "seed": 0,
+                "history": hist}
+    summary = {"config": {"methods": ["decision/sft", "decision/grpo", "decision/decision"]}, "results": [
+        run("sft", "SFT (warm start)", {}, steps=0),
+        run("grpo", "GRPO", {"expected_accuracy": 0.68, "dec_ece": 0.19, "calib_err": 0.22,
+                             "greedy_decision_accuracy": 0.70}),
+        run("decision", "GRPO + decision CE", {"expected_accuracy": 0.62, "dec_ece": 0.06, "calib_err": 0.09,
+                                               "greedy_decision_accuracy": 0.70})]}
+    text = findings(summary, "decision")
+    assert len([x for x in text if "expected accuracy from" in x]) == 2  # the SFT row is the warm start, not a run
+    assert "decision ECE rose from 0.120 to 0.190 (worse)" in text[0]
+    assert any(x.startswith("Most calibration kept: GRPO + decision CE, decision ECE 0.060; least: GRPO, 0.190") for x in text)
+    assert any("SFT (warm start) 0.540, GRPO 0.700" in x for x in text)
+    assert warm_start_sentence(summary, "decision").startswith("Warm start (SFT, step 0, shared by every method): "
+                                                               "expected accuracy 0.520, decision ECE 0.120")
+    # the SFT row is in the table already: no second warm-start row
+    assert "warm start (SFT, step 0)" not in markdown_table(summary, "decision")
+
+
+def test_sequence_table_has_a_warm_start_row():
+    from calibrl.testbed.report import markdown_table
+
+    grpo = {"expected_accuracy": 0.48, "auroc": 0.73, "auroc_ceiling": 0.84, "seq_ece": 0.31}
+    rows = [r for r in markdown_table(_summary(grpo, grpo), "stochastic_reasoning").splitlines() if r.startswith("| ")]
+    assert rows[1].startswith("| warm start (SFT, step 0) | 1 | 0 | 0.310 |")
+    assert rows[2].startswith("| GRPO | 1 | 200 | 0.480 |")
+
+
+def test_a_baseline_evaluated_once_is_drawn_across_the_curves_panel(tmp_path):
+    """The warm-start row (one evaluation, at step 0) is a visible reference line, not a legend entry alone."""
+    from matplotlib.image import imread
+
+    from calibrl.evaluation.plots import plot_training_curves
+
+    history = {"SFT (warm start)": [{"step": 0, "dec_ece": 0.5}],
+               "GRPO": [{"step": 0, "dec_ece": 0.2}, {"step": 100, "dec_ece": 0.8}]}
+    image = imread(plot_training_curves(history, ("dec_ece",), tmp_path / "curves.png"))[..., :3]
+    panel = image[: int(image.shape[0] * 0.7)]  # above the legend row
+    # matplotlib's C0 (the first series) is the only blue: its pixels, antialiased or not, are bluer than red
+    bluish = panel[..., 2] - panel[..., 0] > 0.15
+    columns = np.where(bluish.any(axis=0))[0]
+    assert columns.size and columns.max() - columns.min() > 0.5 * image.shape[1]

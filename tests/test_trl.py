@@ -278,6 +278,23 @@ def test_decision_term_zeroes_advantage_and_changes_loss(tmp_path):
     assert losses[1.0] != pytest.approx(losses[0.0], abs=1e-6)
 
 
+def test_decision_loss_target_reaches_the_loss(tmp_path):
+    """decision_loss_target="binary" swaps the wrong rows' term (its own metric name shows it ran) and is refused
+    when unknown."""
+    logged = {}
+    for target in ("onehot_uniform", "binary"):
+        trainer = _trainer(tmp_path / target, reward=decision_reward, advantage_estimator="grpo",
+                           decision_classes=DECISION_CLASSES, decision_loss_coef=1.0, max_steps=1,
+                           decision_loss_target=target)
+        trainer.train()
+        logged[target] = {key for entry in trainer.state.log_history for key in entry}
+    assert "decision/frac_uniform_active" in logged["onehot_uniform"]
+    assert "decision/frac_wrong_active" in logged["binary"]
+    assert "decision/frac_uniform_active" not in logged["binary"]
+    with pytest.raises(ValueError, match="decision_loss_target"):
+        _trainer(tmp_path / "bad", decision_classes=DECISION_CLASSES, decision_loss_target="soft")
+
+
 def test_decision_classes_must_be_single_tokens(tmp_path):
     with pytest.raises(ValueError, match="single token"):
         _trainer(tmp_path, decision_classes=["yes", "no"])
@@ -488,7 +505,11 @@ def test_decision_correctness_ignores_a_shaping_reward(tmp_path):
 def test_continuous_batching_turns_off_recording_logprobs(tmp_path):
     """TRL 1.16's use_transformers_continuous_batching generates without the hooks calibrl records from: the
     log-probs then come from a forward (recording there crashed with a size mismatch)."""
-    trainer = _trainer(tmp_path, advantage_estimator="capo", use_transformers_continuous_batching=True, max_steps=1)
+    # the paged cache is sized to 16 blocks of 16 tokens (room for the 8 completions of 6 + 8 tokens): by default
+    # it takes half of the free memory, which on the CPU is half of the machine's RAM
+    trainer = _trainer(tmp_path, advantage_estimator="capo", use_transformers_continuous_batching=True, max_steps=1,
+                       transformers_continuous_batching_config={"num_blocks": 16, "page_size": 16,
+                                                                "max_batch_tokens": 128})
     assert not trainer._can_record_generation_logprobs()
     trainer.train()
     rec = trainer.records[0]
@@ -794,3 +815,52 @@ def test_answer_last_line_clusters_bare_answers():
     groups = [0, 0, 0, 0, 1]
     assert answer_ids_for(texts, group_ids=groups, classes=None) == [-1, -1, 0, -1, 1]
     assert answer_ids_for(texts, group_ids=groups, classes=None, last_line=True) == [0, 0, 1, 2, 3]
+
+
+# ---------------------------------------------------------------------------------------------------- CAPO frozen mask
+
+
+def test_capo_quantile_mask_freezes_first_batch_thresholds(tmp_path):
+    trainer = _trainer(tmp_path, advantage_estimator="capo", capo_mask="quantile", beta=0.0, max_steps=4,
+                       learning_rate=5e-3)
+    trainer.train()
+    first = trainer.records[0]["rollout"]["batch"]
+    log_ppl = -first.ref_logprob_mean
+    high = math.exp(float(torch.quantile(log_ppl, 0.75)))
+    low = math.exp(float(torch.quantile(log_ppl, 0.25)))
+    assert trainer.capo_quantile_mask.thresholds == pytest.approx((high, low), rel=1e-6)
+    fractions = set()
+    for rec in trainer.records:
+        params, batch = rec["rollout"]["params"], rec["rollout"]["batch"]
+        # every step uses the first batch's thresholds, whatever its own reference perplexities
+        assert (params["ref_high"], params["ref_low"]) == trainer.capo_quantile_mask.thresholds
+        fixed = compute_advantages(batch, "capo", mask="fixed", ref_high=params["ref_high"], ref_low=params["ref_low"])
+        torch.testing.assert_close(rec["advantages_out"], fixed, atol=1e-6, rtol=1e-6)
+        fractions.add(round(rec["rollout"]["info"]["mask_fraction"], 6))
+    # later batches have their own quartiles: a per-batch rule would have used other thresholds
+    later = -trainer.records[-1]["rollout"]["batch"].ref_logprob_mean
+    assert math.exp(float(torch.quantile(later, 0.75))) != pytest.approx(high, rel=1e-6)
+    assert len(fractions) > 1  # the frozen thresholds drop a varying fraction (a per-batch quartile: always ~1/4)
+    assert _logged(trainer, "capo/ref_ppl_high") == pytest.approx([high] * 4, rel=1e-6)
+    assert _logged(trainer, "capo/ref_ppl_low") == pytest.approx([low] * 4, rel=1e-6)
+
+
+def test_capo_batch_quantile_mask_recomputes_every_batch(tmp_path):
+    trainer = _trainer(tmp_path, advantage_estimator="capo", capo_mask="batch_quantile", beta=0.0, max_steps=2)
+    trainer.train()
+    assert trainer.capo_quantile_mask is None
+    highs = []
+    for rec in trainer.records:
+        batch, info = rec["rollout"]["batch"], rec["rollout"]["info"]
+        assert info["ref_high"] == pytest.approx(math.exp(float(torch.quantile(-batch.ref_logprob_mean, 0.75))))
+        highs.append(info["ref_high"])
+    assert highs[0] != pytest.approx(highs[1])
+
+
+def test_capo_mask_config_fields(tmp_path):
+    with pytest.raises(ValueError, match="capo_ref_quantile_batches"):
+        _config(tmp_path, capo_ref_quantile_batches=0)
+    params = _config(tmp_path, capo_mask="quantile", capo_ref_quantile_batches=3).estimator_params()
+    assert params["mask"] == "quantile" and params["ref_quantile_batches"] == 3 and "ref_high" not in params
+    params = _config(tmp_path, capo_mask="fixed", capo_ref_high=3.0).estimator_params()
+    assert params["ref_high"] == 3.0 and params["ref_low"] == 1.05

@@ -522,3 +522,94 @@ def test_gcpo_without_embeddings_names_the_alternatives():
     ``data.batch["embeddings"]``, saying where embeddings can come from."""
     with pytest.raises(RolloutBatchError, match=r"embeddings.*calibrl train.*trainer\.use_v1=False"):
         ray_trainer.compute_advantage(make_data(13), adv_estimator="gcpo", config=algo_config())
+
+
+def test_capo_quantile_mask_freezes_first_batch_thresholds_in_verl():
+    import math
+
+    from calibrl.verl.advantage import reset_quantile_masks
+
+    reset_quantile_masks()
+    params = {"tau": 0.6, "mask": "quantile"}
+    first, later = make_data(11), make_data(12)
+    later.batch["ref_log_prob"] = later.batch["ref_log_prob"] * 0.5  # another perplexity distribution
+    log_ppl = -expected_rollout_batch(first).ref_logprob_mean
+    high, low = math.exp(float(torch.quantile(log_ppl, 0.75))), math.exp(float(torch.quantile(log_ppl, 0.25)))
+    out = ray_trainer.compute_advantage(first, adv_estimator="capo", config=algo_config(**params))
+    info = out.meta_info["calibrl/advantage"]
+    assert (info["ref_high"], info["ref_low"]) == pytest.approx((high, low), rel=1e-6)
+    # the next batch keeps the first batch's thresholds (calibrl_capo is the same estimator: same state)
+    out = ray_trainer.compute_advantage(later, adv_estimator="calibrl_capo", config=algo_config(**params))
+    info = out.meta_info["calibrl/advantage"]
+    assert (info["ref_high"], info["ref_low"]) == pytest.approx((high, low), rel=1e-6)
+    expected = calibrl.compute_advantages(expected_rollout_batch(later), "capo", tau=0.6, mask="fixed",
+                                          ref_high=info["ref_high"], ref_low=info["ref_low"])
+    torch.testing.assert_close(out.batch["advantages"], expected[:, None] * later.batch["response_mask"])
+    # batch_quantile: the later batch's own quantiles
+    out = ray_trainer.compute_advantage(make_data(12), adv_estimator="capo",
+                                        config=algo_config(tau=0.6, mask="batch_quantile"))
+    own = -expected_rollout_batch(make_data(12)).ref_logprob_mean
+    assert out.meta_info["calibrl/advantage"]["ref_high"] == pytest.approx(math.exp(float(torch.quantile(own, 0.75))))
+    # after a resume: the logged thresholds passed back freeze them from the start
+    reset_quantile_masks()
+    seeded = dict(params, ref_high=high, ref_low=low)
+    out = ray_trainer.compute_advantage(later, adv_estimator="capo", config=algo_config(**seeded))
+    assert out.meta_info["calibrl/advantage"]["ref_high"] == pytest.approx(high, rel=1e-12)
+    reset_quantile_masks()
+
+
+def test_capo_quantile_thresholds_travel_with_verl_checkpoints(tmp_path, monkeypatch):
+    import json
+
+    from verl.trainer.ppo.v1 import trainer_base
+
+    from calibrl.verl.advantage import QUANTILE_MASK_FILE, reset_quantile_masks
+    from calibrl.verl.hooks import wrap_checkpointing
+
+    # both of verl's trainers are wrapped
+    assert ray_trainer.RayPPOTrainer._calibrl_checkpointing and trainer_base.PPOTrainer._calibrl_checkpointing
+
+    class Trainer:
+        """verl's checkpoint methods reduced to what the wrappers read: config.trainer and global_steps."""
+
+        def __init__(self, resume_mode="auto", resume_from_path=None):
+            self.config = OmegaConf.create({"trainer": {"default_local_dir": "ckpts", "resume_mode": resume_mode,
+                                                        "resume_from_path": resume_from_path}})
+            self.global_steps = 0
+
+        def _save_checkpoint(self):
+            os.makedirs(os.path.join("ckpts", f"global_step_{self.global_steps}"), exist_ok=True)
+
+        def _load_checkpoint(self):  # resume_mode=auto: the newest global_step_N
+            if self.config.trainer.resume_mode == "resume_path":
+                self.global_steps = int(self.config.trainer.resume_from_path.split("global_step_")[-1])
+            else:
+                self.global_steps = max(int(p.split("_")[-1]) for p in os.listdir("ckpts"))
+
+    wrap_checkpointing(Trainer)
+    monkeypatch.chdir(tmp_path)
+    reset_quantile_masks()
+    params = {"tau": 0.6, "mask": "quantile"}
+    out = ray_trainer.compute_advantage(make_data(11), adv_estimator="capo", config=algo_config(**params))
+    frozen = (out.meta_info["calibrl/advantage"]["ref_high"], out.meta_info["calibrl/advantage"]["ref_low"])
+    run = Trainer()
+    run.global_steps = 5
+    run._save_checkpoint()
+    saved = json.loads((tmp_path / "ckpts" / "global_step_5" / QUANTILE_MASK_FILE).read_text())
+    assert saved[0]["estimator"] == "capo" and saved[0]["state"]["ref_ppl_high_low"] == pytest.approx(list(frozen))
+
+    later = make_data(12)
+    later.batch["ref_log_prob"] = later.batch["ref_log_prob"] * 0.5
+    for resumed in (Trainer(), Trainer("resume_path", "ckpts/global_step_5")):
+        reset_quantile_masks()  # a new process
+        resumed._load_checkpoint()
+        out = ray_trainer.compute_advantage(later, adv_estimator="capo", config=algo_config(**params))
+        info = out.meta_info["calibrl/advantage"]
+        assert (info["ref_high"], info["ref_low"]) == pytest.approx(frozen, rel=1e-12)
+    # without the file: the first batch after the resume sets them
+    (tmp_path / "ckpts" / "global_step_5" / QUANTILE_MASK_FILE).unlink()
+    reset_quantile_masks()
+    Trainer()._load_checkpoint()
+    out = ray_trainer.compute_advantage(later, adv_estimator="capo", config=algo_config(**params))
+    assert out.meta_info["calibrl/advantage"]["ref_high"] != pytest.approx(frozen[0], rel=1e-6)
+    reset_quantile_masks()

@@ -24,8 +24,18 @@ Our readings (documented, configurable):
 - "Correct" means reward > ``threshold`` (0.5), so 0/1 rewards and rewards in [0, 1] both work.
 - Masked samples get advantage 0 but still count as the opponents of the other samples in their group (the mask
   multiplies the final advantage, as in the paper: m(o_i) * A_i).
-- ``mask="quantile"``: ref_high / ref_low are the batch's PPL_ref quantiles (``ref_high_quantile`` = 0.75,
-  ``ref_low_quantile`` = 0.25) over all samples of the batch. Quantiles are taken on log-PPL_ref = -ref_lpm
+- ``mask="quantile"`` (the paper's thresholds, made portable): ref_high / ref_low are the PPL_ref quantiles
+  (``ref_high_quantile`` = 0.75, ``ref_low_quantile`` = 0.25) of the FIRST rollouts, estimated once and then
+  frozen, so the dropped fraction varies from batch to batch as in the paper (fixed 2.5 / 1.05). The freezing
+  state is not in this pure function: :class:`FrozenQuantileMask`, owned by the engine adapter (the TRL trainer,
+  which saves it in its checkpoints; the verl plugin), estimates the quantiles from the first
+  ``ref_quantile_batches`` batches (default 1: the first batch; more are pooled) and passes the frozen values as
+  ``ref_high`` / ``ref_low``. A direct call without ``ref_high`` / ``ref_low`` has no earlier batch: it is that
+  first batch, and uses its own quantiles.
+- ``mask="batch_quantile"``: ref_high / ref_low are recomputed on every batch from its own PPL_ref quantiles
+  (calibrl's earlier ``"quantile"``), so about a quarter of the correct and of the wrong samples is always
+  dropped.
+- Quantiles (both quantile masks) are taken over all samples of the batch with tokens, on log-PPL_ref = -ref_lpm
   (torch.quantile's linear interpolation, computed by selection) and exponentiated, so they equal the PPL
   quantiles exactly at sample points and interpolate geometrically between neighbouring samples; all
   comparisons are done in log space, so no exp() can overflow.
@@ -46,6 +56,7 @@ below the smallest normal number of the working dtype) raises a ValueError namin
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -55,7 +66,8 @@ from calibrl.advantages.registry import register_estimator
 from calibrl.batch import RolloutBatch, RolloutBatchError
 
 _NORMALIZE = ("group", "pairs", "none")
-_MASKS = ("none", "fixed", "quantile")
+_MASKS = ("none", "fixed", "quantile", "batch_quantile")
+PAPER_REF_HIGH, PAPER_REF_LOW = 2.5, 1.05  # CAPO's fixed thresholds for Qwen2.5-Math (mask="fixed" default)
 _MAX_PAIR_ELEMENTS = 1 << 24  # per block of the [groups, G_max, G_max] pairwise tensor
 
 
@@ -127,23 +139,169 @@ def _pairwise_sums(lpm_grid: torch.Tensor, correct_grid: torch.Tensor, wrong_gri
 
 
 def capo_noise_mask(*, correct: torch.Tensor, ref_logprob_mean: torch.Tensor, mask: str = "fixed",
-                    ref_high: float = 2.5, ref_low: float = 1.05, ref_high_quantile: float = 0.75,
+                    ref_high: float | None = None, ref_low: float | None = None, ref_high_quantile: float = 0.75,
                     ref_low_quantile: float = 0.25) -> tuple[torch.Tensor, float, float]:
     """CAPO's reference-perplexity noise mask: True where the sample's advantage is zeroed.
 
     Zeroed: correct samples with PPL_ref > ref_high (lucky guesses), incorrect samples with PPL_ref < ref_low
-    (near misses). ``mask="quantile"`` replaces ref_high / ref_low by the batch quantiles of PPL_ref.
+    (near misses). Thresholds by ``mask``: ``"fixed"``: ref_high / ref_low (None: the paper's 2.5 / 1.05);
+    ``"quantile"``: ref_high / ref_low as given (the frozen thresholds of a :class:`FrozenQuantileMask`), or, when
+    None, this batch's quantiles (a batch with no earlier one is the first batch); ``"batch_quantile"``: this
+    batch's quantiles, always (ref_high / ref_low ignored).
     correct [N] bool, ref_logprob_mean [N] -> (masked [N] bool, ref_high used, ref_low used).
     """
     log_ppl = -ref_logprob_mean.to(torch.promote_types(ref_logprob_mean.dtype, torch.float32))
-    if mask == "quantile":
+    if mask == "batch_quantile" or (mask == "quantile" and (ref_high is None or ref_low is None)):
         log_hi, log_lo = _quantiles(log_ppl, (ref_high_quantile, ref_low_quantile))
-    elif mask == "fixed":
-        log_hi, log_lo = math.log(ref_high), math.log(ref_low)
+    elif mask in ("fixed", "quantile"):
+        log_hi = math.log(PAPER_REF_HIGH if ref_high is None else ref_high)
+        log_lo = math.log(PAPER_REF_LOW if ref_low is None else ref_low)
     else:
-        raise ValueError(f"capo_noise_mask: mask must be 'fixed' or 'quantile', got {mask!r}")
+        raise ValueError(f"capo_noise_mask: mask must be 'fixed', 'quantile' or 'batch_quantile', got {mask!r}")
     masked = (correct & (log_ppl > log_hi)) | (~correct & (log_ppl < log_lo))
     return masked, _safe_exp(log_hi), _safe_exp(log_lo)
+
+
+@dataclass
+class FrozenQuantileMask:
+    """CAPO's quantile thresholds, estimated from the first rollouts and then frozen (``mask="quantile"``).
+
+    The paper masks with FIXED thresholds, ref_high = 2.5 and ref_low = 1.05 for Qwen2.5-Math, described as the
+    quartiles of the reference model's perplexity distribution. To carry that to any model we estimate those
+    quartiles once: from the log-PPL_ref = -ref_lpm of the first ``warmup_batches`` batches :meth:`update` sees,
+    pooled (default 1: the first batch alone), with :func:`capo_noise_mask`'s quantile rule (linear interpolation
+    on log-PPL, exponentiated). Batch k <= warmup_batches uses the quantiles of batches 1..k pooled; from batch
+    ``warmup_batches`` on, the thresholds are frozen and returned unchanged, whatever later batches look like.
+
+    The estimator stays a pure function: the engine adapter owns one of these, calls :meth:`update` with each
+    training batch's log-PPL_ref (rows with tokens only, as the estimator's statistics) and passes the result as
+    ``ref_high`` / ``ref_low`` (:func:`frozen_quantile_params`). :meth:`state_dict` / :meth:`load_state_dict`
+    carry the thresholds (and a pool not yet complete) across a checkpoint.
+
+    Fields: ``high_quantile`` / ``low_quantile`` (0.75 / 0.25), ``warmup_batches`` (K >= 1),
+    ``log_thresholds`` ((log ref_high, log ref_low) once frozen, else None), ``batches_seen``.
+    """
+
+    high_quantile: float = 0.75
+    low_quantile: float = 0.25
+    warmup_batches: int = 1
+    log_thresholds: tuple[float, float] | None = None
+    batches_seen: int = 0
+    _pool: list[torch.Tensor] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.low_quantile <= self.high_quantile <= 1.0):
+            raise ValueError("FrozenQuantileMask: need 0 <= low_quantile <= high_quantile <= 1, got "
+                             f"{self.low_quantile!r}, {self.high_quantile!r}")
+        if isinstance(self.warmup_batches, bool) or not isinstance(self.warmup_batches, int) or self.warmup_batches < 1:
+            raise ValueError(f"FrozenQuantileMask: warmup_batches must be an integer >= 1, got {self.warmup_batches!r}")
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> "FrozenQuantileMask":
+        """The state for capo estimator ``params`` (``ref_high_quantile``, ``ref_low_quantile``,
+        ``ref_quantile_batches``); ``ref_high`` and ``ref_low`` both given = thresholds frozen from the start (e.g.
+        the values logged by an earlier run)."""
+        def given(key: str, default: Any) -> Any:  # a key present with None (e.g. from a config) = not given
+            value = params.get(key)
+            return default if value is None else value
+
+        state = cls(high_quantile=float(given("ref_high_quantile", 0.75)),
+                    low_quantile=float(given("ref_low_quantile", 0.25)),
+                    warmup_batches=given("ref_quantile_batches", 1))
+        if params.get("ref_high") is not None and params.get("ref_low") is not None:
+            high, low = float(params["ref_high"]), float(params["ref_low"])
+            if not (high > 0 and low > 0):
+                raise ValueError(f"capo: ref_high and ref_low are perplexities and must be > 0, got {high!r}, {low!r}")
+            state.log_thresholds = (math.log(high), math.log(low))
+        return state
+
+    @property
+    def frozen(self) -> bool:
+        return self.log_thresholds is not None
+
+    @property
+    def thresholds(self) -> tuple[float, float] | None:
+        """(ref_high, ref_low) perplexities once frozen, else None."""
+        if self.log_thresholds is None:
+            return None
+        return _safe_exp(self.log_thresholds[0]), _safe_exp(self.log_thresholds[1])
+
+    def peek(self, ref_log_ppl: torch.Tensor) -> tuple[float, float]:
+        """(ref_high, ref_low) for a batch that must not change the state (evaluation): the frozen thresholds, else
+        the quantiles of the pool so far and this batch. ref_log_ppl [n] = -ref_logprob_mean of the rows with tokens."""
+        if self.log_thresholds is not None:
+            return self.thresholds  # type: ignore[return-value]
+        pooled = self._pooled(ref_log_ppl)
+        if pooled.numel() == 0:
+            raise ValueError("FrozenQuantileMask: no reference perplexity seen yet, so there are no thresholds")
+        hi, lo = _quantiles(pooled, (self.high_quantile, self.low_quantile))
+        return _safe_exp(hi), _safe_exp(lo)
+
+    def update(self, ref_log_ppl: torch.Tensor) -> tuple[float, float]:
+        """(ref_high, ref_low) for this training batch; freezes them at the ``warmup_batches``-th batch.
+        ref_log_ppl [n] = -ref_logprob_mean of the batch's rows with tokens (a batch with none changes nothing)."""
+        if self.log_thresholds is not None or ref_log_ppl.numel() == 0:
+            return self.peek(ref_log_ppl)
+        pooled = self._pooled(ref_log_ppl)
+        hi, lo = _quantiles(pooled, (self.high_quantile, self.low_quantile))
+        self.batches_seen += 1
+        if self.batches_seen >= self.warmup_batches:
+            self.log_thresholds, self._pool = (hi, lo), []
+        else:
+            self._pool = [pooled]
+        return _safe_exp(hi), _safe_exp(lo)
+
+    def _pooled(self, ref_log_ppl: torch.Tensor) -> torch.Tensor:
+        x = ref_log_ppl.detach().to(torch.promote_types(ref_log_ppl.dtype, torch.float32))
+        if not self._pool:
+            return x
+        pool = self._pool[0]
+        return torch.cat([pool.to(device=x.device, dtype=torch.promote_types(pool.dtype, x.dtype)), x.to(pool.dtype)])
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state: quantile levels, K, batches seen, log thresholds (and their perplexities, for
+        reading), and the pooled log-PPL values while not yet frozen."""
+        return {
+            "high_quantile": self.high_quantile, "low_quantile": self.low_quantile,
+            "warmup_batches": self.warmup_batches, "batches_seen": self.batches_seen,
+            "log_thresholds": None if self.log_thresholds is None else list(self.log_thresholds),
+            "ref_ppl_high_low": None if self.thresholds is None else list(self.thresholds),
+            "pool": self._pool[0].cpu().tolist() if self._pool else [],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`. Quantile levels or K that differ from this object's raise a ValueError (the
+        saved thresholds would not be the configured ones)."""
+        saved = (float(state["high_quantile"]), float(state["low_quantile"]), int(state["warmup_batches"]))
+        if saved != (self.high_quantile, self.low_quantile, self.warmup_batches):
+            raise ValueError(
+                "capo quantile mask: the checkpoint froze thresholds for (high_quantile, low_quantile, "
+                f"warmup_batches) = {saved}, this run is configured with "
+                f"{(self.high_quantile, self.low_quantile, self.warmup_batches)}")
+        logs = state.get("log_thresholds")
+        self.log_thresholds = None if logs is None else (float(logs[0]), float(logs[1]))
+        self.batches_seen = int(state.get("batches_seen", 0))
+        pool = state.get("pool") or []
+        self._pool = [torch.tensor(pool, dtype=torch.float64)] if pool else []
+
+
+def frozen_quantile_params(params: dict[str, Any], *, batch: RolloutBatch, state: FrozenQuantileMask,
+                           update: bool = True) -> dict[str, Any]:
+    """capo estimator ``params`` with ``mask="quantile"``'s thresholds taken from ``state``: ``ref_high`` /
+    ``ref_low`` set to ``state.update(log-PPL_ref of the batch's rows with tokens)`` (``state.peek`` when
+    ``update`` is False: evaluation batches read the thresholds but never set them). Other masks: ``params``
+    unchanged. A batch without ``ref_logprob_mean`` is passed through, so the estimator raises its explanatory
+    error."""
+    out = dict(params)
+    if out.get("mask") != "quantile" or batch.ref_logprob_mean is None:
+        return out
+    ref = batch.ref_logprob_mean if batch.lengths is None else batch.ref_logprob_mean[batch.lengths > 0]
+    if ref.numel() == 0 and not state.frozen:
+        return out  # no row with tokens: compute_advantages does not call the estimator
+    log_ppl = -ref.to(torch.promote_types(ref.dtype, torch.float32))
+    high, low = state.update(log_ppl) if update else state.peek(log_ppl)
+    out.update(ref_high=high, ref_low=low)
+    return out
 
 
 def _quantiles(x: torch.Tensor, qs: tuple[float, ...]) -> list[float]:
@@ -172,7 +330,7 @@ def _safe_exp(x: float) -> float:
         return math.inf
 
 
-def _check_params(tau: float, normalize: str, mask: str, ref_high: float, ref_low: float,
+def _check_params(tau: float, normalize: str, mask: str, ref_high: float | None, ref_low: float | None,
                   ref_high_quantile: float, ref_low_quantile: float) -> None:
     if not (tau > 0 and math.isfinite(tau)):
         raise ValueError(f"capo: tau must be a positive finite number, got {tau!r}")
@@ -180,9 +338,13 @@ def _check_params(tau: float, normalize: str, mask: str, ref_high: float, ref_lo
         raise ValueError(f"capo: normalize must be one of {_NORMALIZE}, got {normalize!r}")
     if mask not in _MASKS:
         raise ValueError(f"capo: mask must be one of {_MASKS}, got {mask!r}")
-    if mask == "fixed" and not (ref_high > 0 and ref_low > 0):
+    if mask in ("fixed", "quantile") and not all(v is None or v > 0 for v in (ref_high, ref_low)):
         raise ValueError(f"capo: ref_high and ref_low are perplexities and must be > 0, got {ref_high!r}, {ref_low!r}")
-    if mask == "quantile" and not (0.0 <= ref_low_quantile <= 1.0 and 0.0 <= ref_high_quantile <= 1.0):
+    if mask == "quantile" and (ref_high is None) != (ref_low is None):
+        raise ValueError("capo: mask='quantile' takes both frozen thresholds ref_high and ref_low (from a "
+                         f"FrozenQuantileMask) or neither, got ref_high={ref_high!r}, ref_low={ref_low!r}")
+    quantiles_ok = 0.0 <= ref_low_quantile <= 1.0 and 0.0 <= ref_high_quantile <= 1.0
+    if mask in ("quantile", "batch_quantile") and not quantiles_ok:
         raise ValueError("capo: ref_high_quantile and ref_low_quantile must lie in [0, 1], got "
                          f"{ref_high_quantile!r}, {ref_low_quantile!r}")
 
@@ -203,13 +365,17 @@ def _check_tau_range(*, tau: float, bound: float, dtypes: tuple[torch.dtype, ...
 
 def capo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_groups: int, logprob_mean: torch.Tensor,
                     ref_logprob_mean: torch.Tensor | None = None, tau: float = 0.6, normalize: str = "group",
-                    mask: str = "none", ref_high: float = 2.5, ref_low: float = 1.05, ref_high_quantile: float = 0.75,
-                    ref_low_quantile: float = 0.25, threshold: float = 0.5,
+                    mask: str = "none", ref_high: float | None = None, ref_low: float | None = None,
+                    ref_high_quantile: float = 0.75, ref_low_quantile: float = 0.25, threshold: float = 0.5,
                     layout: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """CAPO advantage (see the module docstring for the formula and our readings).
 
     ``layout`` = (slot, counts, g_max) from :func:`group_layout` / :func:`padded_layout`, when the caller has it
     (saves a sort); computed from ``group_index`` otherwise.
+
+    Thresholds (:func:`capo_noise_mask`): ``mask="fixed"``: ref_high / ref_low (None: the paper's 2.5 / 1.05);
+    ``"quantile"``: ref_high / ref_low are the thresholds frozen by a :class:`FrozenQuantileMask` (None: this
+    batch's quantiles, as for a first batch); ``"batch_quantile"``: this batch's quantiles.
 
     rewards, logprob_mean, group_index [N]; ref_logprob_mean [N] (needed when mask != "none").
     Returns (advantages [N] in the rewards dtype, info) with info = {"mask_fraction", "mixed_group_fraction",
@@ -287,11 +453,16 @@ _MISSING_REF_MESSAGE = (
 
 @register_estimator("capo")
 def capo(batch: RolloutBatch, *, tau: float = 0.6, normalize: str = "group", mask: str = "none",
-         ref_high: float = 2.5, ref_low: float = 1.05, ref_high_quantile: float = 0.75, ref_low_quantile: float = 0.25,
-         threshold: float = 0.5) -> tuple[torch.Tensor, dict[str, Any]]:
+         ref_high: float | None = None, ref_low: float | None = None, ref_high_quantile: float = 0.75,
+         ref_low_quantile: float = 0.25, threshold: float = 0.5,
+         ref_quantile_batches: int = 1) -> tuple[torch.Tensor, dict[str, Any]]:
     """Registered ``capo``: logistic pairwise advantage + optional reference-perplexity noise mask.
 
-    Needs ``logprob_mean``; ``mask="fixed"`` or ``"quantile"`` also needs ``ref_logprob_mean``.
+    Needs ``logprob_mean``; a mask (``"fixed"``, ``"quantile"``, ``"batch_quantile"``) also needs
+    ``ref_logprob_mean``. ``mask="quantile"`` is stateless here: pass the frozen ``ref_high`` / ``ref_low`` of a
+    :class:`FrozenQuantileMask` (:func:`frozen_quantile_params`; the TRL trainer and the verl plugin do), else
+    this batch's quantiles are used. ``ref_quantile_batches`` (K, the batches pooled before freezing) is read by
+    :class:`FrozenQuantileMask` only; accepted here so that one parameter dict serves adapter and estimator.
     """
     batch.require("logprob_mean", estimator="capo")
     if mask != "none" and mask in _MASKS and batch.ref_logprob_mean is None:

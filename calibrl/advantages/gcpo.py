@@ -31,8 +31,9 @@ responses disagree) and a calibration gap (uncertainty is not aligned with how m
 carry); GCPO measures disagreement geometrically (Cosine Dispersion, Barycentric Transport over response
 embeddings), calibrates it with Reward Dispersion, and modulates each group's update. The exact formulas are not
 public to us; OUR READING, per group of G responses with embeddings e_i [D]:
-- u_i = e_i / ||e_i|| (optionally after subtracting the batch-mean embedding, ``center=True``, which removes the
-  common direction mean-pooled hidden states share; only meaningful with many prompts per batch).
+- u_i = e_i / ||e_i|| (optionally after subtracting the batch-mean embedding, ``center="batch"`` (or True),
+  which removes the common component mean-pooled hidden states share; only meaningful with many prompts per
+  batch).
 - CD = 1 - || (1/G) sum_i u_i ||                                              in [0, 1]
 - BoT = sum_i w_i || u_i - b ||^2, b = sum_i w_i u_i, w = softmax over the group of lpm (uniform without
   ``logprob_mean``)                                                           in [0, 1] (= 1 - ||b||^2)
@@ -43,6 +44,24 @@ public to us; OUR READING, per group of G responses with embeddings e_i [D]:
   high disagreement with high reward dispersion is informative and kept (scale -> 1), high disagreement with
   little reward signal is noise and damped (scale -> 1 - strength), low disagreement leaves GRPO unchanged.
 - A_i' = scale_g * A_i(grpo).
+
+That default reading is nearly inert in practice: D is close to 0 for un-centred mean-pooled hidden states (they
+share a large common component, so their unit vectors nearly coincide), and for a group of 8 with {0, 1} rewards
+every mixed group has rd >= 2 sqrt(7/64) = 0.66, so scale >= 1 - 0.5 * 0.34 = 0.83 whatever D is (groups that are
+not mixed have A = 0 anyway). Two options make the modulation act, both off by default:
+- ``center="batch"``: u_i from e_i - mean_batch(e). D is then invariant to a vector added to every embedding.
+  (Whitening is not offered: with N <= dim + 1 samples, whitening the centred embeddings maps them onto a regular
+  simplex, so every group would have the same dispersion.)
+- ``standardize=True``: the damping evidence is compared across the groups of the batch instead of read on an
+  absolute scale:
+      u_g   = D_g * (1 - rd_g)                          (the default reading's damping evidence)
+      z_g   = (u_g - mean_M(u)) / (std_M(u) + 1e-8)     M = the batch's mixed groups (rd > 1e-6), population std;
+                                                        z = 0 outside M, or when M has fewer than 2 groups
+      scale = 1 - strength * sigmoid(z_g)               in (1 - strength, 1)
+  Groups with more RD-unexplained disagreement than the batch's other mixed groups are damped more (order
+  preserved: scale is decreasing in u_g); a group at the batch average gets 1 - strength / 2. Only the mixed
+  groups enter the statistics, since only their advantages are non-zero. The factor common to all groups (about
+  1 - strength / 2) changes the step size as a learning-rate factor would; the ranking is the signal.
 
 Shapes: rewards, group_index, logprob_mean, answer_ids [N]; embeddings [N, D]; outputs [N] in the rewards dtype.
 Vectorised with segment sums (``_groups``) and, for gcpo, one batched matmul over a padded [groups, G_max, D]
@@ -65,6 +84,7 @@ from calibrl.batch import RolloutBatch
 _SEED_F = ("inverse", "linear", "exp")
 _SEED_BASES = ("dr_grpo", "grpo")
 _MEASURES = ("cosine", "barycentric")
+_CENTERS = ("none", "batch")
 
 
 def group_softmax(scores: torch.Tensor, group_index: torch.Tensor, n_groups: int) -> torch.Tensor:
@@ -148,25 +168,50 @@ def seed_grpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_
     return advantages, info
 
 
+def standardized_damping(*, evidence: torch.Tensor, members: torch.Tensor, strength: float) -> torch.Tensor:
+    """GCPO ``standardize=True`` (our reading): scale_g = 1 - strength * sigmoid(z_g), z_g = (u_g - mean_M(u)) /
+    (std_M(u) + 1e-8) with u = ``evidence`` [n_groups] (D * (1 - rd)) and M = ``members`` [n_groups] bool (the
+    mixed groups), population std; z = 0 outside M and when M has fewer than 2 groups. -> scale [n_groups] in
+    (1 - strength, 1), decreasing in u within M."""
+    m = members.to(evidence.dtype)
+    n = m.sum()
+    if float(n) < 2:
+        z = torch.zeros_like(evidence)
+    else:
+        mean = (evidence * m).sum() / n
+        std = (((evidence - mean) ** 2) * m).sum().div(n).sqrt()
+        z = torch.where(members, (evidence - mean) / (std + 1e-8), torch.zeros_like(evidence))
+    return 1.0 - strength * torch.sigmoid(z)
+
+
 def gcpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_groups: int, embeddings: torch.Tensor,
                     logprob_mean: torch.Tensor | None = None, measure: str = "cosine", strength: float = 0.5,
-                    rd_scale: float = 0.5, center: bool = False, eps: float = 1e-4,
+                    rd_scale: float = 0.5, center: bool | str = False, standardize: bool = False, eps: float = 1e-4,
                     layout: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
-    """GCPO (our reading, see the module docstring): GRPO advantage * (1 - strength * D * (1 - rd)).
+    """GCPO (our reading, see the module docstring): GRPO advantage * (1 - strength * D * (1 - rd)), or with
+    ``standardize=True`` * (1 - strength * sigmoid(z-score over the batch's mixed groups of D * (1 - rd))).
 
+    ``center``: False / "none" (default: raw embeddings) or True / "batch" (subtract the batch-mean embedding).
     ``layout`` = (slot, counts, g_max) from :func:`calibrl.advantages.capo.group_layout` (saves a sort).
 
-    -> (advantages [N], info with mean CD, BoT, RD and scale over groups).
+    rewards, group_index, logprob_mean [N]; embeddings [N, D]
+    -> (advantages [N] in the rewards dtype, info with mean CD, BoT, RD and scale over groups).
     """
     if measure not in _MEASURES:
         raise ValueError(f"gcpo: measure must be one of {_MEASURES}, got {measure!r}")
+    if isinstance(center, bool):
+        center = "batch" if center else "none"
+    if center not in _CENTERS:
+        raise ValueError(f"gcpo: center must be one of {_CENTERS} (or a bool), got {center!r}")
+    if not isinstance(standardize, bool):
+        raise ValueError(f"gcpo: standardize must be a bool, got {standardize!r}")
     if not (0.0 <= strength <= 1.0):
         raise ValueError(f"gcpo: strength must lie in [0, 1] (the scale stays in [1 - strength, 1]), got {strength!r}")
     if not rd_scale > 0:
         raise ValueError(f"gcpo: rd_scale must be > 0, got {rd_scale!r}")
     work = torch.promote_types(torch.promote_types(rewards.dtype, embeddings.dtype), torch.float32)
     emb = embeddings.to(work)
-    if center:
+    if center == "batch":
         emb = emb - emb.mean(0, keepdim=True)
     norm = torch.linalg.vector_norm(emb, dim=1)  # [N]
     nonzero = norm > 0
@@ -213,10 +258,14 @@ def gcpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
     base = centred / (std[group_index] + eps)
     rd_n = (rd / rd_scale).clamp(0.0, 1.0)
     disagreement = cd if measure == "cosine" else bot
-    scale = 1.0 - strength * disagreement * (1.0 - rd_n)
+    present = count > 0  # a caller-provided n_groups may include empty groups
+    if standardize:
+        scale = standardized_damping(evidence=disagreement * (1.0 - rd_n), members=present & (rd_n > 1e-6),
+                                     strength=strength)
+    else:
+        scale = 1.0 - strength * disagreement * (1.0 - rd_n)
 
     advantages = (base * scale[group_index]).to(rewards.dtype)
-    present = count > 0  # a caller-provided n_groups may include empty groups
     info = {"cd_mean": float(cd[present].mean()), "bot_mean": float(bot[present].mean()),
             "rd_mean": float(rd[present].mean()), "scale_mean": float(scale[present].mean())}
     return advantages, info
@@ -236,10 +285,13 @@ def seed_grpo(batch: RolloutBatch, *, alpha: float = 0.042, f: str = "inverse", 
 
 @register_estimator("gcpo")
 def gcpo(batch: RolloutBatch, *, measure: str = "cosine", strength: float = 0.5, rd_scale: float = 0.5,
-         center: bool = False, eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Registered ``gcpo``. Needs ``embeddings``; uses ``logprob_mean`` for the barycentre weights when present."""
+         center: bool | str = False, standardize: bool = False,
+         eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Registered ``gcpo`` (see :func:`gcpo_advantages`). Needs ``embeddings``; uses ``logprob_mean`` for the
+    barycentre weights when present. ``center="batch"`` and ``standardize=True`` are the options that make the
+    modulation act on real hidden states (module docstring); the defaults keep the first reading."""
     batch.require("embeddings", estimator="gcpo")
     index, n_groups, slot, counts, g_max = group_layout(batch.group_ids)
     return gcpo_advantages(rewards=batch.rewards, group_index=index, n_groups=n_groups, embeddings=batch.embeddings,
                            logprob_mean=batch.logprob_mean, measure=measure, strength=strength, rd_scale=rd_scale,
-                           center=center, eps=eps, layout=(slot, counts, g_max))
+                           center=center, standardize=standardize, eps=eps, layout=(slot, counts, g_max))

@@ -10,6 +10,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
+    # click's plain help: at 80 columns it wraps the help and the defaults in full (the rich panels cut them to
+    # "[default: majority,weighted,pc,rp..."), and it shows no value type for flags (typer 0.29's rich panels print
+    # "<bool>" for every flag, --help included)
+    rich_markup_mode=None,
 )
 
 

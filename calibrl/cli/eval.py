@@ -52,6 +52,7 @@ class Confidence(str, Enum):
     logprob_mean = "logprob_mean"
     decision_prob = "decision_prob"
     class_probs = "class_probs"
+    verbalized_confidence = "verbalized_confidence"
 
 
 def _fail(message: str) -> None:
@@ -109,7 +110,7 @@ def _check_out_dir(out: Path, files: list[Path]) -> None:
               "another --out")
 
 
-@app.command("eval")
+@app.command("eval", short_help="Calibration, abstention and answer-selection report of samples.")
 def eval_command(
     files: list[Path] = typer.Argument(..., help="Samples files (.jsonl or .parquet), one row per completion."),
     out: Path = typer.Option(..., "--out", help="Output folder (replaced if it holds a previous eval report)."),
@@ -126,7 +127,8 @@ def eval_command(
              "fields)."),
     confidence: Optional[Confidence] = typer.Option(
         None, "--confidence",
-        help="Confidence input (default: the first of logprob_mean, decision_prob, class_probs in each file)."),
+        help="Main confidence input (default: the first of logprob_mean, decision_prob, class_probs, "
+             "verbalized_confidence in each file); every source present is also compared side by side."),
     methods: str = typer.Option(
         "majority,weighted,pc,rpc,best_of_n", "--methods",
         help="Answer-selection methods for the scaling curves ('' for none)."),
@@ -137,6 +139,13 @@ def eval_command(
         help="Draws per N for RPC's curve (one Weibull fit per prompt per draw: slow)."),
     seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1,
                              help="Seed (0 to 2^32-1) for bootstrap, folds and scaling-curve draws."),
+    abstain_precision: Optional[float] = typer.Option(
+        None, "--abstain-precision",
+        help="Choose a confidence threshold whose precision is >= P with probability >= 1 - D, on half of the "
+             "prompts, and report its coverage and precision on the other half."),
+    abstain_delta: float = typer.Option(
+        0.05, "--abstain-delta",
+        help="Allowed probability D that the --abstain-precision guarantee fails (0 < D < 1)."),
 ) -> None:
     """Evaluate calibration (AUROC, ECE, Brier, reliability), abstention (precision-coverage, AURC), post-hoc
     calibration and inference-time answer selection (majority, weighted, PC, RPC, best-of-N) of sampled
@@ -145,6 +154,9 @@ def eval_command(
     from calibrl.evaluation.samples import SamplesError, load_samples
     from calibrl.selection import METHODS
 
+    for name, value in (("--abstain-precision", abstain_precision), ("--abstain-delta", abstain_delta)):
+        if value is not None and not 0.0 < value < 1.0:
+            _fail(f"{name} must lie strictly between 0 and 1, got {value}")
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
     unknown = [m for m in method_list if m not in METHODS]
     if unknown:
@@ -166,7 +178,8 @@ def eval_command(
     # 2. build the report in a temporary folder, then swap it in
     options = dict(labels=_labels(files), files=files, posthoc=posthoc.value if posthoc else None, n_bins=n_bins,
                    n_boot=bootstrap, use_math_verify=not no_math_verify, methods=method_list,
-                   scaling_draws=scaling_draws, rpc_draws=rpc_draws, seed=seed)
+                   scaling_draws=scaling_draws, rpc_draws=rpc_draws, seed=seed,
+                   abstain_precision=abstain_precision, abstain_delta=abstain_delta)
     with _progress() as (step, track):
         results = _replace_folder(
             out, lambda folder: write_eval_report(folder, loaded, step=step, track=track, **options))
@@ -277,3 +290,15 @@ def _print_summary(metrics: dict[str, dict[str, Any]], out: Path) -> None:
             table.add_row(scope, label, str(m["n_samples"]), num(m["accuracy"]), num(m.get("auroc")), num(m.get("ece")),
                           num(m.get("brier")), f"{best[0]} {num(best[1])}" if best else "-")
     Console(file=sys.stdout).print(table)
+    for scope, by_label in metrics.items():  # the certified abstention threshold, or plainly that there is none
+        for label, m in by_label.items():
+            a = m.get("abstention")
+            if a is None:
+                continue
+            goal = f"precision >= {a['target_precision']:g} with probability >= {1 - a['delta']:g}"
+            if a.get("threshold") is None:
+                typer.echo(f"abstention {scope}/{label}: NO threshold satisfies {goal}"
+                           + (f" ({a['note']})" if a.get("note") else ""))
+            else:
+                typer.echo(f"abstention {scope}/{label}: answer when confidence >= {a['threshold']:g} ({goal}): "
+                           f"held-out coverage {num(a['coverage'])}, precision {num(a['precision_heldout'])}")

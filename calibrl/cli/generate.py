@@ -10,9 +10,9 @@ import typer
 from calibrl.cli.app import app
 
 
-@app.command("generate")
+@app.command("generate", short_help="Sample N completions per problem with their confidence (JSONL).")
 def generate_command(
-    model: str = typer.Option(..., "--model", "-m", help="Hub id or local folder of a causal LM, or builtin:tiny."),
+    model: str = typer.Option(..., "--model", "-m", help="Hub id or local folder of a causal LM, a .gguf file, builtin:smollm2-135m-instruct or builtin:tiny."),
     dataset: str = typer.Option(..., "--dataset", "-d", help="Registered dataset name (math500, aime24, commonsenseqa, ...) or a local .jsonl/.json/.parquet file (task told by its fields)."),
     out: Path = typer.Option(..., "--out", "-o", help="Output JSONL (resumed if an earlier calibrl generate wrote it; any other existing file is refused without --overwrite)."),
     n: int = typer.Option(16, "--n", help="Completions per problem."),
@@ -24,8 +24,9 @@ def generate_command(
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first LIMIT problems (may be raised on resume: more problems are appended)."),
     template: Optional[str] = typer.Option(None, "--template", help="Prompt template (math: qwen-math, qwen-math-chat, chat, none; decisions: direct, reasoning, chat)."),
     reward: Optional[str] = typer.Option(None, "--reward", help="Registered reward (default: math, or decision for multiple-choice datasets)."),
+    confidence_prompt: bool = typer.Option(False, "--confidence-prompt", help="Ask for a stated confidence after the answer, <confidence>0.8</confidence> (RLCR's format); rows get verbalized_confidence."),
     backend: str = typer.Option("auto", "--backend", help="auto (vLLM if installed and a GPU is present), vllm or transformers."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed (each batch's seed is derived from it and the batch's problems)."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on GPU, float32 on CPU), bfloat16, float16 or float32."),
     device: Optional[str] = typer.Option(None, "--device", help="transformers backend device (default: cuda if available)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing OUT (and its settings) instead of resuming it."),
@@ -44,6 +45,7 @@ def generate_command(
     config = GenerateConfig(
         model=model, dataset=dataset, out=out, n=n, path=path, split=split, max_new_tokens=max_new_tokens,
         temperature=temperature, batch_size=batch_size, limit=limit, template=template, reward=reward,
+        confidence_prompt=confidence_prompt,
         backend=backend, seed=seed, dtype=dtype, device=device, overwrite=overwrite, progress=not quiet,
     )
     try:

@@ -36,7 +36,7 @@ def _list_recipes(console) -> None:
         console.print(f"{name:<42} {first}", markup=False, soft_wrap=True, highlight=False)
 
 
-@app.command("train")
+@app.command("train", short_help="Train with calibration-aware RL through TRL, from a YAML recipe.")
 def train_command(
     config: Optional[str] = typer.Argument(
         None, help="YAML recipe file, or the name of a shipped recipe (calibrl train --list), e.g. tiny_cpu."),

@@ -17,6 +17,7 @@ that temperature).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -306,7 +307,8 @@ def _load_hf(config: GenerateConfig):
     if config.model.startswith("builtin:"):
         kind = config.model.split(":", 1)[1]
         if kind != "tiny":
-            raise GenerateError(f"unknown builtin model {config.model!r} (only builtin:tiny)")
+            raise GenerateError(f"unknown builtin model {config.model!r} (builtin:tiny or "
+                                "builtin:smollm2-135m-instruct)")
         from calibrl.testbed.model import TinyModelConfig, build_tiny_model
 
         # RoPE has no learned positions: a longer context costs nothing and real prompts fit
@@ -330,8 +332,13 @@ def open_backend(config: GenerateConfig, *, model=None, tokenizer=None, classes:
 
     vLLM when ``config.backend`` says so, or on ``auto`` when vLLM is usable, no model was passed in and the model
     is not a builtin; else transformers, with ``model`` / ``tokenizer`` when given (loaded from ``config.model``
-    otherwise).
+    otherwise). A GGUF file or ``builtin:smollm2-135m-instruct`` is loaded from its converted folder
+    (:func:`calibrl.models.resolve_model`); the run keeps the name it was given.
     """
+    if model is None:
+        from calibrl.models import resolve_model
+
+        config = dataclasses.replace(config, model=resolve_model(config.model))
     use_vllm = config.backend == "vllm" or (config.backend == "auto" and model is None and _vllm_usable()
                                             and not config.model.startswith("builtin:"))
     decision_task = classes is not None

@@ -5,7 +5,7 @@ For every problem of a registered dataset (:mod:`calibrl.tasks.datasets`, hub na
 completions and writes one row per completion::
 
     prompt_id, benchmark, sample_index, completion, answer (the extracted final answer: last \boxed{} content or the
-    decision letter; null if none), gold, correct, reward, logprob_mean, n_tokens, truncated
+    decision letter; null if none), gold, correct, reward, logprob_mean, verbalized_confidence, n_tokens, truncated
     + for decision tasks: decision_prob, class_probs, class_mass, label, classes
 
 * ``logprob_mean``: mean over the completion's tokens (EOS included when the completion ended) of the token's
@@ -21,8 +21,15 @@ completions and writes one row per completion::
   decided class. A completion without a class letter is wrong (``answer`` null, ``correct = false``); its
   ``class_probs`` are read where the model put the most probability on the class tokens (its would-be decision)
   and ``decision_prob`` is their largest entry.
+* ``verbalized_confidence``: the confidence the completion states in RLCR's format (arXiv 2507.16806), the LAST
+  ``<confidence>x</confidence>`` with x in [0, 1] (:func:`calibrl.tasks.verbalized.parse_verbalized_confidence`);
+  null when it states none or a malformed one. ``confidence_prompt=True`` (``--confidence-prompt``) asks for it:
+  the instruction :data:`calibrl.tasks.verbalized.CONFIDENCE_INSTRUCTION` is added to every prompt
+  (:func:`calibrl.tasks.verbalized.with_confidence_instruction`).
 * ``correct`` / ``reward``: the registered reward (``"math"``: math-verify on the last ``\boxed{}``;
-  ``"decision"``: decision letter vs label); ``correct = reward > 0.5``.
+  ``"decision"``: decision letter vs label); ``correct = reward > 0.5``. With ``reward="rlcr"`` (whose value,
+  correctness plus a Brier term, does not tell correctness by a threshold) ``reward`` is RLCR's value and
+  ``correct`` the task's grading reward's (``"decision"`` or ``"math"``).
 
 Sampling (vLLM when importable and a GPU is present, else batched transformers ``generate``) and the reading of
 log-probs and class probabilities off each completion are in :mod:`calibrl.evaluation.backends`.
@@ -62,7 +69,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["GenerateConfig", "GenerateError", "generate", "scan_existing", "DECISION_TOP_LOGPROBS"]
 
-_META_KEYS = ("model", "dataset", "path", "split", "n", "temperature", "max_new_tokens", "template", "reward", "limit")
+_META_KEYS = ("model", "dataset", "path", "split", "n", "temperature", "max_new_tokens", "template", "reward", "limit",
+              "confidence_prompt")
+# settings added after the first release: a .meta.json without them was written with these values
+_META_DEFAULTS = {"confidence_prompt": False}
 
 
 @dataclass
@@ -85,6 +95,7 @@ class GenerateConfig:
     device: str | None = None
     template: str | None = None
     reward: str | None = None  # default: "decision" for datasets with classes, else "math"
+    confidence_prompt: bool = False  # ask for a stated confidence, <confidence>x</confidence>, after the answer
     overwrite: bool = False
     progress: bool = True
     vllm_kwargs: dict = field(default_factory=dict)
@@ -159,7 +170,8 @@ def _check_resume(config: GenerateConfig, out: Path) -> None:
     if not isinstance(old, dict):
         raise GenerateError(f"{meta_file}: settings are not a JSON object; pass --overwrite to start afresh")
     meta = config.meta()
-    diff = {k: (old.get(k), meta[k]) for k in _META_KEYS if k != "limit" and old.get(k) != meta[k]}
+    diff = {k: (old.get(k, _META_DEFAULTS.get(k)), meta[k]) for k in _META_KEYS
+            if k != "limit" and old.get(k, _META_DEFAULTS.get(k)) != meta[k]}
     if diff:
         described = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
         raise GenerateError(
@@ -237,8 +249,11 @@ def _dataset_loader(config: GenerateConfig):
 
 
 def _load_problems(config: GenerateConfig):
-    """(the problems as dicts, each with a prompt_id; whether they are a decision task; the reward function)."""
-    from calibrl.tasks.registry import get_reward
+    """(the problems as dicts, each with a prompt_id; whether they are a decision task; the reward function; the
+    function whose value > 0.5 makes a completion correct: the reward itself, or for ``rlcr`` the task's grading
+    reward)."""
+    from calibrl.tasks.registry import dataset_reward, get_reward
+    from calibrl.tasks.verbalized import with_confidence_instruction
 
     loader_kwargs: dict[str, Any] = {"path": config.path, "limit": config.limit}
     if config.split is not None:
@@ -250,31 +265,56 @@ def _load_problems(config: GenerateConfig):
     if "prompt" not in columns:
         raise GenerateError(f"dataset {config.dataset!r} has no 'prompt' column")
     decision_task = "classes" in columns
-    reward_name = config.reward or ("decision" if decision_task else "math")
+    grading_name = dataset_reward(config.dataset) or ("decision" if decision_task else "math")
+    reward_name = config.reward or grading_name
     reward_fn = get_reward(reward_name)
+    correctness_fn = get_reward(grading_name) if reward_name == "rlcr" else reward_fn
     if "prompt_id" not in columns:
         dataset = dataset.add_column("prompt_id", [f"{config.dataset}-{i}" for i in range(len(dataset))])
-    return dataset.to_list(), decision_task, reward_fn
+    problems = dataset.to_list()
+    if config.confidence_prompt:
+        for problem in problems:
+            problem["prompt"] = with_confidence_instruction(problem["prompt"])
+    return problems, decision_task, reward_fn, correctness_fn
 
 
-def _problem_rows(problem: dict, group: list, texts: list[str], reward_fn, *, dataset: str, variants) -> list[dict]:
+def _problem_rows(problem: dict, group: list, texts: list[str], reward_fn, *, dataset: str, variants,
+                  correctness_fn=None) -> list[dict]:
     """The output rows (module docstring) of one problem's sampled completions ``group`` and their decoded
-    ``texts``; ``variants``: the class token variants of a decision task, None otherwise."""
-    from calibrl.tasks.rewards import completion_text, last_boxed
+    ``texts``; ``variants``: the class token variants of a decision task, None otherwise; ``correctness_fn``: the
+    reward whose value > 0.5 makes a row correct (default ``reward_fn``).
+
+    Rewards and answers are read from the text without its ``<confidence>`` tags, so a stated "0.8" is never
+    graded as the answer (a final-number grader would read it). With the ``rlcr`` reward a row's reward is
+    :func:`calibrl.tasks.rewards.rlcr_reward` of ``correctness_fn``'s grade and the stated confidence, for
+    whatever grader the dataset has (the registered ``rlcr`` reward itself grades math or decisions only)."""
+    from calibrl.tasks.rewards import completion_text, last_boxed, rlcr_completion_reward, rlcr_reward
+    from calibrl.tasks.verbalized import parse_verbalized_confidence, strip_confidence_tags
 
     reward_columns = {k: [problem[k]] * len(group) for k in problem if k not in ("prompt", "completion")}
-    rewards = reward_fn([problem["prompt"]] * len(group), texts, **reward_columns)
+    prompts = [problem["prompt"]] * len(group)
+    graded = [strip_confidence_tags(completion_text(text)) for text in texts]
+    stated = [parse_verbalized_confidence(completion_text(text)) for text in texts]
+    if reward_fn is rlcr_completion_reward and correctness_fn not in (None, reward_fn):
+        grades = correctness_fn(prompts, graded, **reward_columns)
+        rewards = [None if grade is None else rlcr_reward(correct=float(grade) > 0.5, confidence=confidence)
+                   for grade, confidence in zip(grades, stated)]
+    else:
+        rewards = reward_fn(prompts, graded, **reward_columns)
+        grades = rewards if correctness_fn in (None, reward_fn) else correctness_fn(prompts, graded, **reward_columns)
     rows = []
-    for index, (sample, text, reward) in enumerate(zip(group, texts, rewards)):
+    for index, (sample, text, reward, grade, confidence, graded_text) in enumerate(
+            zip(group, texts, rewards, grades, stated, graded)):
         reward = 0.0 if reward is None else float(reward)
         row = {
             "prompt_id": str(problem["prompt_id"]),
             "benchmark": problem.get("benchmark", dataset),
             "sample_index": index,
             "completion": text,
-            "correct": reward > 0.5,
+            "correct": grade is not None and float(grade) > 0.5,
             "reward": reward,
             "logprob_mean": (sum(sample.logps) / len(sample.logps)) if sample.logps else 0.0,
+            "verbalized_confidence": confidence,
             "n_tokens": len(sample.ids),
             "truncated": not sample.ended,
         }
@@ -284,13 +324,14 @@ def _problem_rows(problem: dict, group: list, texts: list[str], reward_fn, *, da
             row.update(answer=decision, gold=problem.get("label"), decision_prob=decision_prob, class_probs=probs,
                        class_mass=mass, label=problem.get("label"), classes=classes)
         else:
-            row.update(answer=last_boxed(text), gold=problem.get("answer"))
+            extract = getattr(correctness_fn or reward_fn, "extract_answer", last_boxed)  # "number": final_answer
+            row.update(answer=extract(graded_text), gold=problem.get("answer"))
         rows.append(row)
     return rows
 
 
 def _append_batches(out: Path, pending: list[dict], backend, reward_fn, config: GenerateConfig, *, variants,
-                    total: int, done: int) -> tuple[int, int]:
+                    total: int, done: int, correctness_fn=None) -> tuple[int, int]:
     """Sample ``pending`` batch by batch, appending each batch's rows to ``out`` and syncing them to disk (so a
     killed run loses at most one batch); returns (rows written, rows correct). ``total`` / ``done``: samples of the
     whole run / already on disk, for the progress bar. ``out`` (and its ``.meta.json``) is only opened once the
@@ -309,7 +350,8 @@ def _append_batches(out: Path, pending: list[dict], backend, reward_fn, config: 
             lines = []
             for problem, group in zip(batch, groups):
                 texts = [backend.decode(s.ids) for s in group]
-                for row in _problem_rows(problem, group, texts, reward_fn, dataset=config.dataset, variants=variants):
+                for row in _problem_rows(problem, group, texts, reward_fn, dataset=config.dataset, variants=variants,
+                                         correctness_fn=correctness_fn):
                     n_correct += row["correct"]
                     lines.append(json.dumps(row, ensure_ascii=False) + "\n")
             if handle is None:
@@ -334,7 +376,7 @@ def generate(config: GenerateConfig | None = None, *, hf_model=None, hf_tokenize
     config = config or GenerateConfig(**kwargs)
     _check_config(config)
     out = Path(config.out)
-    problems, decision_task, reward_fn = _load_problems(config)
+    problems, decision_task, reward_fn, correctness_fn = _load_problems(config)
     if not config.overwrite:
         _check_resume(config, out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -353,7 +395,8 @@ def generate(config: GenerateConfig | None = None, *, hf_model=None, hf_tokenize
         backend, variants = open_backend(config, model=hf_model, tokenizer=hf_tokenizer, classes=classes0)
         started = time.perf_counter()  # throughput counts sampling and scoring, not model loading
         generated, n_correct = _append_batches(out, pending, backend, reward_fn, config, variants=variants,
-                                               total=len(problems) * config.n, done=kept_rows)
+                                               total=len(problems) * config.n, done=kept_rows,
+                                               correctness_fn=correctness_fn)
     seconds = time.perf_counter() - started
     return {
         "out": str(out),

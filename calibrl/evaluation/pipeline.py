@@ -55,7 +55,8 @@ def _scope_parts(samples: Samples, ids) -> list[tuple[str, Samples, Any]]:
 
 
 def _score_inputs(loaded: Sequence[Samples], labels: Sequence[str], *, posthoc, n_bins, n_boot, use_math_verify,
-                  methods, scaling_draws, rpc_draws, seed, step, track) -> dict[str, dict[str, ScopeResult]]:
+                  methods, scaling_draws, rpc_draws, seed, abstain_precision, abstain_delta, step,
+                  track) -> dict[str, dict[str, ScopeResult]]:
     """``{scope: {label: ScopeResult}}`` of every input, scope "overall" first."""
     scoped: dict[str, dict[str, ScopeResult]] = {}
     for samples, label in zip(loaded, labels):
@@ -69,7 +70,7 @@ def _score_inputs(loaded: Sequence[Samples], labels: Sequence[str], *, posthoc, 
             scoped.setdefault(scope, {})[label] = evaluate_samples(
                 part, label=label, scope=scope, answer_ids=part_ids, n_bins=n_bins, n_boot=n_boot,
                 posthoc=posthoc, methods=methods, scaling_draws=scaling_draws, rpc_draws=rpc_draws, seed=seed,
-                step=step)
+                abstain_precision=abstain_precision, abstain_delta=abstain_delta, step=step)
     return scoped
 
 
@@ -97,6 +98,12 @@ def _scope_figures(scope: str, by_label: dict[str, ScopeResult], folder: Path, b
         plot_reliability({lab: (r.posthoc_confidence, r.target) for lab, r in by_label.items()
                           if r.posthoc_confidence is not None}, folder / names[-1], n_bins=n_bins,
                          title=f"Reliability after {posthoc} (out-of-fold): {scope}")
+    if any(len(r.sources) > 1 for r in by_label.values()):  # several confidence sources: one curve per source
+        several_inputs = len(by_label) > 1
+        names.append(f"{base}_reliability_sources.png")
+        plot_reliability({(f"{lab}: {kind}" if several_inputs else kind): arrays for lab, r in by_label.items()
+                          for kind, arrays in r.sources.items()}, folder / names[-1], n_bins=n_bins,
+                         title=f"Reliability per confidence source: {scope}")
     curves = {lab: r.curves for lab, r in by_label.items() if r.curves}
     if curves:
         names.append(f"{base}_scaling.png")
@@ -119,6 +126,8 @@ def write_eval_report(
     scaling_draws: int,
     rpc_draws: int,
     seed: int,
+    abstain_precision: float | None = None,
+    abstain_delta: float = 0.05,
     step: Callable[[str], Any] | None = None,
     track: Callable[[Iterable, int], Iterable] | None = None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
@@ -132,7 +141,8 @@ def write_eval_report(
     step = step or (lambda _desc: None)
     scoped = _score_inputs(loaded, labels, posthoc=posthoc, n_bins=n_bins, n_boot=n_boot,
                            use_math_verify=use_math_verify, methods=methods, scaling_draws=scaling_draws,
-                           rpc_draws=rpc_draws, seed=seed, step=step, track=track or False)
+                           rpc_draws=rpc_draws, seed=seed, abstain_precision=abstain_precision,
+                           abstain_delta=abstain_delta, step=step, track=track or False)
     figures: dict[str, list[str]] = {}
     taken: set[str] = set()
     for scope, by_label in scoped.items():
@@ -142,10 +152,13 @@ def write_eval_report(
 
     metrics = {scope: {lab: r.metrics for lab, r in by_label.items()} for scope, by_label in scoped.items()}
     inputs = [{"label": lab, "file": str(f), "rows": len(s), "prompts": s.n_prompts,
-               "confidence": s.confidence_kind, "format": s.format, "notes": list(s.notes)}
+               "confidence": s.confidence_kind, "confidence_sources": s.confidence_sources(), "format": s.format,
+               "notes": list(s.notes)}
               for s, lab, f in zip(loaded, labels, files)]
     settings = {"n_bins": n_bins, "bootstrap": n_boot, "posthoc": posthoc, "math_verify": use_math_verify,
                 "methods": ",".join(methods), "scaling_draws": scaling_draws, "rpc_draws": rpc_draws, "seed": seed}
+    if abstain_precision is not None:
+        settings.update(abstain_precision=abstain_precision, abstain_delta=abstain_delta)
     payload = {"inputs": inputs, "settings": settings, "results": metrics, "figures": figures}
     (folder / "metrics.json").write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
     (folder / "report.md").write_text(render_eval_report(metrics, figures, inputs=inputs, settings=settings))

@@ -17,6 +17,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 __all__ = [
+    "METRIC_LABELS",
     "plot_precision_coverage",
     "plot_reliability",
     "plot_roc",
@@ -26,6 +27,27 @@ __all__ = [
 
 _DPI = 110
 _LINESTYLES = ("-", "--", ":", "-.")
+# per series: a distinct marker and line style as well as a colour, so lines lying on top of each other stay visible
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_SERIES_STYLES = ("-", "--", "-.", ":")
+
+# Known metric keys: (panel title, y-axis label, higher is better? None: neither)
+METRIC_LABELS: dict[str, tuple[str, str, bool | None]] = {
+    "accuracy": ("Accuracy (drawn outcomes)", "accuracy", True),
+    "expected_accuracy": ("Accuracy (expected)", "mean true success probability", True),
+    "reasoning_accuracy": ("Reasoning correct", "share of completions", True),
+    "auroc": ("AUROC of sequence confidence", "AUROC (right vs wrong)", True),
+    "auroc_per_prompt": ("AUROC per prompt", "AUROC within a prompt", True),
+    "auroc_ceiling": ("AUROC ceiling (true probability)", "AUROC", None),
+    "auroc_gap": ("AUROC ceiling - AUROC", "AUROC gap", False),
+    "ece": ("Expected calibration error", "ECE", False),
+    "seq_ece": ("ECE of sequence probability", "ECE (10 equal-width bins)", False),
+    "dec_ece": ("ECE of decision token", "ECE (10 equal-count bins)", False),
+    "calib_err": ("Decision calibration error", "mean |q(Y|x) - p(x)|", False),
+    "dec_auroc": ("AUROC of decision confidence", "AUROC (right vs wrong)", True),
+    "frac_conf_99": ("Decisions above p = 0.99", "share of decisions", False),
+    "greedy_decision_accuracy": ("Accuracy, argmax decision", "expected accuracy", True),
+}
 
 
 def _series(data: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -50,9 +72,11 @@ def _save(fig: Figure, path: str | Path) -> Path:
 
 
 def _legend(ax) -> None:
+    """The axes' legend in a row below the figure (needs ``layout="constrained"``), where it covers no data."""
     handles, labels = ax.get_legend_handles_labels()
     if any(labels):
-        ax.legend(fontsize="small", loc="best")
+        ax.figure.legend(handles, labels, fontsize="small", loc="outside lower center",
+                         ncols=2 if len(labels) > 4 else 1, frameon=False)
 
 
 def plot_reliability(
@@ -73,8 +97,8 @@ def plot_reliability(
     from calibrl.metrics import ece, reliability_bins
 
     series = _series(data)
-    fig = Figure(figsize=(5.2, 6.0))
-    ax, hist_ax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1], "hspace": 0.08})
+    fig = Figure(figsize=(5.2, 6.6), layout="constrained")
+    ax, hist_ax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     ax.plot([0, 1], [0, 1], color="0.5", linestyle="--", linewidth=1, label="perfect calibration")
     single = len(series) == 1
     colors = [f"C{i}" for i in range(10)]
@@ -96,14 +120,17 @@ def plot_reliability(
             ax.bar(left, np.abs(mean_conf[filled] - acc[filled]), bottom=gap_low, width=width, align="edge",
                    color="tab:red", alpha=0.35, hatch="//", edgecolor="tab:red", label="gap to mean confidence")
         else:
-            ax.plot(mean_conf[filled], acc[filled], marker="o", color=color, label=name)
+            ax.plot(mean_conf[filled], acc[filled], marker=_MARKERS[i % len(_MARKERS)], markerfacecolor="none",
+                    markeredgewidth=1.3, linestyle=_SERIES_STYLES[i % len(_SERIES_STYLES)], color=color, label=name)
         hist_ax.hist(conf, bins=edges if strategy == "uniform" else np.linspace(0, 1, n_bins + 1),
                      histtype="stepfilled" if single else "step", color=color, alpha=0.6 if single else 1.0,
-                     linewidth=1.5)
+                     linewidth=1.5, linestyle="-" if single else _SERIES_STYLES[i % len(_SERIES_STYLES)])
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
-    ax.set_ylabel("accuracy")
-    ax.set_title(title or f"Reliability ({n_bins} {strategy} bins)")
+    ax.set_ylabel("accuracy in the bin")
+    ax.set_title((title or f"Reliability ({n_bins} {strategy} bins)") + "\n(closer to the diagonal is better)",
+                 fontsize="medium")
+    ax.grid(alpha=0.3)
     _legend(ax)
     hist_ax.set_xlabel("confidence")
     hist_ax.set_ylabel("count")
@@ -115,18 +142,21 @@ def plot_precision_coverage(data: Any, path: str | Path, *, title: str | None = 
     from calibrl.metrics import aurc, precision_coverage
 
     series = _series(data)
-    fig = Figure(figsize=(5.2, 4.2))
+    fig = Figure(figsize=(5.2, 4.6), layout="constrained")
     ax = fig.subplots()
     for i, (label, (conf, correct)) in enumerate(series.items()):
         coverage, precision = precision_coverage(conf, correct)
         name = f"{label} (AURC {aurc(conf, correct):.3f})" if label else f"AURC {aurc(conf, correct):.3f}"
-        ax.plot(coverage, precision, color=f"C{i % 10}", label=name)
+        ax.plot(coverage, precision, color=f"C{i % 10}", linestyle=_SERIES_STYLES[i % len(_SERIES_STYLES)],
+                label=name)
         ax.axhline(float(np.mean(correct)), color=f"C{i % 10}", linestyle=":", linewidth=0.8)
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("coverage (fraction answered)")
     ax.set_ylabel("precision of answered")
-    ax.set_title(title or "Precision vs coverage (dotted: accuracy at full coverage)")
+    ax.set_title((title or "Precision vs coverage") + "\n(higher is better; dotted: accuracy at full coverage; "
+                 "AURC: lower is better)", fontsize="medium")
+    ax.grid(alpha=0.3)
     _legend(ax)
     return _save(fig, path)
 
@@ -136,20 +166,23 @@ def plot_roc(data: Any, path: str | Path, *, title: str | None = None) -> Path:
     from calibrl.metrics import auroc, roc_curve
 
     series = _series(data)
-    fig = Figure(figsize=(4.8, 4.6))
+    fig = Figure(figsize=(4.8, 5.0), layout="constrained")
     ax = fig.subplots()
-    ax.plot([0, 1], [0, 1], color="0.5", linestyle="--", linewidth=1)
+    ax.plot([0, 1], [0, 1], color="0.5", linestyle="--", linewidth=1, label="chance (AUROC 0.5)")
     for i, (label, (conf, correct)) in enumerate(series.items()):
         if correct.all() or not correct.any():
             continue  # ROC undefined with one class
         fpr, tpr, _ = roc_curve(conf, correct)
         value = auroc(conf, correct)
-        ax.plot(fpr, tpr, color=f"C{i % 10}", label=f"{label} (AUROC {value:.3f})" if label else f"AUROC {value:.3f}")
+        ax.plot(fpr, tpr, color=f"C{i % 10}", linestyle=_SERIES_STYLES[i % len(_SERIES_STYLES)],
+                label=f"{label} (AUROC {value:.3f})" if label else f"AUROC {value:.3f}")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_xlabel("false positive rate (wrong answers accepted)")
     ax.set_ylabel("true positive rate (right answers accepted)")
-    ax.set_title(title or "ROC of confidence vs correctness")
+    ax.set_title((title or "ROC of confidence vs correctness") + "\n(further above the diagonal is better)",
+                 fontsize="medium")
+    ax.grid(alpha=0.3)
     _legend(ax)
     return _save(fig, path)
 
@@ -174,7 +207,7 @@ def plot_scaling_curves(
     first = next(iter(curves.values()), None)
     nested = isinstance(first, Mapping) and not {"ns", "accuracy"} <= set(first)
     groups = curves if nested else {"": curves}
-    fig = Figure(figsize=(5.6, 4.2))
+    fig = Figure(figsize=(5.6, 4.8), layout="constrained")
     ax = fig.subplots()
     methods: list[str] = []
     for group in groups.values():
@@ -184,15 +217,17 @@ def plot_scaling_curves(
             ns, acc, std = fields(curve)
             color = f"C{methods.index(method) % 10}"
             name = f"{method} [{label}]" if label else method
-            ax.plot(ns, acc, marker="o", markersize=3, color=color, linestyle=_LINESTYLES[g % len(_LINESTYLES)],
-                    label=name)
+            # colour and marker = method (methods often coincide at small N), line style = input
+            ax.plot(ns, acc, marker=_MARKERS[methods.index(method) % len(_MARKERS)], markersize=5,
+                    markerfacecolor="none", color=color, linestyle=_LINESTYLES[g % len(_LINESTYLES)], label=name)
             if std is not None and len(groups) == 1:
                 std = np.asarray(std, dtype=np.float64)
                 ax.fill_between(ns, acc - std, acc + std, color=color, alpha=0.12, linewidth=0)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("N sampled paths per prompt")
     ax.set_ylabel("accuracy of the selected answer")
-    ax.set_title(title or "Inference-time scaling")
+    ax.set_title((title or "Inference-time scaling") + "\n(higher is better)", fontsize="medium")
+    ax.grid(alpha=0.3)
     _legend(ax)
     return _save(fig, path)
 
@@ -206,13 +241,18 @@ def plot_training_curves(
 
     ``history`` maps a method name to a list of records ``{"step": int, "<metric>": float, ...}``. Records
     sharing a step (e.g. several seeds) are averaged and their min-max range shaded. Missing or None values
-    are skipped; a metric no method reports is drawn as an empty panel with a note.
+    are skipped; a metric no method reports is drawn as an empty panel with a note. A method with values at one
+    step only (an evaluation-only baseline such as the warm start) is a marker at that step and a dotted
+    horizontal reference line. Known metrics (:data:`METRIC_LABELS`) get a readable title, a y label and which
+    direction is better; each method has its own colour, marker and line style; one legend for all panels sits
+    below them.
     """
     if path is None:
         raise TypeError("plot_training_curves() needs path= (where to write the PNG)")
     metrics = list(metrics)
-    fig = Figure(figsize=(4.2 * len(metrics), 3.6))
+    fig = Figure(figsize=(4.2 * len(metrics), 4.0), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(metrics)))
+    handles: dict[str, Any] = {}
     for ax, metric in zip(axes, metrics):
         drawn = False
         for i, (method, records) in enumerate(history.items()):
@@ -229,17 +269,31 @@ def plot_training_curves(
             steps = np.array(sorted(by_step))
             vals = [np.asarray(by_step[s]) for s in steps]
             mean = np.array([v.mean() for v in vals])
-            color = f"C{i % 10}"
-            ax.plot(steps, mean, color=color, marker="o" if len(steps) < 30 else None, markersize=3, label=method)
+            color, marker = f"C{i % 10}", _MARKERS[i % len(_MARKERS)]
+            if len(steps) == 1:
+                # one evaluation (a baseline): a reference line across the panel, marked where it was measured
+                ax.axhline(mean[0], color=color, linestyle=":", linewidth=1.2, zorder=1)
+                (line,) = ax.plot(steps, mean, color=color, marker=marker, markersize=7, linestyle=":",
+                                  label=method, zorder=3)
+            else:
+                (line,) = ax.plot(steps, mean, color=color, marker=marker if len(steps) < 30 else None,
+                                  markersize=5, markerfacecolor="none", markeredgewidth=1.3,
+                                  linestyle=_SERIES_STYLES[i % len(_SERIES_STYLES)], linewidth=1.6, label=method)
+            handles.setdefault(method, line)
             if any(len(v) > 1 for v in vals):
                 ax.fill_between(steps, [v.min() for v in vals], [v.max() for v in vals], color=color, alpha=0.15,
                                 linewidth=0)
             drawn = True
-        ax.set_title(metric)
-        ax.set_xlabel("step")
-        if drawn:
-            _legend(ax)
-        else:
+        title, ylabel, higher = METRIC_LABELS.get(metric, (metric, metric, None))
+        if higher is not None:
+            title += f"\n({'higher' if higher else 'lower'} is better)"
+        ax.set_title(title, fontsize="medium")
+        ax.set_ylabel(ylabel)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+        if not drawn:
             ax.text(0.5, 0.5, f"no '{metric}' values", ha="center", va="center", transform=ax.transAxes)
-    fig.tight_layout()
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center",
+                   ncols=min(len(handles), 5), fontsize="small", frameon=False)
     return _save(fig, path)

@@ -57,6 +57,49 @@ def _with_ci(metrics: Mapping[str, Any], key: str) -> str:
     return text
 
 
+def _sources_section(by_label: Mapping[str, Mapping[str, Any]], labels: Sequence[str]) -> list[str]:
+    """The confidence sources of each input side by side, when some input has more than one."""
+    if not any(len(by_label[l].get("confidence_sources") or {}) > 1 for l in labels):
+        return []
+    rows = []
+    for l in labels:
+        for kind, m in (by_label[l].get("confidence_sources") or {}).items():
+            main = " (main)" if kind == by_label[l].get("confidence") else ""
+            rows.append([l, f"`{kind}`{main}", f"{m['n']} ({m['n_excluded']} excluded)", _fmt(m.get("auroc")),
+                         _fmt(m.get("ece")), _fmt(m.get("brier")), _fmt(m.get("aurc"))])
+    return ["", "Confidence sources side by side, each on the rows that have it (rows without it are excluded):", "",
+            markdown_table(["input", "source", "rows", "AUROC", "ECE", "Brier", "AURC"], rows), "",
+            "`logprob_mean` is scored as exp(logprob_mean) (AUROC ranks logprob_mean itself); `class_probs` as the "
+            "top class probability against whether the top class is the label; the others against `correct`."]
+
+
+def _abstention_section(by_label: Mapping[str, Mapping[str, Any]], labels: Sequence[str]) -> list[str]:
+    """The certified abstention threshold of each input, and a plain sentence when none qualifies."""
+    found = [l for l in labels if "abstention" in by_label[l]]
+    if not found:
+        return []
+    first = by_label[found[0]]["abstention"]
+    target, delta = first["target_precision"], first["delta"]
+    keys = [("confidence", "confidence source"), ("threshold", "threshold (answer when confidence >= it)"),
+            ("coverage", "coverage (held-out)"),
+            ("precision_heldout", "precision (held-out)"),
+            ("calibration_lower_bound", "precision lower bound (calibration)"),
+            ("n_calibration_prompts", "calibration prompts"), ("n_heldout_prompts", "held-out prompts")]
+    out = ["", f"Abstention: answer only when confidence >= t, with t certified for precision >= {target:g} with "
+           f"probability >= {1 - delta:g} (Clopper-Pearson, Bonferroni over a fixed grid of {first.get('grid_size')} "
+           "thresholds, one sample per calibration prompt; half of the prompts calibrate, the other half are held "
+           "out):", ""]
+    out.append(markdown_table(["figure"] + found, [[name] + [_fmt(by_label[l]["abstention"].get(k)) for l in found]
+                                                    for k, name in keys]))
+    for l in found:
+        a = by_label[l]["abstention"]
+        if a.get("threshold") is None:
+            out += ["", f"**{l}: no threshold satisfies the target.** {a.get('note') or ''}".rstrip()]
+        elif a.get("note"):
+            out += ["", f"{l}: {a['note']}."]
+    return out
+
+
 def render_eval_report(
     results: Mapping[str, Mapping[str, Mapping[str, Any]]],
     figures: Mapping[str, Sequence[str]],
@@ -104,6 +147,8 @@ def render_eval_report(
                 cov_rows.append([c] + [_fmt(by_label[l].get("precision_at_coverage", {}).get(c)) for l in labels])
             out += ["", "Precision when answering only the most confident fraction (coverage):", ""]
             out.append(markdown_table(["coverage"] + labels, cov_rows))
+        out += _sources_section(by_label, labels)
+        out += _abstention_section(by_label, labels)
         if any("posthoc" in by_label[l] for l in labels):
             method = next(by_label[l]["posthoc"]["method"] for l in labels if "posthoc" in by_label[l])
             out += ["", f"Post-hoc `{method}` calibration, cross-validated out-of-fold (folds split by prompt):", ""]

@@ -9,12 +9,16 @@ One row per sampled completion. Fields (see docs/eval.md for the full table):
   ``logprob_mean`` (number <= 0, the completion's mean token log-probability; sequence confidence
   ``exp(logprob_mean)`` = 1/perplexity), ``decision_prob`` (number in [0, 1], probability of the decision token),
   ``class_probs`` (list of numbers in [0, 1] summing to 1 within 1e-3) with ``label`` (int class index, or a class
-  string looked up in ``classes``).
+  string looked up in ``classes``), ``verbalized_confidence`` (number in [0, 1] or null: the confidence the
+  completion states, RLCR's ``<confidence>x</confidence>``; when a row has no such field but a ``completion`` text,
+  it is parsed from the text's last tag with :func:`calibrl.tasks.verbalized.parse_verbalized_confidence`).
 - optional: ``answer`` (str, or a number stored as its string; null = no answer extracted), ``benchmark`` (str),
   ``completion`` (str), ``n_tokens`` (int >= 0), ``classes`` (list of str).
 
 Which confidence to use is chosen per file (``confidence=`` or the first of logprob_mean, decision_prob,
-class_probs present in the first row); that field is then required on every row. Other optional fields are
+class_probs, verbalized_confidence present in the first row); that field is then required on every row. Every
+confidence field present on some rows is a *confidence source* (:meth:`Samples.confidence_sources`), compared
+side by side by ``calibrl eval`` on the rows that have it. Other optional fields are
 validated wherever they appear; a field present on only some rows is kept with NaN / None for the others.
 
 Errors raise :class:`SamplesError` with ``"<file>:<line>: field '<name>': <problem>"``; for Parquet files the
@@ -33,10 +37,13 @@ from typing import Any, Iterable
 import numpy as np
 
 from calibrl.evaluation.readers import FORMATS, SamplesError, detect_format, read_rows
+from calibrl.tasks.verbalized import parse_verbalized_confidence
 
 __all__ = ["CONFIDENCE_KINDS", "FORMATS", "Samples", "SamplesError", "load_samples"]
 
-CONFIDENCE_KINDS = ("logprob_mean", "decision_prob", "class_probs")
+# detection order: the first present is the main confidence; verbalized_confidence last, so files that have one of
+# the others keep the meaning their reports had before it existed
+CONFIDENCE_KINDS = ("logprob_mean", "decision_prob", "class_probs", "verbalized_confidence")
 _CLASS_PROBS_TOL = 1e-3
 _LOGPROB_TOL = 1e-6  # float noise above 0 is clipped to 0
 
@@ -72,6 +79,7 @@ class Samples:
     logprob_mean: np.ndarray | None = None  # [N] float
     decision_prob: np.ndarray | None = None  # [N] float
     class_probs: np.ndarray | None = None  # [N, C] float
+    verbalized_confidence: np.ndarray | None = None  # [N] float in [0, 1], NaN where the completion states none
     labels: np.ndarray | None = None  # [N] int
     classes: list[str] | None = None
     answers: np.ndarray | None = None  # [N] object: str or None
@@ -109,7 +117,8 @@ class Samples:
         return np.bincount(self.prompt_index, minlength=self.n_prompts)
 
     def confidence(self, kind: str | None = None) -> np.ndarray:
-        """Confidence in [0, 1] per completion: exp(logprob_mean), decision_prob, or the top class probability."""
+        """Confidence in [0, 1] per completion: exp(logprob_mean), decision_prob, the top class probability, or the
+        verbalized confidence."""
         kind = kind or self.confidence_kind
         if kind is None:
             raise SamplesError(f"{self.source}: no confidence input (the file has none of "
@@ -120,6 +129,8 @@ class Samples:
             return self._need("decision_prob").copy()
         if kind == "class_probs":
             return self._need("class_probs").max(axis=1)
+        if kind == "verbalized_confidence":
+            return self._need("verbalized_confidence").copy()
         raise ValueError(f"unknown confidence kind {kind!r}; choose one of {', '.join(CONFIDENCE_KINDS)}")
 
     def score(self, kind: str | None = None) -> np.ndarray:
@@ -134,6 +145,19 @@ class Samples:
             return self._need("class_probs").argmax(axis=1) == self._need("labels")
         return self.correct
 
+    def confidence_sources(self) -> list[str]:
+        """The confidence kinds present on at least one row, in :data:`CONFIDENCE_KINDS` order."""
+        return [kind for kind in CONFIDENCE_KINDS if self.source_mask(kind).any()]
+
+    def source_mask(self, kind: str) -> np.ndarray:
+        """[N] bool: the rows that have confidence source ``kind``."""
+        if kind not in CONFIDENCE_KINDS:
+            raise ValueError(f"unknown confidence kind {kind!r}; choose one of {', '.join(CONFIDENCE_KINDS)}")
+        value = getattr(self, kind)
+        if value is None:
+            return np.zeros(len(self), dtype=bool)
+        return ~np.isnan(value).any(axis=1) if value.ndim == 2 else ~np.isnan(value)
+
     def _need(self, name: str) -> np.ndarray:
         value = getattr(self, name)
         if value is None or (value.dtype.kind == "f" and np.isnan(value).any()):
@@ -144,8 +168,8 @@ class Samples:
         """The rows where ``mask`` is true (a new Samples with its own dense prompt index)."""
         mask = np.asarray(mask)
         kwargs = {}
-        for name in ("prompt_ids", "correct", "reward", "logprob_mean", "decision_prob", "class_probs", "labels",
-                     "answers", "benchmarks", "completions", "n_tokens"):
+        for name in ("prompt_ids", "correct", "reward", "logprob_mean", "decision_prob", "class_probs",
+                     "verbalized_confidence", "labels", "answers", "benchmarks", "completions", "n_tokens"):
             value = getattr(self, name)
             kwargs[name] = None if value is None else value[mask]
         return replace(self, **kwargs)
@@ -200,10 +224,20 @@ def _detect_kind(where: str, row: dict, requested: str | None, *, optional: bool
     for kind in CONFIDENCE_KINDS:
         if row.get(kind) is not None:
             return kind
+    # a confidence stated only in the text is a source, not the main confidence unless asked for: the text of a
+    # later row may state none, and files of other tools without a confidence field load as they did before
     if optional:
         return _NO_CONFIDENCE
+    hint = ("; the completion states a confidence: pass --confidence verbalized_confidence to use it"
+            if _stated_confidence(row) is not None else "")
     raise SamplesError(f"{where}: field 'logprob_mean': missing (need a confidence input: one of "
-                       f"{', '.join(CONFIDENCE_KINDS)})")
+                       f"{', '.join(CONFIDENCE_KINDS)}){hint}")
+
+
+def _stated_confidence(row: dict) -> float | None:
+    """The completion text's verbalized confidence (None: no text, no tag, or a malformed one)."""
+    text = row.get("completion")
+    return parse_verbalized_confidence(text) if isinstance(text, str) else None
 
 
 def load_samples(path: str | Path, *, confidence: str | None = None, format: str | None = None) -> Samples:
@@ -211,8 +245,10 @@ def load_samples(path: str | Path, *, confidence: str | None = None, format: str
     or another tool's output (``format``: one of FORMATS; None = detected from the first row's fields, see
     :mod:`calibrl.evaluation.readers`). TRL and verl logs may be given as their folder.
 
-    ``confidence`` picks the confidence field (``logprob_mean``, ``decision_prob`` or ``class_probs``); by default
-    the first of these present in the first row. Raises :class:`SamplesError` naming the file, line and field.
+    ``confidence`` picks the main confidence field (``logprob_mean``, ``decision_prob``, ``class_probs`` or
+    ``verbalized_confidence``); by default the first of these fields present in the first row. Raises
+    :class:`SamplesError` naming the file, line and field. A confidence stated in a row's ``completion`` text (no
+    ``verbalized_confidence`` field) is read as that row's ``verbalized_confidence``.
     How a foreign format was read (e.g. which column gave ``correct``) is in ``Samples.notes`` and a warning.
     """
     path = Path(path)
@@ -229,7 +265,7 @@ def load_samples(path: str | Path, *, confidence: str | None = None, format: str
     if samples.confidence_kind is None:
         notes.append(f"{path.name}: no confidence input ({', '.join(CONFIDENCE_KINDS)}) in this {fmt} file: "
                      "accuracy and answer selection only")
-    samples.format, samples.notes = fmt, notes
+    samples.format, samples.notes = fmt, notes + samples.notes
     for note in notes:
         warnings.warn(note, stacklevel=2)
     return samples
@@ -239,7 +275,9 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
     """Samples from calibrl rows ``(file:line, row)``; ``optional``: a file without confidence input is read."""
     prompt_ids: list[str] = []
     correct: list[bool] = []
-    cols: dict[str, list] = {k: [] for k in ("reward", "logprob_mean", "decision_prob", "n_tokens")}
+    cols: dict[str, list] = {k: [] for k in ("reward", "logprob_mean", "decision_prob", "verbalized_confidence",
+                                             "n_tokens")}
+    n_parsed = 0  # rows whose verbalized confidence was read from the completion text
     class_probs: list[list[float] | None] = []
     labels: list[int] = []
     texts: dict[str, list] = {"answer": [], "benchmark": [], "completion": []}
@@ -276,6 +314,16 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
             r.number("decision_prob", low=0.0, high=1.0) if r.has("decision_prob") or kind == "decision_prob"
             else math.nan
         )
+        if "verbalized_confidence" in raw:  # null: the completion stated none
+            stated = r.number("verbalized_confidence", low=0.0, high=1.0) if r.has("verbalized_confidence") else None
+        else:
+            stated = _stated_confidence(raw)
+            n_parsed += stated is not None
+        if stated is None and kind == "verbalized_confidence":
+            raise r.fail("verbalized_confidence", "missing (no value, and no <confidence>x</confidence> with x in "
+                         "[0, 1] at the end of the completion); it is the main confidence, needed on every row: "
+                         "choose another --confidence to compare it on the rows that have it")
+        cols["verbalized_confidence"].append(math.nan if stated is None else stated)
 
         # class_probs + label (+ classes)
         row_classes = raw.get("classes")
@@ -386,6 +434,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         reward=opt_float(cols["reward"]),
         logprob_mean=opt_float(cols["logprob_mean"]),
         decision_prob=opt_float(cols["decision_prob"]),
+        verbalized_confidence=opt_float(cols["verbalized_confidence"]),
         class_probs=probs_arr,
         labels=labels_arr if any_label else None,
         classes=classes,
@@ -393,4 +442,6 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         benchmarks=None if benchmarks is None else benchmarks.astype(str),
         completions=opt_text(texts["completion"]),
         n_tokens=opt_float(cols["n_tokens"]),
+        notes=[f"{source}: verbalized_confidence read from the completion's <confidence> tag on {n_parsed} rows"]
+        if n_parsed else [],
     )

@@ -9,8 +9,14 @@ only decides which arrays go in:
   AUROC ranks ``Samples.score()`` (logprob_mean itself for sequence confidence, which orders like exp(.));
 - bootstrap intervals resample prompts (:func:`calibrl.metrics.bootstrap_ci`);
 - ``--posthoc`` figures are out-of-fold (folds split by prompt, :func:`calibrl.posthoc.cross_validated_posthoc`);
+- ``confidence_sources``: every confidence field the input has (logprob_mean, decision_prob, class_probs,
+  verbalized_confidence), each scored on the rows that have it (the others are excluded and counted);
+- ``abstention`` (``--abstain-precision``): a threshold certified on a calibration half of the prompts and its
+  coverage and precision on the other half (:func:`calibrl.metrics.calibrated_abstention`);
 - selection and scaling need ``answer`` on every row (and logprob_mean on every row for weighted / pc / rpc;
-  a logprob_mean column with gaps counts as absent, and the skipped methods are listed in ``selection_skipped``).
+  a logprob_mean column with gaps counts as absent, and the skipped methods are listed in ``selection_skipped``);
+  with a verbalized confidence on some rows, ``weighted_verbalized`` votes with it
+  (:func:`calibrl.selection.voting.confidence_weighted_vote`; a path that states none adds nothing).
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ import numpy as np
 from calibrl import metrics as M
 from calibrl.evaluation.samples import Samples
 from calibrl.selection import METHODS, ScalingCurve, scaling_curve, select
+from calibrl.selection.voting import confidence_weighted_vote
 
-__all__ = ["ScopeResult", "evaluate_samples"]
+__all__ = ["ScopeResult", "evaluate_samples", "source_arrays"]
 
 _COVERAGES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
@@ -42,6 +49,8 @@ class ScopeResult:
     target: np.ndarray | None
     posthoc_confidence: np.ndarray | None = None
     curves: dict[str, ScalingCurve] = field(default_factory=dict)
+    # {source: (confidence, target)} on the rows having that source (the per-source reliability curves)
+    sources: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 def _f(x: Any) -> float | None:
@@ -66,6 +75,43 @@ def _confidence_metrics(conf: np.ndarray, target: np.ndarray, score: np.ndarray,
     }
 
 
+def source_arrays(samples: Samples, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(rows, confidence, score, target)`` of confidence source ``kind`` on the rows that have it.
+
+    ``rows`` [N] bool marks them; the other three are [n] over those rows: ``confidence`` in [0, 1] (exp of
+    logprob_mean, decision_prob, top class probability, verbalized confidence), ``score`` the value AUROC ranks
+    (logprob_mean itself, else the confidence) and ``target`` what the confidence predicts (``correct``; for
+    class_probs whether the top class is the label, so class_probs rows need a label too).
+    """
+    rows = samples.source_mask(kind)
+    if kind == "class_probs":
+        labelled = samples.labels >= 0 if samples.labels is not None else np.zeros(len(samples), dtype=bool)
+        rows &= labelled
+        probs = samples.class_probs[rows]
+        conf = probs.max(axis=1)
+        return rows, conf, conf, probs.argmax(axis=1) == samples.labels[rows]
+    values = getattr(samples, kind)[rows]
+    conf = np.exp(values) if kind == "logprob_mean" else values
+    return rows, conf, values, samples.correct[rows]
+
+
+def _source_metrics(samples: Samples, kind: str, n_bins: int) -> tuple[dict[str, Any], tuple | None]:
+    """One confidence source's figures, on the rows that have it, and its (confidence, target) for the plots."""
+    rows, conf, score, target = source_arrays(samples, kind)
+    n = int(rows.sum())
+    figures: dict[str, Any] = {"n": n, "n_excluded": len(samples) - n}
+    if n == 0:
+        return {**figures, "auroc": None, "ece": None, "brier": None, "aurc": None, "mean_confidence": None}, None
+    figures.update({
+        "auroc": _f(M.auroc(score, target)),
+        "ece": _f(M.ece(conf, target, n_bins=n_bins, strategy="uniform")),
+        "brier": _f(M.brier(conf, target)),
+        "aurc": _f(M.aurc(conf, target)),
+        "mean_confidence": _f(np.mean(conf)),
+    })
+    return figures, (conf, target)
+
+
 def evaluate_samples(
     samples: Samples,
     *,
@@ -81,11 +127,14 @@ def evaluate_samples(
     scaling_draws: int = 10,
     rpc_draws: int = 2,
     seed: int = 0,
+    abstain_precision: float | None = None,
+    abstain_delta: float = 0.05,
     step: Callable[[str], Any] | None = None,
 ) -> ScopeResult:
     """Every reported figure for ``samples``. ``answer_ids``: answer clusters (from
-    :func:`calibrl.selection.answer_clusters`) enabling selection; ``step(description)`` is called before each
-    slow stage (progress reporting)."""
+    :func:`calibrl.selection.answer_clusters`) enabling selection; ``abstain_precision``: also choose an abstention
+    threshold with precision >= it with probability >= 1 - ``abstain_delta`` (main confidence, prompt split by
+    ``seed``); ``step(description)`` is called before each slow stage (progress reporting)."""
     step = step or (lambda _desc: None)
     pidx = samples.prompt_index
     sizes = samples.group_sizes()
@@ -108,6 +157,23 @@ def evaluate_samples(
         out["top_label_accuracy"] = _f(M.mean_at_k(target, pidx))
     if has_conf:
         out.update(_confidence_metrics(conf, target, score, pidx, n_bins))
+    source_plots: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    sources: dict[str, Any] = {}
+    for kind in samples.confidence_sources():
+        sources[kind], arrays = _source_metrics(samples, kind, n_bins)
+        if arrays is not None:
+            source_plots[kind] = arrays
+    if sources:
+        out["confidence_sources"] = sources
+    if abstain_precision is not None:
+        if has_conf:
+            found = M.calibrated_abstention(conf, target, pidx, target_precision=abstain_precision,
+                                            delta=abstain_delta, seed=seed)
+            out["abstention"] = {"confidence": samples.confidence_kind, **found.to_dict()}
+        else:
+            out["abstention"] = {"confidence": None, "threshold": None, "coverage": None, "precision_heldout": None,
+                                 "target_precision": abstain_precision, "delta": abstain_delta,
+                                 "grid_size": len(M.DEFAULT_THRESHOLD_GRID), "note": "no confidence in the input"}
 
     if n_boot > 0:
         step(f"{label}/{scope}: bootstrap ({n_boot} prompt resamples)")
@@ -120,7 +186,7 @@ def evaluate_samples(
         out["bootstrap"] = {"n_boot": n_boot, "alpha": alpha,
                             **{k: [_f(v.low), _f(v.high)] for k, v in boot.items()}}
 
-    result = ScopeResult(label, scope, out, conf, target)
+    result = ScopeResult(label, scope, out, conf, target, sources=source_plots)
     if posthoc:
         from calibrl.posthoc import cross_validated_posthoc
 
@@ -156,6 +222,15 @@ def evaluate_samples(
             draws = rpc_draws if method == "rpc" else scaling_draws  # rpc fits one mixture per prompt per draw
             curve = scaling_curve(method, answer_ids, samples.correct, pidx, n_draws=draws, seed=seed, **kwargs)
             result.curves[method] = curve
+        verbal = samples.verbalized_confidence
+        if verbal is not None and not np.isnan(verbal).all():
+            # RLCR's confidence-weighted vote; paths stating no confidence add nothing to their answer's score
+            step(f"{label}/{scope}: selection 'weighted_verbalized' and its scaling curve")
+            sel["weighted_verbalized"] = _f(confidence_weighted_vote(answer_ids, samples.correct, pidx,
+                                                                     confidence=verbal).accuracy)
+            result.curves["weighted_verbalized"] = scaling_curve(
+                "confidence_weighted", answer_ids, samples.correct, pidx, confidence=verbal, n_draws=scaling_draws,
+                seed=seed)
         out["selection"] = sel
         if skipped:
             out["selection_skipped"] = skipped

@@ -19,6 +19,19 @@ Our readings (the paper's full text was not available to us), each a keyword whe
 - The mean runs over rows that have a decision (``chosen_class >= 0``); rows without one contribute nothing.
   With none at all the loss is an exact zero that still depends on ``decision_logits`` (so distributed
   backward passes see every parameter).
+
+Stationary points (derived and checked in docs/losses.md, "Stationary points of the decision-token term"; P(c) is
+the probability that choosing class c is correct). The paper's target (``target="onehot_uniform"``) is calibrated,
+q(c) = P(c), only for two classes sampled on-policy without the gate. The gate makes it overconfident (two classes:
+q = (3P - 1) / (2P) for the majority class, 0.786 at P = 0.7); with more classes sampled on-policy it settles at
+q(c) proportional to 1 / (1 - P(c)); when the decision copies the reasoning's conclusion, at q(c) = P + (1 - P)/|C|.
+``target="binary"`` (our addition) is the binary cross-entropy of q(chosen) against 1[correct]:
+
+    correct: -log q(c)        wrong: -log(1 - q(c))
+
+Its only interior stationary point is q(c) = P(c), on-policy for any |C| and in the copy case (there whatever the
+other classes do); with the gate on it settles at max(P, 1/|C|) in the copy case but is underconfident on-policy,
+so its gate is off unless asked for.
 """
 
 from __future__ import annotations
@@ -59,10 +72,30 @@ def gather_decision_logits(logits: torch.Tensor, decision_positions: torch.Tenso
     return logits.gather(1, index).squeeze(1)
 
 
+DECISION_TARGETS = ("onehot_uniform", "binary")
+
+
+def log_one_minus_prob(log_probs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """log(1 - p[index]) = logsumexp over the other columns of ``log_probs``, exact even where p[index] -> 1.
+
+    log_probs [N,M] (a normalised log-distribution over M entries), index [N] long in 0..M-1 -> [N].
+    """
+    others = log_probs.scatter(1, index.unsqueeze(1), float("-inf"))
+    return torch.logsumexp(others, dim=-1)
+
+
 def decision_token_loss(*, decision_logits: torch.Tensor, class_token_ids: torch.Tensor | list[int],
                         chosen_class: torch.Tensor, correct: torch.Tensor, lam: float,
-                        renormalize: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
+                        renormalize: bool = True, target: str = "onehot_uniform",
+                        consistency_gate: bool | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """lam * mean over rows with a decision of CE(target, q) on the class tokens (see the module docstring).
+
+    Per row, with c the chosen class and q = the class distribution:
+
+        target="onehot_uniform" (the paper):  correct: -log q(c)    wrong: -(1/|C|) sum_j log q(j)
+        target="binary" (ours):               correct: -log q(c)    wrong: -log(1 - q(c))
+
+    The consistency gate switches a wrong row's term off (zero loss and gradient) while q(c) <= 1/|C|.
 
     Args:
         decision_logits: [N,V] logits at the step that emits the decision token.
@@ -70,14 +103,24 @@ def decision_token_loss(*, decision_logits: torch.Tensor, class_token_ids: torch
         chosen_class: [N] long, index 0..C-1 of the class the rollout chose, -1 = no decision (row ignored).
         correct: [N] bool, whether the rollout was rewarded as correct.
         lam: coefficient (the paper: 1e-3; docs/results/testbed.md: 1 was needed on the tiny testbed model).
-        renormalize: q = softmax over the class logits (True) or the full-vocabulary probabilities (False).
+        renormalize: q = softmax over the class logits (True) or the full-vocabulary probabilities (False; then
+            1 - q(c) of the binary target is the probability of every other vocabulary token).
+        target: ``"onehot_uniform"`` (the paper's; overconfident at its stationary points except for two classes
+            sampled on-policy without the gate) or ``"binary"`` (stationary at q(c) = P(correct | c)).
+        consistency_gate: switch off wrong rows with q(chosen) <= 1/|C| ("the decision probability is kept within
+            [1/|C|, 1]"). None = the target's default: on for ``"onehot_uniform"`` (our reading of the paper), off
+            for ``"binary"`` (on, it biases on-policy decisions; docs/losses.md).
 
     Returns:
         (loss, metrics): metrics ``decision_prob_mean`` (mean q(chosen) over decision rows), ``decision_ce``
-        (mean CE before lam, switched-off rows counted as 0), ``frac_uniform_active`` (fraction of wrong decision
-        rows whose uniform term is on, q(chosen) > 1/C), ``frac_with_decision``. A mean over no rows is NaN
-        (TRL's logger skips NaN values).
+        (mean CE before lam, switched-off rows counted as 0), the fraction of wrong decision rows whose term is
+        on (``frac_uniform_active`` for the paper's target, ``frac_wrong_active`` for the binary one),
+        ``frac_with_decision``. A mean over no rows is NaN (TRL's logger skips NaN values).
     """
+    if target not in DECISION_TARGETS:
+        raise ValueError(f"decision_token_loss: target must be one of {DECISION_TARGETS}, got {target!r}")
+    if consistency_gate is None:
+        consistency_gate = target == "onehot_uniform"
     if decision_logits.dim() != 2:
         raise ValueError(f"decision_token_loss: decision_logits must be [N, V], got {tuple(decision_logits.shape)}")
     n = decision_logits.shape[0]
@@ -94,19 +137,28 @@ def decision_token_loss(*, decision_logits: torch.Tensor, class_token_ids: torch
         raise ValueError(f"decision_token_loss: chosen_class must lie in -1..{n_classes - 1}")
 
     logits = decision_logits.float() if decision_logits.dtype in (torch.float16, torch.bfloat16) else decision_logits
-    if renormalize:
-        log_q = torch.log_softmax(logits[:, class_ids], dim=-1)  # [N,C]
-    else:
-        log_q = torch.log_softmax(logits, dim=-1)[:, class_ids]  # [N,C]
     has = chosen_class >= 0
     safe_chosen = chosen_class.clamp(min=0)
+    if renormalize:
+        log_dist = torch.log_softmax(logits[:, class_ids], dim=-1)  # [N,C]
+        log_q = log_dist
+        chosen_column = safe_chosen  # column of the chosen class in log_dist
+    else:
+        log_dist = torch.log_softmax(logits, dim=-1)  # [N,V]
+        log_q = log_dist[:, class_ids]  # [N,C]
+        chosen_column = class_ids[safe_chosen]
     log_q_chosen = log_q.gather(1, safe_chosen.unsqueeze(1)).squeeze(1)  # [N]
     q_chosen = log_q_chosen.exp()
 
-    ce_onehot = -log_q_chosen  # [N]
-    ce_uniform = -log_q.mean(dim=-1)  # [N]
-    uniform_active = has & ~correct & (q_chosen.detach() > 1.0 / n_classes)
-    per_row = torch.where(correct, ce_onehot, torch.where(uniform_active, ce_uniform, torch.zeros_like(ce_uniform)))
+    ce_correct = -log_q_chosen  # [N]
+    if target == "onehot_uniform":
+        ce_wrong = -log_q.mean(dim=-1)  # [N] CE against the uniform target over C
+    else:
+        ce_wrong = -log_one_minus_prob(log_dist, chosen_column)  # [N] -log(1 - q(c))
+    wrong_active = has & ~correct
+    if consistency_gate:
+        wrong_active = wrong_active & (q_chosen.detach() > 1.0 / n_classes)
+    per_row = torch.where(correct, ce_correct, torch.where(wrong_active, ce_wrong, torch.zeros_like(ce_wrong)))
     per_row = torch.where(has, per_row, torch.zeros_like(per_row))
     n_dec = int(has.sum())
     ce = per_row.sum() / max(n_dec, 1)
@@ -120,7 +172,8 @@ def decision_token_loss(*, decision_logits: torch.Tensor, class_token_ids: torch
         metrics = {
             "decision_prob_mean": float(q_chosen[has].mean()) if n_dec else float("nan"),
             "decision_ce": float(ce.detach()),
-            "frac_uniform_active": float(uniform_active.sum()) / n_wrong if n_wrong else float("nan"),
+            ("frac_uniform_active" if target == "onehot_uniform" else "frac_wrong_active"):
+                float(wrong_active.sum()) / n_wrong if n_wrong else float("nan"),
             "frac_with_decision": n_dec / n if n else 0.0,
         }
     return loss, metrics

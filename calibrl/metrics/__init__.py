@@ -5,7 +5,19 @@ Inputs: numpy arrays, torch tensors or lists, one entry per sampled completion; 
 Outputs: Python floats, numpy arrays, or small named tuples / dataclasses.
 """
 
-from calibrl.metrics.abstention import DEFAULT_COVERAGES, aurc, precision_at_coverage, precision_coverage
+from calibrl.metrics.abstention import (
+    DEFAULT_COVERAGES,
+    DEFAULT_THRESHOLD_GRID,
+    AbstentionThreshold,
+    CalibratedAbstention,
+    abstention_threshold,
+    aurc,
+    calibrated_abstention,
+    calibration_split,
+    clopper_pearson_lower,
+    precision_at_coverage,
+    precision_coverage,
+)
 from calibrl.metrics.accuracy import mean_at_k, pass_at_k, per_prompt_counts
 from calibrl.metrics.bootstrap import BootstrapCI, bootstrap_ci
 from calibrl.metrics.calibration import (
@@ -24,15 +36,22 @@ from calibrl.metrics.calibration import (
 )
 
 __all__ = [
+    "AbstentionThreshold",
     "BootstrapCI",
+    "CalibratedAbstention",
     "DEFAULT_COVERAGES",
+    "DEFAULT_THRESHOLD_GRID",
     "PerPromptAUROC",
     "ReliabilityBins",
+    "abstention_threshold",
     "aurc",
     "auroc",
     "bin_edges",
     "bootstrap_ci",
     "brier",
+    "calibrated_abstention",
+    "calibration_split",
+    "clopper_pearson_lower",
     "ece",
     "mce",
     "mean_at_k",

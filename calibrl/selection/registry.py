@@ -7,7 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from calibrl.selection.pruning import rpc
-from calibrl.selection.voting import SelectionResult, best_of_n, majority_vote, perplexity_consistency, weighted_vote
+from calibrl.selection.voting import (SelectionResult, best_of_n, confidence_weighted_vote, majority_vote,
+                                      perplexity_consistency, weighted_vote)
 
 __all__ = ["METHODS", "select"]
 
@@ -20,6 +21,9 @@ _FUNCS: dict[str, Callable[..., SelectionResult]] = {
     "pc": perplexity_consistency,
     "rpc": rpc,
     "best_of_n": best_of_n,
+    # not in METHODS (no default --methods entry): calibrl eval runs it as weighted_verbalized when the input has a
+    # verbalized confidence; listed here so scaling_curve can draw it
+    "confidence_weighted": confidence_weighted_vote,
 }
 
 

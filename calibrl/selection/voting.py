@@ -3,6 +3,8 @@
 - ``majority``: self-consistency; the answer cluster with the most paths wins.
 - ``weighted``: probability-weighted vote; score(y) = sum over paths with answer y of exp(logprob_mean).
 - ``pc``: Perplexity Consistency (arXiv 2502.00511): like ``weighted`` but identical completion texts count once.
+- ``confidence_weighted``: weighted majority by a per-path confidence in [0, 1] (e.g. the verbalized confidence of
+  RLCR, arXiv 2507.16806): score(y) = sum over paths with answer y of their confidence.
 - ``best_of_n``: the single path with the highest confidence.
 
 Every method takes flat arrays (one entry per sampled path, answers as cluster ids from
@@ -19,7 +21,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SelectionResult", "best_of_n", "majority_vote", "perplexity_consistency", "weighted_vote"]
+__all__ = [
+    "SelectionResult", "best_of_n", "confidence_weighted_vote", "majority_vote", "perplexity_consistency",
+    "weighted_vote",
+]
 
 
 @dataclass(frozen=True)
@@ -156,6 +161,31 @@ def perplexity_consistency(answer_ids, correct, prompt_ids, *, logprob_mean=None
     prob = np.exp(_need_logprob("pc", logprob_mean))
     keep = _first_occurrence(p, a, _text_ids(completions, len(a)))
     return _vote("pc", np.where(keep, prob, 0.0), a, c, p, n, prompts)
+
+
+def confidence_weighted_vote(answer_ids, correct, prompt_ids, *, confidence=None, **_: Any) -> SelectionResult:
+    """Confidence-weighted majority: score(y) = sum over paths with answer y of ``confidence`` (RLCR's
+    confidence-weighted voting, arXiv 2507.16806, with the model's verbalized confidence).
+
+    ``confidence``: one value in [0, 1] per path; NaN (or None) where a path stated none, which then adds nothing
+    to its answer's score (our reading: an unstated confidence is no evidence). A prompt whose paths all lack one
+    is a tie of all its answers, scored as the expected accuracy of a uniform tie-break. Unlike ``best_of_n`` the
+    scores add up, so several moderately confident paths can outvote one very confident path, and unlike
+    ``majority`` many unconfident paths can lose to a few confident ones. The result's ``confidence`` is the
+    winner's share of the prompt's summed confidence.
+    """
+    a, c, p, n, prompts = _prepare(answer_ids, correct, prompt_ids)
+    if confidence is None:
+        raise ValueError("selection method 'confidence_weighted' needs confidence (one value in [0, 1] per path)")
+    conf = np.asarray([np.nan if v is None else v for v in np.asarray(confidence, dtype=object).reshape(-1)],
+                      dtype=np.float64)
+    if conf.shape != a.shape:
+        raise ValueError(f"confidence has {conf.size} entries for {a.size} sampled paths")
+    bad = np.isinf(conf) | (conf < 0) | (conf > 1)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"confidence must be in [0, 1] (NaN: none stated); path {first} has {conf[first]}")
+    return _vote("confidence_weighted", np.nan_to_num(conf, nan=0.0), a, c, p, n, prompts)
 
 
 def best_of_n(answer_ids, correct, prompt_ids, *, confidence=None, logprob_mean=None, **_: Any) -> SelectionResult:

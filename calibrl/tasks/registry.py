@@ -14,11 +14,27 @@ from calibrl._registry import registering_decorator
 
 _DATASETS: dict[str, Callable[..., Any]] = {}
 _REWARDS: dict[str, Callable[..., list[float]]] = {}
+_DATASET_REWARDS: dict[str, str] = {}  # dataset name -> the reward that grades it when none is named
 
 
-def register_dataset(name: str, *, overwrite: bool = False):
-    """Decorator registering ``loader(split: str = ..., **kwargs) -> datasets.Dataset`` under ``name``."""
-    return registering_decorator(_DATASETS, "dataset", name, overwrite)
+def register_dataset(name: str, *, overwrite: bool = False, reward: str | None = None):
+    """Decorator registering ``loader(split: str = ..., **kwargs) -> datasets.Dataset`` under ``name``.
+
+    ``reward``: the registered reward that grades this dataset's completions when the caller names none
+    (``calibrl generate`` without ``--reward``); None keeps the default by row format (``"decision"`` for rows
+    with ``classes``, else ``"math"``).
+    """
+    decorate = registering_decorator(_DATASETS, "dataset", name, overwrite)
+
+    def decorator(fn):
+        fn = decorate(fn)
+        if reward is not None:
+            _DATASET_REWARDS[name] = reward
+        else:
+            _DATASET_REWARDS.pop(name, None)
+        return fn
+
+    return decorator
 
 
 def register_reward(name: str, *, overwrite: bool = False):
@@ -31,7 +47,8 @@ def _builtins() -> None:
     # registries work in partial installs.
     import importlib
 
-    for module in ("calibrl.testbed.tasks", "calibrl.tasks.datasets", "calibrl.tasks.rewards"):
+    for module in ("calibrl.testbed.tasks", "calibrl.tasks.datasets", "calibrl.tasks.rewards",
+                   "calibrl.tasks.synthetic"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
@@ -53,6 +70,12 @@ def get_reward(name: str) -> Callable[..., list[float]]:
         return _REWARDS[name]
     except KeyError:
         raise KeyError(f"unknown reward {name!r}; registered: {', '.join(sorted(_REWARDS))}") from None
+
+
+def dataset_reward(name: str) -> str | None:
+    """The reward registered as ``name``'s grader (:func:`register_dataset`'s ``reward``), or None."""
+    _builtins()
+    return _DATASET_REWARDS.get(name)
 
 
 def available_datasets() -> list[str]:

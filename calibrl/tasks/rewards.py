@@ -17,6 +17,11 @@ Registered names (:mod:`calibrl.tasks.registry`):
   column) equals ``label`` (index into ``classes`` or the class string), else 0.0. The decision's token and its
   class probability are read at the class's single-token spellings, :func:`class_token_variants` (``calibrl
   generate`` and the trainer's decision term share that rule).
+* ``"rlcr"``: RLCR's correctness-plus-Brier reward (arXiv 2507.16806) for completions that state a confidence
+  after their answer, ``... \boxed{42} <confidence>0.8</confidence>``: :func:`rlcr_reward` of the answer's
+  correctness (graded exactly as ``"decision"`` when the row has a ``label``, else as ``"math"``, on the text with
+  its confidence tags removed) and the confidence :func:`calibrl.tasks.verbalized.parse_verbalized_confidence`
+  reads (the LAST ``<confidence>`` tag). Values in [-1, 1]; None where the row has no gold.
 
 verl: :func:`verl_compute_score` (and the per-task ``verl_math_score`` / ``verl_decision_score``) follow verl's
 custom reward hook, ``compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float``. In verl
@@ -44,8 +49,11 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
+import numpy as np
+
 from calibrl.selection.answers import MATH_TIMEOUT_SECONDS, answers_equivalent
 from calibrl.tasks.registry import register_reward
+from calibrl.tasks.verbalized import parse_verbalized_confidence, strip_confidence_tags
 
 DEFAULT_CLASSES = ("A", "B", "C", "D", "E")
 
@@ -60,6 +68,8 @@ __all__ = [
     "math_reward",
     "format_reward",
     "decision_reward",
+    "rlcr_reward",
+    "rlcr_completion_reward",
     "verl_compute_score",
     "verl_math_score",
     "verl_decision_score",
@@ -260,6 +270,94 @@ def decision_reward(prompts, completions, classes=None, label=None, **columns) -
             continue
         decision, _ = extract_decision(completion_text(completion), cls)
         out.append(1.0 if decision == gold else 0.0)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- RLCR
+
+
+def rlcr_reward(*, correct, confidence):
+    """RLCR's reward (arXiv 2507.16806, eq. 1): correctness plus the Brier score of the stated confidence,
+
+        R(y, q) = 1[y correct] - (q - 1[y correct])^2,        q in [0, 1] the confidence stated after the answer.
+
+    Correct answers earn 1 - (1 - q)^2 in [0, 1], wrong ones -q^2 in [-1, 0]. The Brier term is a bounded proper
+    scoring rule, so for an answer that is right with probability p the expected reward
+    p - p (1 - q)^2 - (1 - p) q^2 is maximised exactly at q = p (its derivative in q is 2 (p - q)); the paper
+    proves the sum then rewards the most likely answer stated with a calibrated confidence.
+
+    A MISSING confidence (``None``, or NaN in an array) scores as the worst stated one for the row's correctness,
+    our choice (the paper leaves format failures to the prompt): ``1[correct] - 1``, i.e. 0 when correct (= q = 0)
+    and -1 when wrong (= q = 1). So omitting the confidence never scores more than stating any value, while the
+    answer's correctness still counts (a model that has not learnt the format yet is still rewarded for right
+    answers).
+
+    Shapes: ``correct`` (bool or 0/1) and ``confidence`` are scalars (a float comes back) or arrays / torch tensors
+    of one shape (an array or tensor of float rewards comes back, on the confidence's device for tensors).
+    Raises ``ValueError`` naming the value for a confidence outside [0, 1].
+    """
+    torch = _torch_if_tensor(correct, confidence)
+    if torch is not None:
+        q = confidence if isinstance(confidence, torch.Tensor) else torch.as_tensor(confidence, dtype=torch.float64)
+        if not q.is_floating_point():
+            q = q.double()
+        target = torch.as_tensor(correct, device=q.device).to(q.dtype)
+        out_of_range = (q < 0) | (q > 1)  # NaN compares False: a missing confidence is not out of range
+        if bool(out_of_range.any()):
+            bad = q[out_of_range][0].item()
+            raise ValueError(f"rlcr_reward: confidence must be in [0, 1] (NaN: none stated), got {bad}")
+        brier = torch.where(torch.isnan(q), torch.ones_like(q), (torch.nan_to_num(q) - target) ** 2)
+        return target - brier
+    scalar = np.ndim(confidence) == 0 and np.ndim(correct) == 0
+    q = np.asarray(np.nan if confidence is None else confidence, dtype=np.float64)  # None inside a list -> NaN
+    target = np.asarray(correct, dtype=np.float64)
+    out_of_range = (q < 0) | (q > 1)
+    if np.any(out_of_range):
+        bad = q[out_of_range].reshape(-1)[0]
+        raise ValueError(f"rlcr_reward: confidence must be in [0, 1] (None: none stated), got {bad}")
+    brier = np.where(np.isnan(q), 1.0, (np.nan_to_num(q) - target) ** 2)
+    reward = target - brier
+    return float(reward) if scalar else reward
+
+
+def _torch_if_tensor(*values):
+    """The torch module when one of ``values`` is a torch tensor, else None (the float path needs no torch)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and any(isinstance(v, torch.Tensor) for v in values) else None
+
+
+@register_reward("rlcr")
+def rlcr_completion_reward(prompts, completions, answer=None, classes=None, label=None,
+                           **columns) -> list[float | None]:
+    """RLCR's reward (:func:`rlcr_reward`) of each completion: its answer's correctness and its stated confidence.
+
+    Correctness is the ``"decision"`` reward's when the rows carry a ``label`` column, else the ``"math"``
+    reward's (last ``\\boxed{}`` vs ``answer``, math-verify), computed on the text with its ``<confidence>``
+    tags (and an unclosed last one) removed, so the stated number is never read as the answer. The confidence is
+    :func:`calibrl.tasks.verbalized.parse_verbalized_confidence` of the whole text: the LAST
+    ``<confidence>x</confidence>``; a missing or malformed one scores ``1[correct] - 1`` (never above any stated
+    confidence). None where the row has no gold, as the grading reward says.
+
+    With TRL, a completion counts as correct when the correctness reward's value exceeds 0.5 (docs/trl.md), and an
+    RLCR value does not say that (a right answer stated with q < 0.29 earns < 0.5): list the grading reward first
+    with weight 0, ``rewards: [{name: math, weight: 0.0}, rlcr]``, so telemetry and ``capo`` read correctness
+    from it while the policy is trained on RLCR's value.
+    """
+    texts = [completion_text(c) for c in completions]
+    graded = [strip_confidence_tags(text) for text in texts]
+    if label is not None:
+        correctness = decision_reward(prompts, graded, classes=classes, label=label)
+    else:
+        correctness = math_reward(prompts, graded, answer=answer, **columns)
+    out: list[float | None] = []
+    for text, value in zip(texts, correctness):
+        if value is None:
+            out.append(None)
+            continue
+        confidence = parse_verbalized_confidence(text)
+        out.append(rlcr_reward(correct=value > 0.5, confidence=confidence))
     return out
 
 

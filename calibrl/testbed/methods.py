@@ -12,6 +12,10 @@ lr 1e-4, beta 0):
   and SEED-GRPO beside them. Measure: ECE of the decision-token probability (equal-count bins, as the paper),
   the noise-free calibration error mean |q(Y|x) - p(x)|, AUROC of the sequence confidence, accuracy.
 
+Beside them, not in the default demo: stated confidence (``verbalized``): the warm start (which states an
+uninformed confidence digit) vs RLCR (arXiv 2507.16806: GRPO on correctness plus the Brier score of the stated
+confidence, the task's reward); measure: ECE of the stated confidence (:func:`stated_confidence_metrics`).
+
 The metrics are computed by :mod:`calibrl.testbed.evaluate`; the runs are made by :mod:`calibrl.testbed.runner`.
 """
 
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field
 SEQ_TASK = "stochastic_reasoning"
 DEC_TASK = "decision"
 ADD_TASK = "addition"
+RLCR_TASK = "verbalized"
 
 
 @dataclass(frozen=True)
@@ -48,12 +53,12 @@ def method_specs(*, capo_tau: float = 0.6, decision_coef: float = 1.0, seed_alph
         MethodSpec("grpo", SEQ_TASK, "GRPO", {"advantage_estimator": "grpo"}),
         MethodSpec("capo", SEQ_TASK, f"CAPO (tau {capo_tau})", {"advantage_estimator": "capo", "capo_tau": capo_tau}),
         MethodSpec("capo_mask", SEQ_TASK, f"CAPO + mask (tau {capo_tau})",
-                   {"advantage_estimator": "capo", "capo_tau": capo_tau, "capo_mask": "quantile"}),
+                   {"advantage_estimator": "capo", "capo_tau": capo_tau, "capo_mask": "batch_quantile"}),
         MethodSpec("gcpo", SEQ_TASK, "GCPO", {"advantage_estimator": "gcpo"}),
         # tau 0.2: a second CAPO setting chosen after seeing tau 0.6 on this task (not in the default demo)
         MethodSpec("capo_tau0.2", SEQ_TASK, "CAPO (tau 0.2)", {"advantage_estimator": "capo", "capo_tau": 0.2}),
         MethodSpec("capo_mask_tau0.2", SEQ_TASK, "CAPO + mask (tau 0.2)",
-                   {"advantage_estimator": "capo", "capo_tau": 0.2, "capo_mask": "quantile"}),
+                   {"advantage_estimator": "capo", "capo_tau": 0.2, "capo_mask": "batch_quantile"}),
         MethodSpec("seed_grpo", SEQ_TASK, "SEED-GRPO", {"advantage_estimator": "seed_grpo", **seed_params}),
         MethodSpec("sft", DEC_TASK, "SFT (warm start)", {}, train=False),
         MethodSpec("grpo", DEC_TASK, "GRPO", {"advantage_estimator": "grpo"}),
@@ -65,6 +70,9 @@ def method_specs(*, capo_tau: float = 0.6, decision_coef: float = 1.0, seed_alph
         # deterministic control (not in the default demo): RL should help calibration here
         MethodSpec("grpo", ADD_TASK, "GRPO", {"advantage_estimator": "grpo"}),
         MethodSpec("capo", ADD_TASK, f"CAPO (tau {capo_tau})", {"advantage_estimator": "capo", "capo_tau": capo_tau}),
+        # stated confidence (not in the default demo): the task's reward is RLCR's, so plain GRPO on it is RLCR
+        MethodSpec("sft", RLCR_TASK, "SFT (warm start, uninformed confidence)", {}, train=False),
+        MethodSpec("rlcr", RLCR_TASK, "RLCR (GRPO on correctness + Brier)", {"advantage_estimator": "grpo"}),
     ]
     return {f"{s.task}/{s.name}": s for s in specs}
 
@@ -73,6 +81,7 @@ DEFAULT_METHODS = ("stochastic_reasoning/grpo", "stochastic_reasoning/capo", "st
                    "stochastic_reasoning/gcpo", "stochastic_reasoning/seed_grpo", "decision/sft", "decision/grpo",
                    "decision/decision", "decision/gcpo", "decision/seed_grpo")
 CONTROL_METHODS = ("addition/grpo", "addition/capo")
+RLCR_METHODS = ("verbalized/sft", "verbalized/rlcr")
 QUICK_METHODS = ("stochastic_reasoning/grpo", "stochastic_reasoning/capo", "decision/sft", "decision/grpo",
                  "decision/decision")
 
@@ -105,5 +114,42 @@ class DemoConfig:
         return cls(**base)
 
 
+def stated_confidence_metrics(*, stated, correct, p_true) -> dict[str, float]:
+    """Calibration of stated confidences (the ``verbalized`` task; RLCR, arXiv 2507.16806).
+
+    ``stated``: [M] stated confidence per sampled completion, NaN where none was stated; ``correct``: [M] drawn
+    outcomes (bool); ``p_true``: [M] the exact probability that each completion is right. Returns
+    ``stated_fraction`` (share with a confidence), and over those: ``stated_ece`` (ECE, 10 equal-width bins: the
+    confidences are deciles), ``stated_calib_err`` = mean |stated - p_true| (noise-free: 0 only for a calibrated
+    statement of every completion), ``stated_auroc`` (stated confidence vs drawn correctness), ``stated_mean``,
+    and ``brier`` = mean (stated - correct)^2. NaN where no completion states a confidence.
+    """
+    import numpy as np
+
+    from calibrl import metrics as M
+
+    stated = np.asarray(stated, dtype=np.float64).reshape(-1)
+    correct = np.asarray(correct, dtype=bool).reshape(-1)
+    p_true = np.asarray(p_true, dtype=np.float64).reshape(-1)
+    if not (stated.shape == correct.shape == p_true.shape):
+        raise ValueError(f"stated ({stated.size}), correct ({correct.size}) and p_true ({p_true.size}) need one "
+                         "entry per completion")
+    has = ~np.isnan(stated)
+    out = {"stated_fraction": float(has.mean()) if has.size else float("nan")}
+    if not has.any():
+        return {**out, **dict.fromkeys(("stated_ece", "stated_calib_err", "stated_auroc", "stated_mean", "brier"),
+                                        float("nan"))}
+    s, c, p = stated[has], correct[has], p_true[has]
+    one_class = c.all() or not c.any()
+    return {
+        **out,
+        "stated_ece": float(M.ece(s, c, n_bins=10, strategy="uniform")),
+        "stated_calib_err": float(np.abs(s - p).mean()),
+        "stated_auroc": float("nan") if one_class else float(M.auroc(s, c)),
+        "stated_mean": float(s.mean()),
+        "brier": float(((s - c) ** 2).mean()),
+    }
+
+
 __all__ = ["ADD_TASK", "CONTROL_METHODS", "DEC_TASK", "DEFAULT_METHODS", "DemoConfig", "MethodSpec", "QUICK_METHODS",
-           "SEQ_TASK", "method_specs"]
+           "RLCR_METHODS", "RLCR_TASK", "SEQ_TASK", "method_specs", "stated_confidence_metrics"]

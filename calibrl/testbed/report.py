@@ -2,9 +2,11 @@
 
 Input: the summary dict :func:`calibrl.testbed.demo.run_demo` writes to ``results.json`` (``results``: one record per
 method x seed with its evaluation ``history``; :func:`calibrl.testbed.study.run_study` merges several). Output:
-``report.md`` with one table per task (final evaluation, mean +- std over seeds, and the change from the shared warm
-start), training curves (:func:`calibrl.evaluation.plots.plot_training_curves`) and reliability diagrams of the final
-models (:func:`calibrl.evaluation.plots.plot_reliability`).
+``report.md`` opening with what the run shows (:func:`findings`: sentences computed from the results, saying when
+methods ended at unequal accuracy and whether differences exceed the seed spread), then one table per task (final
+evaluation, mean +- std over seeds, with the shared warm start as a row), training curves
+(:func:`calibrl.evaluation.plots.plot_training_curves`) and reliability diagrams of the final models
+(:func:`calibrl.evaluation.plots.plot_reliability`).
 """
 
 from __future__ import annotations
@@ -41,12 +43,28 @@ TASK_METRICS: dict[str, list[tuple[str, str, bool | None]]] = {
         ("auroc_gap", "ceiling − AUROC", False),
     ],
     "addition": [
-        ("expected_accuracy", "accuracy", True),
+        ("expected_accuracy", "accuracy (expected)", True),
         ("auroc", "AUROC seq. conf.", True),
         ("auroc_per_prompt", "AUROC per prompt", True),
         ("seq_ece", "ECE seq. prob.", False),
     ],
 }
+# Per task: what the findings compare. accuracy: the expected accuracy (noise-free); calibration: the headline
+# calibration metric (key, readable name, higher is better?) with an optional ceiling key; also: a second
+# calibration metric quoted beside it.
+FINDING_METRICS: dict[str, dict[str, Any]] = {
+    "stochastic_reasoning": {"calibration": ("auroc", "AUROC of the sequence confidence", True),
+                             "ceiling": "auroc_ceiling", "also": ("seq_ece", "ECE", False)},
+    "decision": {"calibration": ("dec_ece", "decision ECE", False), "ceiling": None,
+                 "also": ("calib_err", "mean |q - p|", False), "argmax": "greedy_decision_accuracy"},
+    "addition": {"calibration": ("auroc", "AUROC of the sequence confidence", True),
+                 "ceiling": None, "also": ("seq_ece", "ECE", False)},
+}
+# Final expected accuracies further apart than this are "not matched" (about one seed std of the study's runs)
+MATCHED_ACCURACY_TOL = 0.01
+# Calibration differences below this are not read as differences, even with seeds to compare them with (the
+# study's seed stds of AUROC and ECE are 0.003 to 0.013)
+SMALL_DIFFERENCE = 0.005
 CURVE_METRICS = {
     "stochastic_reasoning": ("auroc", "seq_ece", "expected_accuracy"),
     "decision": ("dec_ece", "calib_err", "auroc", "expected_accuracy"),
@@ -120,11 +138,133 @@ def markdown_table(summary: dict, task: str, *, metrics: list | None = None) -> 
                                              for _, title, hib in metrics) + " |"
     sep = "|---|---:|---:|" + "---:|" * len(metrics)
     rows = [head, sep]
+    if agg and all(e["steps"] for e in agg.values()):
+        # no evaluation-only row for this task: the shared warm start (step 0 of every run) is the reference row
+        cells = [f"{_start(agg, k):.3f}" if np.isfinite(_start(agg, k)) else "n/a" for k, _, _ in metrics]
+        rows.append(f"| warm start (SFT, step 0) | {n_seeds} | 0 | " + " | ".join(cells) + " |")
     for method, e in agg.items():
         cells = [_fmt(e["metrics"].get(k)) for k, _, _ in metrics]
         rows.append(f"| {e['label']} | {len(e['seeds'])} | {e['steps']} | " + " | ".join(cells) + " |")
     note = "\n\n_Mean ± sample std over seeds (no ± with one seed)._" if n_seeds else ""
     return "\n".join(rows) + note
+
+
+def _mean(entry: dict, key: str) -> float:
+    return entry["metrics"].get(key, {}).get("mean", math.nan)
+
+
+def _std(entry: dict, key: str) -> float:
+    return entry["metrics"].get(key, {}).get("std", math.nan)
+
+
+def _start(agg: dict, key: str) -> float:
+    """The warm-start (step 0) value of ``key``: the same for every method, which all start from it."""
+    for entry in agg.values():
+        value = entry["metrics"].get(key, {}).get("start", math.nan)
+        if np.isfinite(value):
+            return value
+    return math.nan
+
+
+def _change(name: str, before: float, after: float, higher_is_better: bool) -> str:
+    """'AUROC fell from 0.891 to 0.730 (worse)': the direction and whether it is an improvement."""
+    if not (np.isfinite(before) and np.isfinite(after)):
+        return f"{name} n/a"
+    if abs(after - before) < 5e-4:
+        return f"{name} stayed at {after:.3f}"
+    up = after > before
+    better = up == higher_is_better
+    return f"{name} {'rose' if up else 'fell'} from {before:.3f} to {after:.3f} ({'better' if better else 'worse'})"
+
+
+def warm_start_sentence(summary: dict, task: str) -> str:
+    """One sentence with the shared warm start's accuracy and calibration (step 0 of the runs)."""
+    spec, agg = FINDING_METRICS.get(task), aggregate(summary, task)
+    if not spec or not agg:
+        return ""
+    cal_key, cal_name, _ = spec["calibration"]
+    also_key, also_name, _ = spec["also"]
+    parts = [f"expected accuracy {_start(agg, 'expected_accuracy'):.3f}", f"{cal_name} {_start(agg, cal_key):.3f}"]
+    if spec["ceiling"] and np.isfinite(_start(agg, spec["ceiling"])):
+        parts[-1] += f" (ceiling {_start(agg, spec['ceiling']):.3f})"
+    if np.isfinite(_start(agg, also_key)):
+        parts.append(f"{also_name} {_start(agg, also_key):.3f}")
+    return "Warm start (SFT, step 0, shared by every method): " + ", ".join(parts) + "."
+
+
+def findings(summary: dict, task: str, *, matched_tol: float = MATCHED_ACCURACY_TOL) -> list[str]:
+    """What the final evaluation of ``task`` shows, as sentences computed from ``summary`` (the results dict).
+
+    Per trained method: how its expected accuracy and headline calibration metric moved from the warm start
+    (against the AUROC ceiling where the task has one). Then which method kept the most and the least
+    calibration, whether the methods ended at matched expected accuracy (if not, the comparison is marked as not
+    at matched accuracy: on these tasks calibration is traded against accuracy), and, with more than one seed,
+    whether the best method's lead over the next exceeds the seed spread. Empty when the task has no findings
+    spec or no runs."""
+    spec, agg = FINDING_METRICS.get(task), aggregate(summary, task)
+    if not spec or not agg:
+        return []
+    cal_key, cal_name, cal_hib = spec["calibration"]
+    also_key, also_name, also_hib = spec["also"]
+    ceiling = spec["ceiling"]
+    trained = {m: e for m, e in agg.items() if e["steps"] and np.isfinite(_mean(e, cal_key))}
+    out = []
+    acc0 = _start(agg, "expected_accuracy")
+    for entry in trained.values():
+        acc1 = _mean(entry, "expected_accuracy")
+        if abs(acc1 - acc0) < 5e-4:
+            acc_change = f"left expected accuracy at {acc1:.3f}"
+        else:
+            acc_change = f"{'raised' if acc1 > acc0 else 'lowered'} expected accuracy from {acc0:.3f} to {acc1:.3f}"
+        sentence = f"{entry['label']} {acc_change} in {entry['steps']} steps; " + _change(
+            cal_name, _start(agg, cal_key), _mean(entry, cal_key), cal_hib)
+        if ceiling and np.isfinite(_mean(entry, ceiling)):
+            sentence += (f", {_mean(entry, ceiling) - _mean(entry, cal_key):.3f} below the ceiling of its samples "
+                         f"({_mean(entry, ceiling):.3f})")
+        if np.isfinite(_mean(entry, also_key)):
+            sentence += "; " + _change(also_name, _start(agg, also_key), _mean(entry, also_key), also_hib)
+        out.append(sentence + ".")
+    if len(trained) < 2:
+        return out
+    sign = 1.0 if cal_hib else -1.0
+    ranked = sorted(trained.values(), key=lambda e: -sign * _mean(e, cal_key))
+    best, second, worst = ranked[0], ranked[1], ranked[-1]
+    lead = abs(_mean(best, cal_key) - _mean(worst, cal_key))
+    sentence = (f"Most calibration kept: {best['label']}, {cal_name} {_mean(best, cal_key):.3f}; least: "
+                f"{worst['label']}, {_mean(worst, cal_key):.3f} (a difference of {lead:.3f}")
+    if lead < SMALL_DIFFERENCE:
+        sentence += ", too small to tell the methods apart"
+    out.append(sentence + ").")
+    by_acc = sorted(trained.values(), key=lambda e: -_mean(e, "expected_accuracy"))
+    lo, hi = _mean(by_acc[-1], "expected_accuracy"), _mean(by_acc[0], "expected_accuracy")
+    if hi - lo > matched_tol:
+        sentence = (f"Not a comparison at matched accuracy: the methods ended between expected accuracy {lo:.3f} "
+                    f"({by_acc[-1]['label']}) and {hi:.3f} ({by_acc[0]['label']}). On this task calibration is "
+                    "traded against accuracy (a method that moves less far from the warm start keeps more of its "
+                    "calibration and of its lower accuracy), so better calibration at lower accuracy does not show "
+                    "a better method; compare the training curves at equal accuracy.")
+        if best is by_acc[-1]:
+            sentence += f" Here the best calibrated, {best['label']}, is also the least accurate."
+        out.append(sentence)
+    else:
+        out.append(f"The methods ended at matched expected accuracy ({lo:.3f} to {hi:.3f}, within {matched_tol}), "
+                   "so the calibration ranking compares like with like.")
+    if spec.get("argmax"):
+        key = spec["argmax"]
+        values = [f"{e['label']} {_mean(e, key):.3f}" for e in agg.values() if np.isfinite(_mean(e, key))]
+        if values:
+            out.append("Accuracy when deciding by the most probable decision instead of sampling it (argmax "
+                       "decision): " + ", ".join(values) + ".")
+    n_seeds = min(len(e["seeds"]) for e in trained.values())
+    if n_seeds > 1:
+        gap = abs(_mean(best, cal_key) - _mean(second, cal_key))
+        spread = np.nan_to_num(_std(best, cal_key)) + np.nan_to_num(_std(second, cal_key))
+        verdict = "exceeds" if gap > spread else "does not exceed"
+        out.append(f"Over {n_seeds} seeds, {best['label']}'s lead in {cal_name} over the next, {second['label']}, "
+                   f"is {gap:.3f}: it {verdict} the seed spread (sum of the two seed stds, {spread:.3f}).")
+    else:
+        out.append("One seed: these differences carry no measure of seed-to-seed noise (`--seeds 3` gives one).")
+    return out
 
 
 def summary_table(summary: dict, task: str, *, rich: bool = False):
@@ -134,7 +274,7 @@ def summary_table(summary: dict, task: str, *, rich: bool = False):
     from rich.table import Table
 
     agg = aggregate(summary, task)
-    short = {"expected_accuracy": "acc", "auroc": "AUROC", "auroc_ceiling": "ceiling", "seq_ece": "ECE",
+    short = {"expected_accuracy": "acc (expected)", "auroc": "AUROC", "auroc_ceiling": "ceiling", "seq_ece": "ECE",
              "dec_ece": "dec. ECE", "calib_err": "|q-p|", "frac_conf_99": ">0.99"}
     metrics = [(k, short[k], h) for k, _, h in TASK_METRICS.get(task, [])
                if k in short and any(k in e["metrics"] for e in agg.values())]
@@ -221,18 +361,24 @@ def write_demo_report(summary: dict, out: str | Path, *, title: str = "calibrl d
         f"Evaluation: {cfg.get('eval_prompts')} held-out prompts x {cfg.get('eval_samples')} samples, outcomes drawn "
         "from the true distribution with one fixed stream for all methods (common random numbers). "
         "'AUROC ceiling' = AUROC of the true success probability on the same samples (no confidence can beat "
-        "it); 'accuracy (expected)' = mean true success probability of the sampled completions (noise-free).",
+        "it). Two accuracies: 'accuracy (expected)' = mean true success probability of the sampled completions "
+        "(noise-free; the one the findings and the progress lines quote), 'accuracy (drawn)' = share of the "
+        "outcomes drawn from it that came out right. ↑: higher is better, ↓: lower is better.",
         "",
     ]
+    found = [(task, findings(summary, task)) for task in tasks]
+    if any(lines_ for _, lines_ in found):
+        lines += ["## What this run shows", "",
+                  "Computed from the tables below. Much of what separates the methods here is one trade-off: "
+                  "the further a method moves from the calibrated warm start towards higher accuracy, the more "
+                  "calibration it loses; read every comparison at unequal accuracy with that in mind.", ""]
+        for task, lines_ in found:
+            if lines_:
+                lines += [f"**{TASK_TITLES.get(task, task)}**", ""] + [f"- {x}" for x in lines_] + [""]
     for task in tasks:
         lines += [f"## {TASK_TITLES.get(task, task)}", "", markdown_table(summary, task), ""]
-        agg = aggregate(summary, task)
-        start = next(iter(agg.values()), None)
-        if start:
-            keys = [k for k, _, _ in TASK_METRICS.get(task, []) if k in start["metrics"]]
-            lines += ["Warm start (step 0, shared by every method): " + ", ".join(
-                f"{k} {start['metrics'][k]['start']:.3f}" for k in keys if np.isfinite(start['metrics'][k]['start'])),
-                ""]
+        if warm_start_sentence(summary, task):
+            lines += [warm_start_sentence(summary, task), ""]
         for path in write_figures(summary, out, task):
             lines += [f"![{path.stem}]({path.name})", ""]
     if extra:
@@ -243,4 +389,4 @@ def write_demo_report(summary: dict, out: str | Path, *, title: str = "calibrl d
     return path
 
 
-__all__ = ["aggregate", "final_samples_path", "markdown_table", "summary_table", "write_demo_report", "write_figures"]
+__all__ = ["aggregate", "final_samples_path", "findings", "markdown_table", "warm_start_sentence", "summary_table", "write_demo_report", "write_figures"]

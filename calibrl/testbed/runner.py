@@ -185,37 +185,61 @@ def build_jobs(config: DemoConfig, runs_dir: Path, warm_paths: dict[str, str]) -
     return jobs
 
 
-def prepare_warm_starts(config: DemoConfig, tasks: list[str], log: Callable[[str], None] | None = None
-                        ) -> dict[str, str]:
+def prepare_warm_starts(config: DemoConfig, tasks: list[str], log: Callable[[str], None] | None = None,
+                        on_progress: Callable[[dict], None] | None = None) -> dict[str, str]:
     """The warm-start folder of each task (trained once, then cached); missing ones train in parallel when
-    ``config.workers`` allows."""
-    from calibrl.testbed.warmstart import WarmStartConfig, warm_start
+    ``config.workers`` allows. ``on_progress`` receives the training progress of the missing ones
+    (``{"task", "step", "total"[, "note"]}``, see :func:`calibrl.testbed.warmstart.warm_start`)."""
+    from calibrl.testbed.warmstart import WarmStartConfig, cache_path, warm_start
 
     configs = {task: WarmStartConfig.for_task(task, max_steps=config.warmstart_steps, target=config.warmstart_target)
                for task in tasks}
-    from calibrl.testbed.warmstart import cache_path
-
     missing = [t for t in tasks if not (cache_path(configs[t]) / "warmstart.json").exists()]
     if len(missing) > 1 and config.workers > 1:
         # train the missing warm starts in parallel (one process and one thread each)
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(max_workers=min(config.workers, len(missing)),
-                                 mp_context=mp.get_context("spawn")) as pool:
-            list(pool.map(_warm_worker, [configs[t] for t in missing]))
-    return {task: str(warm_start(task, configs[task], log=log)) for task in tasks}
+        ctx = mp.get_context("spawn")
+        manager = ctx.Manager()
+        try:
+            queue = manager.Queue()
+            with ProcessPoolExecutor(max_workers=min(config.workers, len(missing)), mp_context=ctx) as pool:
+                _wait_forwarding({pool.submit(_warm_worker, configs[t], queue) for t in missing}, queue, on_progress)
+        finally:
+            manager.shutdown()
+    return {task: str(warm_start(task, configs[task], log=log, progress=on_progress)) for task in tasks}
 
 
-def _warm_worker(ws_config) -> str:
-    """One warm start trained in a worker process (one torch thread)."""
+def _warm_worker(ws_config, queue=None) -> str:
+    """One warm start trained in a worker process (one torch thread); progress messages go to ``queue``."""
     import warnings
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     _set_threads()
     from calibrl.testbed.warmstart import warm_start
 
-    return str(warm_start(ws_config.task, ws_config))
+    return str(warm_start(ws_config.task, ws_config, progress=queue.put if queue is not None else None))
+
+
+def _wait_forwarding(pending: set, queue, on_progress: Callable[[dict], None] | None) -> list:
+    """Wait for the futures in ``pending``, forwarding the messages arriving on ``queue`` to ``on_progress``
+    meanwhile; returns their results in completion order (a failed one raises)."""
+    import queue as queue_mod
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    results = []
+    while pending:
+        done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+        while True:
+            try:
+                msg = queue.get_nowait()
+            except queue_mod.Empty:
+                break
+            if on_progress:
+                on_progress(msg)
+        results += [fut.result() for fut in done]
+    return results
 
 
 def run_jobs(jobs: list[dict], *, workers: int = 2, on_progress: Callable[[dict], None] | None = None
@@ -225,29 +249,16 @@ def run_jobs(jobs: list[dict], *, workers: int = 2, on_progress: Callable[[dict]
     if workers <= 1 or len(jobs) == 1:
         return [run_method(job, on_progress) for job in jobs]
     import multiprocessing as mp
-    import queue as queue_mod
-    from concurrent.futures import ProcessPoolExecutor, wait, FIRST_COMPLETED
+    from concurrent.futures import ProcessPoolExecutor
 
     ctx = mp.get_context("spawn")
     manager = ctx.Manager()
     q = manager.Queue()
-    results: list[dict] = []
     env_before = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned workers
     try:
         with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
-            pending = {pool.submit(_worker, job, q) for job in jobs}
-            while pending:
-                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                while True:
-                    try:
-                        msg = q.get_nowait()
-                    except queue_mod.Empty:
-                        break
-                    if on_progress:
-                        on_progress(msg)
-                for fut in done:
-                    results.append(fut.result())
+            results = _wait_forwarding({pool.submit(_worker, job, q) for job in jobs}, q, on_progress)
     finally:
         if env_before is None:
             os.environ.pop("OMP_NUM_THREADS", None)

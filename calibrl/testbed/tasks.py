@@ -23,14 +23,24 @@ the 0.2M-parameter char-level Llama of :mod:`calibrl.testbed.model` to learn on 
     the whole completion (mean token log-prob: the reasoning tokens are certain, the answer token carries it).
     Columns: ``prompt``, ``answer`` (digit sum), ``likely`` (ss mod 10), ``p_true`` (c(x)), ``prompt_id``.
 
+``testbed/verbalized`` (stated confidence: RLCR, arXiv 2507.16806, in miniature; not in the default demo)
+    prompt ``abcd!``, completion ``ss;A:k``: ``ss;A`` as in ``stochastic_reasoning`` (same outcome law), then the
+    confidence digit ``k``, the stated probability k / 10 that A is right. Reward: RLCR's
+    ``1[right] - (k/10 - 1[right])^2`` (:func:`calibrl.tasks.rewards.rlcr_reward`) with ``right`` a FRESH draw
+    (sum right and A equal to the drawn t); a missing confidence digit scores ``1[right] - 1``, a malformed
+    completion -1 (wrong, no confidence). The warm start states k uniformly at random (an uninformed confidence,
+    :func:`sample_true_completion`), so only RL can make it calibrated: the calibrated policy states k = 10 c(x)
+    for the likely digit. Columns as ``stochastic_reasoning``.
+
 ``testbed/addition`` (deterministic control: RL is expected to help calibration here)
     prompt ``ab+cd+ef=``, completion ``ss+ef=ttt`` where ``ss`` = ab + cd (worked partial sum, written with as many
     digits as it has) and ``ttt`` the total. Reward = 1 iff the final total is right. Columns: ``prompt``,
     ``answer`` (total), ``partial`` (ab + cd), ``prompt_id``.
 
-Every reward returns ``None``-free floats; malformed completions get 0. :func:`true_success_probability` gives, for
-any completion, the exact probability that the world rewards it (the noise-free correctness used for the
-``oracle`` metrics), and :func:`bayes_auroc` the AUROC a perfectly calibrated sampler reaches.
+Every reward returns ``None``-free floats; malformed completions get 0 (-1 for ``verbalized``, RLCR's floor).
+:func:`true_success_probability` gives, for any completion, the exact probability that the world rewards it (the
+noise-free correctness used for the ``oracle`` metrics), and :func:`bayes_auroc` the AUROC a perfectly calibrated
+sampler reaches.
 """
 
 from __future__ import annotations
@@ -46,6 +56,8 @@ from calibrl.tasks.registry import register_dataset, register_reward
 DECISION_P = (0.1, 0.2, 0.3, 0.4, 0.6, 0.7, 0.8, 0.9)
 STOCHASTIC_C = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 TASKS = ("decision", "stochastic_reasoning", "addition")
+RLCR_TASK = "verbalized"  # kept out of TASKS (the default demo's tasks) until it earns a place there
+CONFIDENCE_DIGITS = 10  # stated confidence k / CONFIDENCE_DIGITS for the digit k: 0.0, 0.1, ..., 0.9
 # Disjoint prompt pools: train prompts come from one seeded stream, held-out eval prompts from another, and eval
 # prompts never appear in training (the generators reject them).
 _SPLIT_SEED = {"train": 0, "eval": 1, "test": 2}
@@ -128,7 +140,8 @@ class TaskSpec:
 DECISION = TaskSpec("decision", 6, ("Y", "N"), True)
 STOCHASTIC = TaskSpec("stochastic_reasoning", 6, None, True)
 ADDITION = TaskSpec("addition", 11, None, False)
-_BY_NAME = {t.name: t for t in (DECISION, STOCHASTIC, ADDITION)}
+VERBALIZED = TaskSpec(RLCR_TASK, 8, None, True)
+_BY_NAME = {t.name: t for t in (DECISION, STOCHASTIC, ADDITION, VERBALIZED)}
 
 
 def get_task(name: str) -> TaskSpec:
@@ -136,7 +149,7 @@ def get_task(name: str) -> TaskSpec:
     try:
         return _BY_NAME[key]
     except KeyError:
-        raise KeyError(f"unknown testbed task {name!r}; choose from {', '.join(TASKS)}") from None
+        raise KeyError(f"unknown testbed task {name!r}; choose from {', '.join(_BY_NAME)}") from None
 
 
 def build_rows(task: str, n: int, *, split: str = "train", seed: int = 0) -> list[dict]:
@@ -150,8 +163,8 @@ def build_rows(task: str, n: int, *, split: str = "train", seed: int = 0) -> lis
             rows.append({"prompt": p, "answer": f"{ss:02d}", "p_true": DECISION_P[ss % 8],
                          "classes": list(DECISION.classes), "prompt_id": i})
         return rows
-    if t.name == "stochastic_reasoning":
-        prompts = _four_digit_prompts(n, split, seed, "?")
+    if t.name in ("stochastic_reasoning", RLCR_TASK):
+        prompts = _four_digit_prompts(n, split, seed, "?" if t.name == "stochastic_reasoning" else "!")
         rows = []
         for i, p in enumerate(prompts):
             ss = _digit_sum(p)
@@ -179,10 +192,12 @@ def build_dataset(task: str, n: int = 2000, *, split: str = "train", seed: int =
 _DECISION_RE = re.compile(r"^(\d\d):([YN])")
 _STOCH_RE = re.compile(r"^(\d\d);(\d)")
 _ADD_RE = re.compile(r"^(\d+)\+(\d\d)=(\d+)")
+_VERBALIZED_RE = re.compile(r"^(\d\d);(\d)(?::(\d))?")
 
 
 def parse(task: str, prompt: str, completion: str) -> dict:
-    """Parse a completion: ``{"format_ok", "reasoning_ok", "choice"}`` (choice = decision / answer digit / total).
+    """Parse a completion: ``{"format_ok", "reasoning_ok", "choice"}`` (choice = decision / answer digit / total;
+    ``verbalized`` adds ``"confidence"``: k / 10 for the confidence digit k, None when there is none).
 
     Trailing text after the expected pattern is tolerated (TRL strips EOS; a model that rambles is judged on its
     first answer).
@@ -194,6 +209,13 @@ def parse(task: str, prompt: str, completion: str) -> dict:
         if not m:
             return {"format_ok": False, "reasoning_ok": False, "choice": None}
         return {"format_ok": True, "reasoning_ok": int(m.group(1)) == _digit_sum(prompt), "choice": m.group(2)}
+    if t.name == RLCR_TASK:
+        m = _VERBALIZED_RE.match(completion)
+        if not m:
+            return {"format_ok": False, "reasoning_ok": False, "choice": None, "confidence": None}
+        confidence = int(m.group(3)) / CONFIDENCE_DIGITS if m.group(3) is not None else None
+        return {"format_ok": True, "reasoning_ok": int(m.group(1)) == _digit_sum(prompt), "choice": m.group(2),
+                "confidence": confidence}
     if t.name == "stochastic_reasoning":
         m = _STOCH_RE.match(completion)
         if not m:
@@ -219,7 +241,7 @@ def true_success_probability(task: str, prompt: str, completion: str) -> float:
             return 0.0
         p = DECISION_P[ss % 8]
         return p if parsed["choice"] == "Y" else 1.0 - p
-    if t.name == "stochastic_reasoning":
+    if t.name in ("stochastic_reasoning", RLCR_TASK):
         if not parsed["reasoning_ok"]:
             return 0.0
         c = STOCHASTIC_C[ss % 8]
@@ -233,7 +255,7 @@ def make_reward(task: str, seed: int | None = None) -> Callable[..., list[float]
 
     Signature ``fn(prompts, completions, **columns) -> list[float]``. For the stochastic tasks each call draws a
     fresh outcome per completion from the true distribution (``seed`` makes the stream reproducible); the
-    addition reward is deterministic.
+    addition reward is deterministic. ``verbalized``: RLCR's reward of the drawn outcome and the stated confidence.
     """
     t = get_task(task)
     rng = np.random.default_rng(seed)
@@ -243,7 +265,13 @@ def make_reward(task: str, seed: int | None = None) -> Callable[..., list[float]
         for prompt, completion in zip(prompts, completions):
             prompt = _completion(prompt)
             q = true_success_probability(t.name, prompt, _completion(completion))
-            if t.stochastic:
+            if t.name == RLCR_TASK:
+                from calibrl.tasks.rewards import rlcr_reward
+
+                right = bool(rng.random() < q) if q > 0 else False
+                stated = parse(t.name, prompt, _completion(completion))["confidence"]
+                out.append(rlcr_reward(correct=right, confidence=stated))
+            elif t.stochastic:
                 out.append(float(rng.random() < q) if q > 0 else 0.0)
             else:
                 out.append(q)
@@ -264,12 +292,14 @@ def sample_true_completion(task: str, row: dict, rng: np.random.Generator) -> st
     if t.name == "decision":
         d = "Y" if rng.random() < row["p_true"] else "N"
         return f"{row['answer']}:{d}"
-    if t.name == "stochastic_reasoning":
+    if t.name in ("stochastic_reasoning", RLCR_TASK):
         likely = int(row["likely"])
         if rng.random() < row["p_true"]:
             a = likely
         else:
             a = int(rng.choice([d for d in range(10) if d != likely]))
+        if t.name == RLCR_TASK:  # an uninformed stated confidence: RL has to learn a calibrated one
+            return f"{row['answer']};{a}:{int(rng.integers(CONFIDENCE_DIGITS))}"
         return f"{row['answer']};{a}"
     a, b, c = (int(x) for x in row["prompt"][:-1].split("+"))
     return f"{a + b}+{c}={a + b + c}"
@@ -342,10 +372,11 @@ def _register(task: TaskSpec) -> None:
     register_reward(task.dataset_name, overwrite=True)(make_reward(task.name))
 
 
-for _task in (DECISION, STOCHASTIC, ADDITION):
+for _task in (DECISION, STOCHASTIC, ADDITION, VERBALIZED):
     _register(_task)
 
 __all__ = [
-    "ADDITION", "DECISION", "STOCHASTIC", "TASKS", "TaskSpec", "bayes_auroc", "build_dataset", "build_rows",
+    "ADDITION", "CONFIDENCE_DIGITS", "DECISION", "RLCR_TASK", "STOCHASTIC", "TASKS", "TaskSpec", "VERBALIZED",
+    "bayes_auroc", "build_dataset", "build_rows",
     "get_task", "make_reward", "parse", "sample_true_completion", "sft_dataset", "true_success_probability",
 ]

@@ -35,7 +35,7 @@ from calibrl.testbed import tasks as tb
 WARMSTART_VERSION = 1  # bump when the procedure changes so stale caches are not reused
 
 # Per task: (steps, target greedy accuracy). Found on the train/eval prompt pools of the testbed, seed 0.
-_DEFAULT_TARGET = {"decision": 0.97, "stochastic_reasoning": 0.97, "addition": 0.5}
+_DEFAULT_TARGET = {"decision": 0.97, "stochastic_reasoning": 0.97, "addition": 0.5, "verbalized": 0.97}
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,8 @@ def greedy_accuracy(model, tokenizer, task: str, prompts: list[str]) -> float:
 # SFT
 
 
-def _train_sft(config: WarmStartConfig, out_dir: Path, log: Callable[[str], None] | None = None) -> dict:
+def _train_sft(config: WarmStartConfig, out_dir: Path, log: Callable[[str], None] | None = None,
+               progress: Callable[[dict], None] | None = None) -> dict:
     import datasets
     from transformers import TrainerCallback
     from transformers.utils import logging as hf_logging
@@ -235,9 +236,13 @@ def _train_sft(config: WarmStartConfig, out_dir: Path, log: Callable[[str], None
     history: list[dict] = []
     best = {"acc": -1.0, "step": 0, "state": None}
 
+    report_every = max(1, config.max_steps // 100)  # progress messages: about 100 per run, plus one per evaluation
+
     class EvalAndChoose(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
             if state.global_step % config.eval_every and state.global_step != config.max_steps:
+                if progress and state.global_step % report_every == 0:
+                    progress({"task": task.name, "step": state.global_step, "total": config.max_steps})
                 return
             was_training = model.training
             acc = greedy_accuracy(model, tokenizer, task.name, eval_prompts)
@@ -252,6 +257,11 @@ def _train_sft(config: WarmStartConfig, out_dir: Path, log: Callable[[str], None
                 best.update(acc=acc, step=state.global_step,
                             state={k: v.detach().clone() for k, v in model.state_dict().items()})
                 control.should_training_stop = True
+            if progress:
+                # total is the step limit: the run stops earlier when an evaluation reaches the target
+                progress({"task": task.name, "step": state.global_step,
+                          "total": state.global_step if control.should_training_stop else config.max_steps,
+                          "note": f"greedy accuracy {acc:.2f} (target {target:.2f})"})
 
     with tempfile.TemporaryDirectory() as tmp:
         args = SFTConfig(
@@ -274,8 +284,11 @@ def _train_sft(config: WarmStartConfig, out_dir: Path, log: Callable[[str], None
 
 
 def warm_start(task: str, config: WarmStartConfig | None = None, *, force: bool = False,
-               log: Callable[[str], None] | None = None) -> Path:
+               log: Callable[[str], None] | None = None, progress: Callable[[dict], None] | None = None) -> Path:
     """Path of the warm-start model folder for ``task`` (trained now, or reused from the cache).
+
+    ``progress`` (training only) receives ``{"task", "step", "total"[, "note"]}`` about 100 times per run and at
+    every evaluation (``note``: its greedy accuracy); ``total`` is the step limit until the run stops at its target.
 
     The folder loads with ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``; its
     ``warmstart.json`` records the config, the evaluation history and the chosen step.
@@ -289,7 +302,7 @@ def warm_start(task: str, config: WarmStartConfig | None = None, *, force: bool 
     try:
         t0 = time.perf_counter()
         with one_torch_thread():
-            info = _train_sft(config, tmp, log)
+            info = _train_sft(config, tmp, log, progress)
         info.update(config=dataclasses.asdict(config), seconds=round(time.perf_counter() - t0, 1),
                     key=config.key())
         (tmp / "warmstart.json").write_text(json.dumps(info, indent=2))

@@ -15,6 +15,8 @@ The package, in the order a generation batch goes through it:
 * :mod:`~calibrl.trl.decision`: decision-token plumbing (class spellings, positions, logits).
 * :mod:`~calibrl.trl.telemetry`: ``calibration/...`` metrics of a RolloutBatch.
 * :mod:`~calibrl.trl.trainer`: ``CalibratedGRPOTrainer``, only the overridden TRL methods.
+* :mod:`~calibrl.trl.callbacks`: ``CalibrationEvalCallback``, held-out calibration every N steps, checkpoint
+  choice (``metric_for_best_model``, a Pareto rule) and early stopping by calibration.
 * :mod:`~calibrl.trl.recipes` and :mod:`~calibrl.trl.train`: YAML recipes and ``calibrl train``;
   :mod:`~calibrl.trl.progress`: its progress bar, ``log_history.jsonl`` and summary.
 """
@@ -49,10 +51,12 @@ def _check_trl_version() -> None:
 
 _check_trl_version()
 
+from calibrl.trl.callbacks import CalibrationEvalCallback, CalibrationEvalConfig  # noqa: E402
 from calibrl.trl.config import CalibratedGRPOConfig  # noqa: E402
 from calibrl.trl.rollout import estimator_inputs, extract_answer, has_answer  # noqa: E402
 from calibrl.trl.trainer import CalibratedGRPOTrainer  # noqa: E402
 
 __all__ = [
-    "TRL_TESTED", "CalibratedGRPOConfig", "CalibratedGRPOTrainer", "estimator_inputs", "extract_answer", "has_answer",
+    "TRL_TESTED", "CalibratedGRPOConfig", "CalibratedGRPOTrainer", "CalibrationEvalCallback", "CalibrationEvalConfig",
+    "estimator_inputs", "extract_answer", "has_answer",
 ]

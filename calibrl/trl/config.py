@@ -26,7 +26,9 @@ class CalibratedGRPOConfig(GRPOConfig):
     advantage_params (`dict`, *optional*): extra keyword parameters for the estimator (override the ``capo_*`` /
         ``gcpo_*`` fields below).
     capo_tau, capo_normalize, capo_mask, capo_ref_high, capo_ref_low, capo_ref_high_quantile,
-        capo_ref_low_quantile: CAPO (arXiv 2604.12632) parameters.
+        capo_ref_low_quantile, capo_ref_quantile_batches: CAPO (arXiv 2604.12632) parameters. ``capo_mask=
+        "quantile"`` freezes the reference-perplexity quartiles of the first batch(es) (saved in checkpoints);
+        ``"batch_quantile"`` recomputes them on every batch.
     gcpo_measure: GCPO (arXiv 2605.21801) disagreement measure.
 
     > Decision-token calibration (arXiv 2601.13284)
@@ -35,6 +37,8 @@ class CalibratedGRPOConfig(GRPOConfig):
         correct completion (CAPO's pairs and mask, telemetry, the decision term); default: the first one.
     decision_classes (`list[str]`, *optional*): class strings; enables the decision-token term.
     decision_loss_coef (`float`, defaults to `1e-3`): lambda.
+    decision_loss_target (`str`, defaults to `"onehot_uniform"`): the paper's target, or `"binary"` (stationary at
+        a calibrated decision probability for any number of classes; docs/losses.md).
     decision_zero_advantage (`bool`, defaults to `True`): zero the policy-gradient advantage at the decision token.
 
     > Telemetry
@@ -67,9 +71,12 @@ class CalibratedGRPOConfig(GRPOConfig):
     )
     capo_mask: str = field(
         default="none",
-        metadata={"help": "CAPO reference-perplexity noise mask: `none`, `fixed` (capo_ref_high / capo_ref_low) "
-                  "or `quantile` (batch quantiles). Needs the frozen reference model, which is loaded even when "
-                  "beta == 0 (CAPO, arXiv 2604.12632)."},
+        metadata={"help": "CAPO reference-perplexity noise mask: `none`, `fixed` (capo_ref_high / capo_ref_low), "
+                  "`quantile` (the reference-perplexity quantiles of the first capo_ref_quantile_batches training "
+                  "batches, then frozen: the paper's fixed thresholds, estimated for this model; logged as "
+                  "capo/ref_ppl_high and capo/ref_ppl_low and saved in every checkpoint as calibrl_capo_mask.json) "
+                  "or `batch_quantile` (recomputed on every batch). Needs the frozen reference model, which is "
+                  "loaded even when beta == 0 (CAPO, arXiv 2604.12632)."},
     )
     capo_ref_high: float = field(
         default=2.5,
@@ -83,13 +90,19 @@ class CalibratedGRPOConfig(GRPOConfig):
     )
     capo_ref_high_quantile: float = field(
         default=0.75,
-        metadata={"help": "CAPO mask `quantile`: batch quantile of reference perplexity used as ref_high "
-                  "(CAPO, arXiv 2604.12632)."},
+        metadata={"help": "CAPO masks `quantile` / `batch_quantile`: quantile of reference perplexity used as "
+                  "ref_high (CAPO, arXiv 2604.12632)."},
     )
     capo_ref_low_quantile: float = field(
         default=0.25,
-        metadata={"help": "CAPO mask `quantile`: batch quantile of reference perplexity used as ref_low "
-                  "(CAPO, arXiv 2604.12632)."},
+        metadata={"help": "CAPO masks `quantile` / `batch_quantile`: quantile of reference perplexity used as "
+                  "ref_low (CAPO, arXiv 2604.12632)."},
+    )
+    capo_ref_quantile_batches: int = field(
+        default=1,
+        metadata={"help": "CAPO mask `quantile`: number of first training batches whose reference perplexities are "
+                  "pooled before the quantile thresholds freeze (1: the first batch alone; our reading of the "
+                  "paper's fixed quartile thresholds)."},
     )
     gcpo_measure: str = field(
         default="cosine",
@@ -123,6 +136,15 @@ class CalibratedGRPOConfig(GRPOConfig):
         default=1e-3,
         metadata={"help": "lambda of the decision-token cross-entropy (one-hot target when correct, uniform when "
                   "wrong; arXiv 2601.13284 uses 1e-3)."},
+    )
+    decision_loss_target: str = field(
+        default="onehot_uniform",
+        metadata={"help": "Target of the decision-token term: `onehot_uniform` (arXiv 2601.13284: one-hot when "
+                  "correct, uniform over the classes when wrong, wrong rows gated off while q(chosen) <= 1/|C|; "
+                  "calibrated at its stationary point only for two classes sampled on-policy without the gate) or "
+                  "`binary` (binary cross-entropy of q(chosen) against correctness, no gate: stationary at "
+                  "q(chosen) = P(correct | chosen) for any number of classes and when the decision copies the "
+                  "reasoning; docs/losses.md, 'Stationary points of the decision-token term')."},
     )
     decision_zero_advantage: bool = field(
         default=True,
@@ -159,8 +181,9 @@ class CalibratedGRPOConfig(GRPOConfig):
         if isinstance(self.decision_classes, str):
             self.decision_classes = [c for c in self.decision_classes.split(",") if c]
         for name in ("capo_mask",):
-            if getattr(self, name) not in ("none", "fixed", "quantile"):
-                raise ValueError(f"{name} must be 'none', 'fixed' or 'quantile', got {getattr(self, name)!r}")
+            if getattr(self, name) not in ("none", "fixed", "quantile", "batch_quantile"):
+                raise ValueError(f"{name} must be 'none', 'fixed', 'quantile' or 'batch_quantile', got "
+                                 f"{getattr(self, name)!r}")
         if self.capo_normalize not in ("group", "pairs", "none"):
             raise ValueError(f"capo_normalize must be 'group', 'pairs' or 'none', got {self.capo_normalize!r}")
         if self.cde_omega_schedule not in ("constant", "linear", "cosine"):
@@ -186,12 +209,20 @@ class CalibratedGRPOConfig(GRPOConfig):
             value = getattr(self, name)
             if not _is_number(value) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+        batches = self.capo_ref_quantile_batches
+        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+            raise ValueError(f"capo_ref_quantile_batches must be an integer >= 1, got {batches!r}")
         if self.capo_ref_low_quantile > self.capo_ref_high_quantile:
             raise ValueError(f"capo_ref_low_quantile ({self.capo_ref_low_quantile}) must not exceed "
                              f"capo_ref_high_quantile ({self.capo_ref_high_quantile})")
         coef = self.decision_loss_coef
         if not _is_number(coef) or not math.isfinite(coef) or coef < 0:
             raise ValueError(f"decision_loss_coef must be a finite number >= 0, got {coef!r}")
+        from calibrl.losses.decision import DECISION_TARGETS
+
+        if self.decision_loss_target not in DECISION_TARGETS:
+            raise ValueError(f"decision_loss_target must be one of {', '.join(DECISION_TARGETS)}, got "
+                             f"{self.decision_loss_target!r}")
         classes = self.decision_classes
         if classes is not None and (not isinstance(classes, list) or not classes
                                     or not all(isinstance(c, str) and c for c in classes)):
@@ -201,14 +232,19 @@ class CalibratedGRPOConfig(GRPOConfig):
 
     # ------------------------------------------------------------------ helpers read by the trainer
     def estimator_params(self) -> dict[str, Any]:
-        """Keyword parameters passed to the estimator: the ``capo_*``/``gcpo_*`` fields it uses + advantage_params."""
+        """Keyword parameters passed to the estimator: the ``capo_*``/``gcpo_*`` fields it uses + advantage_params.
+
+        capo: ``ref_high`` / ``ref_low`` only with ``capo_mask="fixed"`` (with ``"quantile"`` the trainer fills in
+        the frozen thresholds at each step; ``ref_high`` and ``ref_low`` in advantage_params freeze them from the
+        start), ``ref_quantile_batches`` only with ``"quantile"``."""
         params: dict[str, Any] = {}
         if self.advantage_estimator == "capo":
-            params = dict(
-                tau=self.capo_tau, normalize=self.capo_normalize, mask=self.capo_mask, ref_high=self.capo_ref_high,
-                ref_low=self.capo_ref_low, ref_high_quantile=self.capo_ref_high_quantile,
-                ref_low_quantile=self.capo_ref_low_quantile,
-            )
+            params = dict(tau=self.capo_tau, normalize=self.capo_normalize, mask=self.capo_mask,
+                          ref_high_quantile=self.capo_ref_high_quantile, ref_low_quantile=self.capo_ref_low_quantile)
+            if self.capo_mask == "fixed":
+                params.update(ref_high=self.capo_ref_high, ref_low=self.capo_ref_low)
+            elif self.capo_mask == "quantile":
+                params.update(ref_quantile_batches=self.capo_ref_quantile_batches)
         elif self.advantage_estimator == "gcpo":
             params = dict(measure=self.gcpo_measure)
         params.update(self.advantage_params or {})

@@ -2,8 +2,9 @@
 
 :func:`log_history_writer` drops undefined metrics (None / NaN) from every log and appends each to
 ``<output_dir>/log_history.jsonl``, so the per-step history survives with ``report_to: none``;
-:func:`progress_callback` is the rich progress bar with the latest reward and AUROC; :func:`summarize` and
-:func:`print_summary` give the last steps' means at the end. :mod:`calibrl.trl.train` installs them.
+:func:`progress_callback` is the rich progress bar with the latest reward and AUROC plus one line per logging step
+(step, loss, reward, accuracy, calibration); :func:`summarize` and :func:`print_summary` give the last steps'
+means at the end. :mod:`calibrl.trl.train` installs them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LOG_HISTORY", "log_history_writer", "print_summary", "progress_callback", "summarize"]
+__all__ = ["LOG_HISTORY", "format_step_line", "log_history_writer", "print_summary", "progress_callback",
+           "summarize"]
 
 
 LOG_HISTORY = "log_history.jsonl"
@@ -69,6 +71,7 @@ def _truncate_log_history(path: Path, *, after_step: int) -> None:
 
 
 _SUMMARY_KEYS = (
+    ("loss", "loss"),
     ("reward", "reward"),
     ("accuracy", "calibration/accuracy"),
     ("AUROC (pooled)", "calibration/auroc"),
@@ -82,12 +85,43 @@ _SUMMARY_KEYS = (
 )
 
 
+# (label, key, format) of the per-step line, in order; a metric the step did not log is left out
+_STEP_LINE_KEYS = (
+    ("loss", "loss", ".4f"),
+    ("reward", "reward", ".3f"),
+    ("accuracy", "calibration/accuracy", ".3f"),
+    ("auroc", "calibration/auroc", ".3f"),
+    ("auroc/prompt", "calibration/auroc_per_prompt", ".3f"),
+    ("decision ece", "calibration/decision_ece", ".3f"),
+    ("masked", "calibration/estimator/mask_fraction", ".2f"),
+)
+
+
+def format_step_line(logs: dict, step: int, max_steps: int) -> str | None:
+    """One line for a training log (``step 3/10  loss 0.0123  reward 0.500  accuracy 0.500  auroc 0.625``), or for
+    an evaluation log (``eval`` and its metrics); None for other logs (the end-of-training totals)."""
+    evaluation = any(k.startswith("eval_") for k in logs)
+    prefix = "eval_" if evaluation else ""
+    parts = [f"{label} {logs[prefix + key]:{fmt}}" for label, key, fmt in _STEP_LINE_KEYS
+             if isinstance(logs.get(prefix + key), (int, float)) and _defined(logs[prefix + key])]
+    if evaluation:
+        if isinstance(logs.get("eval_loss"), (int, float)) and not any(p.startswith("loss ") for p in parts):
+            parts.insert(0, f"loss {logs['eval_loss']:.4f}")
+        return f"eval at step {step}: " + "  ".join(parts) if parts else None
+    if "loss" not in logs and "reward" not in logs:
+        return None
+    width = len(str(max_steps)) if max_steps and max_steps > 0 else 1
+    total = f"/{max_steps}" if max_steps and max_steps > 0 else ""
+    return f"step {step:>{width}}{total}  " + "  ".join(parts)
+
+
 def progress_callback(console):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from transformers import TrainerCallback
 
     class RichProgress(TrainerCallback):
-        """Rich progress bar with the latest reward and AUROC (main process only)."""
+        """Rich progress bar with the latest reward and AUROC, and one printed line per logging step, above the bar
+        in a terminal and plain when the output is a file or a pipe (main process only)."""
 
         def __init__(self):
             self.progress = None
@@ -107,6 +141,10 @@ def progress_callback(console):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs:
                 self.last.update({k: v for k, v in logs.items() if isinstance(v, (int, float))})
+                line = format_step_line(logs, state.global_step, state.max_steps) if state.is_world_process_zero \
+                    else None
+                if line:
+                    console.print(line, markup=False, highlight=False, soft_wrap=True)
             if self.progress is not None:
                 parts = []
                 for label, key in (("reward", "reward"), ("auroc", "calibration/auroc")):
@@ -129,7 +167,8 @@ def progress_callback(console):
 
 
 def summarize(log_history: list[dict], *, last_n: int = 5) -> dict[str, dict[str, float]]:
-    """First and last (mean of the last ``last_n`` logged values) of the summary metrics, and final eval values."""
+    """First and last (mean of the last ``last_n`` logged values, ``last_count`` of them) of the summary metrics,
+    and final eval values."""
     out: dict[str, dict[str, float]] = {}
     for label, key in _SUMMARY_KEYS:
         values = [h[key] for h in log_history if isinstance(h.get(key), (int, float)) and not math.isnan(h[key])]
@@ -142,6 +181,7 @@ def summarize(log_history: list[dict], *, last_n: int = 5) -> dict[str, dict[str
             row["first"] = float(values[0])
             tail = values[-last_n:]
             row["last"] = float(sum(tail) / len(tail))
+            row["last_count"] = len(tail)  # how many logged values "last" averages (fewer than last_n in short runs)
         if evals:
             row["eval"] = float(evals[-1])
         out[label] = row
@@ -154,11 +194,34 @@ def print_summary(console, summary: dict, trainer) -> None:
     table = Table(title=f"calibrl train: {trainer.args.advantage_estimator} ({trainer.state.global_step} steps)")
     table.add_column("metric")
     table.add_column("first", justify="right")
-    table.add_column("last (mean of 5)", justify="right")
+    table.add_column(_last_column_label(summary), justify="right")
     table.add_column("eval", justify="right")
+    widest = max((row.get("last_count", 0) for row in summary.values()), default=0)
     fmt = lambda row, k: f"{row[k]:.4f}" if k in row else "-"  # noqa: E731
     for label, row in summary.items():
-        table.add_row(label, fmt(row, "first"), fmt(row, "last"), fmt(row, "eval"))
+        last = fmt(row, "last")
+        if "last_count" in row and row["last_count"] < widest:  # a metric some steps did not log (AUROC)
+            last += f" ({row['last_count']})"
+        table.add_row(label, fmt(row, "first"), last, fmt(row, "eval"))
     console.print(table)
+    _print_no_signal_note(console, trainer.state.log_history)
     console.print(f"output: {trainer.args.output_dir}")
     console.print(f"log history (one JSON line per logged step): {Path(trainer.args.output_dir) / LOG_HISTORY}")
+
+
+def _last_column_label(summary: dict) -> str:
+    """What the "last" column averages: the last logged value, or the mean of the last N logged ones."""
+    n = max((row.get("last_count", 0) for row in summary.values()), default=0)
+    return "last" if n <= 1 else f"last (mean of {n} logged steps)"
+
+
+def _print_no_signal_note(console, log_history: list[dict]) -> None:
+    """Says so when no step had a group whose completions scored differently: every advantage was zero, so the
+    policy gradient was zero and the run did not learn (e.g. a model that never gets a reward)."""
+    fractions = [h["frac_reward_zero_std"] for h in log_history if isinstance(h.get("frac_reward_zero_std"), (int, float))]
+    if fractions and all(f >= 1.0 for f in fractions):
+        rewards = {h["reward"] for h in log_history if isinstance(h.get("reward"), (int, float))}
+        same = f" (every completion's reward was {rewards.pop():g})" if len(rewards) == 1 else ""
+        console.print(f"note: in none of the {len(fractions)} logged step(s) did a group's completions score "
+                      f"differently{same}: every advantage was zero, so the rewards taught the model nothing",
+                      markup=False, highlight=False, soft_wrap=True)

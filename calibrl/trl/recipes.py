@@ -3,7 +3,8 @@
 A recipe::
 
     model:                                 # or simply  model: Qwen/Qwen2.5-Math-1.5B  /  model: "builtin:tiny"
-      name_or_path: Qwen/Qwen2.5-Math-1.5B # hub id, local folder, or "builtin:tiny" (calibrl.testbed.model)
+      name_or_path: Qwen/Qwen2.5-Math-1.5B # hub id, local folder, .gguf file, "builtin:smollm2-135m-instruct"
+                                           # (calibrl.models) or "builtin:tiny" (calibrl.testbed.model)
       dtype: bfloat16                      # float32 | bfloat16 | float16 | auto
       peft: {r: 16, lora_alpha: 32, target_modules: all-linear}   # optional LoRA (peft.LoraConfig fields)
     dataset: {name: deepscaler, split: train, path: null, limit: null}   # calibrl.tasks.registry name
@@ -14,6 +15,8 @@ A recipe::
       learning_rate: 1.0e-6
       advantage_estimator: capo
       capo_tau: 0.6
+    calibration_eval: {every: 10, prompts: 32, k: 4}   # optional: calibrl.trl.callbacks.CalibrationEvalConfig fields
+                                                       # (+ dataset: a section; default: eval_dataset's prompts)
 
 Unknown keys are errors that name the key, the section and the file (with the closest valid name). Extra keys
 in a dataset section (or its ``options:`` mapping) are passed to the dataset loader (e.g. ``template:
@@ -109,9 +112,11 @@ class Recipe:
     trainer: dict[str, Any]
     eval_dataset: DatasetSpec | None = None
     source: str = "<recipe>"
+    calibration_eval: Any = None  # a calibrl.trl.callbacks.CalibrationEvalConfig when the recipe sets the key
+    calibration_eval_dataset: DatasetSpec | None = None  # its held-out prompts when not the eval_dataset's
 
 
-_TOP_KEYS = ("model", "dataset", "eval_dataset", "rewards", "trainer")
+_TOP_KEYS = ("model", "dataset", "eval_dataset", "rewards", "trainer", "calibration_eval")
 
 
 def trainer_fields() -> set[str]:
@@ -128,8 +133,20 @@ def unknown_key_error(key: str, section: str, valid, source: str) -> RecipeError
     return RecipeError(f"{source}: unknown key {key!r} in section {section!r}{hint}")
 
 
+def _check_builtin(name: Any, source: str) -> None:
+    """A ``builtin:`` model name must be one calibrl knows (checked here, before anything loads; the GGUF-backed
+    ones are converted by :func:`calibrl.models.resolve_model` when the trainer is built)."""
+    from calibrl.models import BUILTIN_MODELS
+
+    if isinstance(name, str) and name.startswith("builtin:") and name != TINY \
+            and name.split(":", 1)[1] not in BUILTIN_MODELS:
+        known = ", ".join([TINY, *(f"builtin:{k}" for k in BUILTIN_MODELS)])
+        raise RecipeError(f"{source}: model.name_or_path: unknown builtin model {name!r}; known: {known}")
+
+
 def _parse_model(raw: Any, source: str) -> ModelSpec:
     if isinstance(raw, str):
+        _check_builtin(raw, source)
         return ModelSpec(name_or_path=raw)
     if not isinstance(raw, dict):
         raise RecipeError(f"{source}: section 'model' must be a mapping or a model name, got {type(raw).__name__}")
@@ -141,6 +158,7 @@ def _parse_model(raw: Any, source: str) -> ModelSpec:
         raise RecipeError(f"{source}: section 'model' needs 'name_or_path' (hub id, folder or {TINY!r})")
     if raw.get("peft") is not None and not isinstance(raw["peft"], dict):
         raise RecipeError(f"{source}: model.peft must be a mapping of peft.LoraConfig fields")
+    _check_builtin(raw["name_or_path"], source)
     spec = ModelSpec(**{k: v for k, v in raw.items() if v is not None})
     if spec.dtype not in (None, "auto", "float32", "bfloat16", "float16"):
         raise RecipeError(f"{source}: model.dtype must be float32, bfloat16, float16 or auto, got {spec.dtype!r}")
@@ -264,6 +282,36 @@ def check_trainer_fields(raw: dict, source: str, section: str = "trainer") -> di
     return dict(raw)
 
 
+def _parse_calibration_eval(raw: Any, has_eval_dataset: bool, source: str):
+    """(CalibrationEvalConfig, its own held-out dataset or None) from the ``calibration_eval`` section: ``true``
+    or a mapping of CalibrationEvalConfig fields plus an optional ``dataset`` section (default: ``eval_dataset``)."""
+    from calibrl.trl.callbacks import CalibrationEvalConfig
+
+    if raw is True:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{source}: section 'calibration_eval' must be a mapping of its settings (or true), "
+                          f"got {raw!r}")
+    raw = dict(raw)
+    dataset_raw = raw.pop("dataset", None)
+    dataset = _parse_dataset(dataset_raw, "calibration_eval.dataset", source) if dataset_raw is not None else None
+    if dataset is None and not has_eval_dataset:
+        raise RecipeError(f"{source}: calibration_eval needs held-out prompts: set section 'eval_dataset' or "
+                          "calibration_eval.dataset (e.g. {name: ..., split: test})")
+    hints = typing.get_type_hints(CalibrationEvalConfig)
+    for key, value in raw.items():
+        if key not in hints:
+            raise unknown_key_error(key, "calibration_eval", [*hints, "dataset"], source)
+        if not _matches(value, hints[key]):
+            raise RecipeError(f"{source}: calibration_eval.{key}: expected {_type_name(hints[key])}, "
+                              f"got {value!r} ({type(value).__name__})")
+    try:
+        config = CalibrationEvalConfig(**raw)
+    except ValueError as exc:
+        raise RecipeError(f"{source}: {exc}") from None
+    return config, dataset
+
+
 def parse_recipe(data: dict, source: str = "<recipe>") -> Recipe:
     """A :class:`Recipe` from an already-loaded mapping (``source`` names it in errors)."""
     if not isinstance(data, dict):
@@ -274,6 +322,9 @@ def parse_recipe(data: dict, source: str = "<recipe>") -> Recipe:
     for key in ("model", "dataset", "rewards"):
         if key not in data or data[key] is None:
             raise RecipeError(f"{source}: missing section {key!r}")
+    calibration_eval, calibration_eval_dataset = (
+        _parse_calibration_eval(data["calibration_eval"], bool(data.get("eval_dataset")), source)
+        if data.get("calibration_eval") not in (None, False) else (None, None))
     return Recipe(
         model=_parse_model(data["model"], source),
         dataset=_parse_dataset(data["dataset"], "dataset", source),
@@ -281,6 +332,8 @@ def parse_recipe(data: dict, source: str = "<recipe>") -> Recipe:
         rewards=_parse_rewards(data["rewards"], source),
         trainer=check_trainer_fields(data.get("trainer") or {}, source),
         source=source,
+        calibration_eval=calibration_eval,
+        calibration_eval_dataset=calibration_eval_dataset,
     )
 
 
@@ -329,4 +382,5 @@ def load_recipe(path: str | Path) -> Recipe:
     folder = path.resolve().parent  # through a symlink (configs/ -> calibrl/recipes/) to the real folder
     _relative_to_recipe(recipe.dataset, folder)
     _relative_to_recipe(recipe.eval_dataset, folder)
+    _relative_to_recipe(recipe.calibration_eval_dataset, folder)
     return recipe

@@ -34,6 +34,18 @@ __all__ = [
 
 
 _TRL_CHECKPOINTING_DEPRECATION = r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated"
+_TRL_RESPONSE_SCHEMA_NOTE = r"The tokenizer has a legacy `response_schema`"
+
+
+def _filter_known_warnings() -> None:
+    """Inside a ``warnings.catch_warnings()`` block: hide the FutureWarnings a calibrl user cannot act on, each by
+    category and message (and module where it is fixed), so any other warning still shows."""
+    # TRL 1.16 calls transformers 5's deprecated gradient_checkpointing names around every generation
+    # (trl.models.utils.unwrap_model_for_generation): three FutureWarnings per run
+    warnings.filterwarnings("ignore", message=_TRL_CHECKPOINTING_DEPRECATION, category=FutureWarning)
+    # TRL's GRPOTrainer on a chat tokenizer that ships a response_schema (Qwen3): a note to TRL's own maintainers
+    warnings.filterwarnings("ignore", message=_TRL_RESPONSE_SCHEMA_NOTE, category=FutureWarning,
+                            module=r"trl\.trainer\.grpo_trainer")
 
 
 def _dataset_kwargs(spec: DatasetSpec, section: str, source: str) -> tuple[Any, dict[str, Any]]:
@@ -210,6 +222,8 @@ def validate_recipe(recipe: Recipe, *, overrides: dict | None = None, stand_in_m
     _dataset_kwargs(recipe.dataset, "dataset", source)
     if recipe.eval_dataset is not None:
         _dataset_kwargs(recipe.eval_dataset, "eval_dataset", source)
+    if recipe.calibration_eval_dataset is not None:
+        _dataset_kwargs(recipe.calibration_eval_dataset, "calibration_eval.dataset", source)
     return args
 
 
@@ -251,6 +265,12 @@ def build_trainer(recipe: Recipe, *, model=None, tokenizer=None, overrides: dict
         callbacks=callbacks,
     )
     trainer.callback_handler.callbacks.insert(0, log_history_writer())  # first: the others see filtered logs
+    if recipe.calibration_eval is not None:  # held-out calibration: calibrl.trl.callbacks
+        from calibrl.trl.callbacks import attach_calibration_eval
+
+        held_out = recipe.calibration_eval_dataset
+        dataset = _load_dataset(held_out, "calibration_eval.dataset", source) if held_out else eval_dataset
+        attach_calibration_eval(trainer, config=recipe.calibration_eval, dataset=dataset)
     return trainer
 
 
@@ -277,6 +297,19 @@ def _remove_if_empty(folder: Path, *, existed: bool) -> None:
         pass
 
 
+def _save_quietly(trainer) -> None:
+    """``save_model`` without transformers' "Writing model shards" bar (a second bar under calibrl's own)."""
+    from transformers.utils import logging as transformers_logging
+
+    was_enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        trainer.save_model(trainer.args.output_dir)
+    finally:
+        if was_enabled:
+            transformers_logging.enable_progress_bar()
+
+
 def train(recipe: Recipe, resume: bool = False, *, overrides: dict | None = None, model=None, tokenizer=None,
           progress: bool = True, console=None) -> dict[str, Any]:
     """Train ``recipe``; with ``resume`` continue from the last checkpoint in its output_dir.
@@ -292,8 +325,27 @@ def train(recipe: Recipe, resume: bool = False, *, overrides: dict | None = None
     if progress:
         overrides.setdefault("disable_tqdm", True)
         callbacks.append(progress_callback(console))
-    output_dir = Path(validate_recipe(recipe, overrides=overrides, stand_in_model=model is not None).output_dir)
-    existed = output_dir.exists()
+    with warnings.catch_warnings():
+        _filter_known_warnings()
+        output_dir = Path(validate_recipe(recipe, overrides=overrides, stand_in_model=model is not None).output_dir)
+        existed = output_dir.exists()
+        trainer, checkpoint, is_main = _run(recipe, resume, overrides, model, tokenizer, callbacks, console, progress,
+                                            output_dir, existed)
+    summary = summarize(trainer.state.log_history)
+    if is_main:
+        print_summary(console, summary, trainer)
+    return {
+        "output_dir": trainer.args.output_dir,
+        "global_step": trainer.state.global_step,
+        "resumed_from": checkpoint,
+        "summary": summary,
+        "log_history": trainer.state.log_history,
+    }
+
+
+def _run(recipe, resume, overrides, model, tokenizer, callbacks, console, progress, output_dir, existed):
+    """Builds the trainer, trains (from the last checkpoint with ``resume``), evaluates, saves; a failure removes
+    the output folder when this run created it and left it empty. Returns (trainer, checkpoint, is_main)."""
     try:
         trainer = build_trainer(recipe, model=model, tokenizer=tokenizer, overrides=overrides, callbacks=callbacks)
         if progress:
@@ -306,24 +358,14 @@ def train(recipe: Recipe, resume: bool = False, *, overrides: dict | None = None
             console.print(f"[yellow]--resume: no checkpoint in {trainer.args.output_dir}; starting from scratch")
         elif checkpoint and is_main:
             console.print(f"resuming from {checkpoint}")
-        with warnings.catch_warnings():
-            # TRL 1.16 calls transformers 5's deprecated gradient_checkpointing names around every generation
-            # (trl.models.utils.unwrap_model_for_generation): three FutureWarnings per run nobody here can act on
-            warnings.filterwarnings("ignore", message=_TRL_CHECKPOINTING_DEPRECATION, category=FutureWarning)
-            trainer.train(resume_from_checkpoint=checkpoint)
-            if trainer.eval_dataset is not None:
-                trainer.evaluate()
-        trainer.save_model(trainer.args.output_dir)
+        trainer.train(resume_from_checkpoint=checkpoint)
+        if trainer.eval_dataset is not None:
+            trainer.evaluate()
+        if progress:
+            _save_quietly(trainer)
+        else:
+            trainer.save_model(trainer.args.output_dir)
     except BaseException:
         _remove_if_empty(output_dir, existed=existed)
         raise
-    summary = summarize(trainer.state.log_history)
-    if is_main:
-        print_summary(console, summary, trainer)
-    return {
-        "output_dir": trainer.args.output_dir,
-        "global_step": trainer.state.global_step,
-        "resumed_from": checkpoint,
-        "summary": summary,
-        "log_history": trainer.state.log_history,
-    }
+    return trainer, checkpoint, is_main

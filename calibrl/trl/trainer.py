@@ -18,6 +18,8 @@ TRL method overridden                  what calibrl adds
 ``_get_per_token_logps_and_entropies`` keeps the loss pass's log-probs for telemetry (no extra forward)
 ``_compute_loss``                      adds ``decision_loss_coef * decision_token_loss`` (arXiv 2601.13284)
 ``log``                                leaves out metrics undefined for the whole logging period (no NaN / None)
+``_save_checkpoint``                   also writes CAPO's frozen quantile-mask thresholds (``calibrl_capo_mask.json``)
+``_load_optimizer_and_scheduler``      also restores them on resume (TRL's own pattern for its entropy controller)
 =====================================  ==============================================================================
 
 Every TRL option that does not conflict keeps working: ``loss_type``, ``importance_sampling_level="sequence"``
@@ -28,7 +30,10 @@ Every TRL option that does not conflict keeps working: ``loss_type``, ``importan
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import os
 from typing import Any
 
 import torch
@@ -36,7 +41,9 @@ import torch
 from trl import GRPOTrainer
 
 from calibrl.advantages import compute_advantages, get_estimator
+from calibrl.advantages.capo import FrozenQuantileMask, frozen_quantile_params
 from calibrl.batch import RolloutBatch, masked_row_mean
+from calibrl.models import resolve_model
 from calibrl.trl import decision as dec
 from calibrl.trl.config import CalibratedGRPOConfig
 from calibrl.trl.generation import can_record_generation_logprobs, recording_generation_logprobs
@@ -51,7 +58,11 @@ from calibrl.trl.rollout import (
 )
 from calibrl.trl.telemetry import PendingTelemetry, calibration_metrics, completion_columns, overwrite_last
 
-__all__ = ["CalibratedGRPOTrainer"]
+__all__ = ["CalibratedGRPOTrainer", "CAPO_MASK_STATE_FILE"]
+
+logger = logging.getLogger(__name__)
+
+CAPO_MASK_STATE_FILE = "calibrl_capo_mask.json"  # in each checkpoint folder: FrozenQuantileMask.state_dict()
 
 
 class CalibratedGRPOTrainer(GRPOTrainer):
@@ -67,7 +78,14 @@ class CalibratedGRPOTrainer(GRPOTrainer):
     * ``info``: the estimator's diagnostics; ``metrics``: the telemetry dict logged for this batch;
     * ``trl_advantages``: TRL's own advantages for this process's rows; ``process_slice``: those rows;
     * ``correct``: [N] bool correctness; ``rewards``: [N] weighted total reward; ``mode``: "train" or "eval";
-    * ``decision_probs``: [N] probability of the chosen decision class (NaN where none), or None.
+    * ``decision_probs``: [N] probability of the chosen decision class (NaN where none), or None;
+    * ``params``: the estimator parameters of this step (CAPO's frozen ``ref_high`` / ``ref_low`` filled in).
+
+    ``capo_mask="quantile"``: ``trainer.capo_quantile_mask`` (a :class:`~calibrl.advantages.capo.FrozenQuantileMask`)
+    freezes the reference-perplexity quantiles of the first ``capo_ref_quantile_batches`` training batches; they
+    are logged every batch as ``capo/ref_ppl_high`` / ``capo/ref_ppl_low``, saved in every checkpoint
+    (``calibrl_capo_mask.json``) and restored by ``train(resume_from_checkpoint=...)``. Evaluation batches read
+    them and never set them.
     """
 
     _tag_names = ["trl", "grpo", "calibrl"]
@@ -80,6 +98,8 @@ class CalibratedGRPOTrainer(GRPOTrainer):
 
     def __init__(self, model, reward_funcs=None, args: CalibratedGRPOConfig | None = None, *pargs, **kwargs):
         """Mirrors ``GRPOTrainer.__init__`` (TRL 1.16): TRL's, with the reference planned around it."""
+        if isinstance(model, str):  # a .gguf file or builtin:smollm2-135m-instruct -> its converted folder
+            model = resolve_model(model)
         if args is None:
             name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model") or "model"
             args = CalibratedGRPOConfig(f"{str(name).split('/')[-1]}-CalibratedGRPO")
@@ -91,6 +111,10 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         get_estimator(args.advantage_estimator)  # fail early with the list of registered names
         self._calibrl_params = args.estimator_params()
         self._calibrl_inputs = estimator_inputs(args.advantage_estimator, self._calibrl_params)
+        self.capo_quantile_mask: FrozenQuantileMask | None = None
+        if args.advantage_estimator == "capo" and self._calibrl_params.get("mask") == "quantile":
+            self.capo_quantile_mask = FrozenQuantileMask.from_params(self._calibrl_params)
+        self._calibrl_step_params: dict[str, Any] = {}
         plan = plan_reference(model, args, needs_ref="ref_logprob_mean" in self._calibrl_inputs,
                               peft_config=kwargs.get("peft_config"))
         real_beta = args.beta
@@ -182,6 +206,30 @@ class CalibratedGRPOTrainer(GRPOTrainer):
             del self._metrics[mode][key]
         super().log(logs, start_time)
 
+    def _save_checkpoint(self, model, trial):
+        """Mirrors ``GRPOTrainer._save_checkpoint`` (TRL 1.16): TRL's checkpoint, plus the state of CAPO's frozen
+        quantile mask in ``calibrl_capo_mask.json`` (written by the main process, as TRL writes its own json)."""
+        super()._save_checkpoint(model, trial)
+        if self.capo_quantile_mask is not None and self.args.should_save:
+            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            with open(os.path.join(folder, CAPO_MASK_STATE_FILE), "w") as f:
+                json.dump(self.capo_quantile_mask.state_dict(), f)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        """Mirrors ``Trainer._load_optimizer_and_scheduler`` (transformers 5), which ``train`` calls with the resumed
+        checkpoint: TRL's, plus CAPO's frozen quantile thresholds from ``calibrl_capo_mask.json`` (every process
+        reads it). A checkpoint without the file (saved with another mask) leaves them to the next batch."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None or self.capo_quantile_mask is None:
+            return
+        path = os.path.join(checkpoint, CAPO_MASK_STATE_FILE)
+        if not os.path.isfile(path):
+            logger.warning("capo_mask='quantile': %s has no %s; the thresholds are estimated again from the next "
+                           "training batch", checkpoint, CAPO_MASK_STATE_FILE)
+            return
+        with open(path) as f:
+            self.capo_quantile_mask.load_state_dict(json.load(f))
+
     # ---------------------------------------------------------------------------------------------------- advantage step
 
     def _calibrl_replace_advantages(self, output: dict) -> dict:
@@ -201,7 +249,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         self.last_rollout = {
             "batch": rollout.batch, "advantages": all_adv, "info": info, "trl_advantages": trl_advantages,
             "process_slice": rollout.process_slice, "mode": rollout.mode, "metrics": {}, "correct": rollout.correct,
-            "rewards": rollout.rewards, "decision_probs": decision_probs,
+            "rewards": rollout.rewards, "decision_probs": decision_probs, "params": dict(self._calibrl_step_params),
         }
         if rollout.logprobs_deferred:
             output["calibrl_row"] = torch.arange(rollout.n_local, device=self.accelerator.device)
@@ -227,11 +275,18 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         )
         if keep_trl:
             kept = self.accelerator.gather(trl_advantages).masked_fill(rollout.empty, 0.0)
+            self._calibrl_step_params = {}
             return kept, {"trl_advantages_kept": 1.0}, True
+        params = self._step_params()
+        if self.capo_quantile_mask is not None:  # CAPO's frozen thresholds: set by training batches only
+            params = frozen_quantile_params(params, batch=rollout.batch, state=self.capo_quantile_mask,
+                                            update=rollout.mode == "train")
+            if params.get("ref_high") is not None:
+                self._metrics[rollout.mode]["capo/ref_ppl_high"].append(float(params["ref_high"]))
+                self._metrics[rollout.mode]["capo/ref_ppl_low"].append(float(params["ref_low"]))
+        self._calibrl_step_params = params
         # Estimators ignore the optional fields they do not read, so the full batch is passed.
-        all_adv, info = compute_advantages(
-            rollout.batch, self.args.advantage_estimator, return_info=True, **self._step_params()
-        )
+        all_adv, info = compute_advantages(rollout.batch, self.args.advantage_estimator, return_info=True, **params)
         # rows without tokens are already 0 (compute_advantages leaves them out by their lengths)
         all_adv = torch.nan_to_num(all_adv.to(torch.float32), nan=0.0).masked_fill(rollout.unscorable, 0.0)
         return all_adv, info, False
@@ -274,7 +329,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         d_loss, d_metrics = decision_token_loss(
             decision_logits=class_logits, class_token_ids=torch.arange(class_logits.size(1), device=class_logits.device),
             chosen_class=inputs["calibrl_decision_chosen"], correct=inputs["calibrl_decision_correct"].bool(),
-            lam=self.args.decision_loss_coef,
+            lam=self.args.decision_loss_coef, target=self.args.decision_loss_target,
         )
         mode = "train" if self.model.training else "eval"
         normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0

@@ -25,7 +25,17 @@ How a verl batch becomes a :class:`calibrl.RolloutBatch` (our choices):
 - Estimator parameters: the mapping ``algorithm.calibrl`` (hydra: ``+algorithm.calibrl.tau=0.6``), passed as
   keyword arguments to the estimator; else the JSON object in the environment variable ``CALIBRL_VERL_PARAMS``.
   verl's GRPO uses epsilon 1e-6, calibrl's (TRL's) 1e-4: ``+algorithm.calibrl.eps=1e-6`` reproduces verl.
-- Diagnostics (e.g. CAPO's ``mask_fraction``) go to ``data.meta_info["calibrl/advantage"]``, to the logger
+- CAPO's ``mask="quantile"``: the reference-perplexity quantiles of the first batch(es) this process computes
+  advantages for are frozen (:class:`calibrl.advantages.capo.FrozenQuantileMask`), one state per estimator and
+  quantile configuration, held at module level in the driver process that runs verl's advantage step
+  (:func:`quantile_mask_state`, :func:`reset_quantile_masks`). verl 0.9.1 gives plugins no checkpoint hook, so
+  the plugin wraps both trainers' ``_save_checkpoint`` / ``_load_checkpoint`` (:mod:`calibrl.verl.hooks`): every
+  checkpoint folder ``global_step_N`` gets ``calibrl_capo_mask.json`` (:func:`save_quantile_masks`), and a resumed
+  run reads it back (:func:`load_quantile_masks`); a checkpoint without it (saved without the plugin, or with
+  another mask) leaves the thresholds to the first batch after the resume. Passing the logged values
+  (``ref_high`` / ``ref_low`` in the diagnostics) as ``+algorithm.calibrl.ref_high=... +algorithm.calibrl.ref_low=...``
+  with ``mask=quantile`` also freezes them from the start.
+- Diagnostics (e.g. CAPO's ``mask_fraction``, the thresholds ``ref_high`` / ``ref_low``) go to ``data.meta_info["calibrl/advantage"]``, to the logger
   ``calibrl.verl`` (INFO) and to :func:`last_info`; verl's trackers do not see them.
 
 The log-probs, embeddings and answers are not among the arguments verl passes an estimator; they are read from
@@ -43,6 +53,7 @@ import numpy as np
 import torch
 
 import calibrl
+from calibrl.advantages.capo import FrozenQuantileMask, frozen_quantile_params
 from calibrl.batch import RolloutBatch, RolloutBatchError, masked_row_mean
 from calibrl.verl.hooks import RAY_TRAINER, current_data
 from calibrl.verl.v1 import queue_answers
@@ -50,8 +61,59 @@ from calibrl.verl.v1 import queue_answers
 logger = logging.getLogger("calibrl.verl")
 
 PARAMS_ENV = "CALIBRL_VERL_PARAMS"
+QUANTILE_MASK_FILE = "calibrl_capo_mask.json"  # in verl's global_step_N checkpoint folders
 
 _LAST_INFO: dict[str, float] = {}
+
+# (estimator, its quantile settings) -> the frozen thresholds of CAPO's mask="quantile" in this process
+_QUANTILE_MASKS: dict[tuple[str, str], FrozenQuantileMask] = {}
+_QUANTILE_KEYS = ("ref_high_quantile", "ref_low_quantile", "ref_quantile_batches", "ref_high", "ref_low")
+
+
+def quantile_mask_state(name: str, params: dict[str, Any]) -> FrozenQuantileMask | None:
+    """The :class:`FrozenQuantileMask` of estimator ``name`` with ``params`` in this process (created on first use),
+    or None unless ``name`` is capo with ``mask="quantile"``. One state per quantile configuration (quantile
+    levels, K, thresholds given), so two estimators configured differently never share thresholds."""
+    if name != "capo" or params.get("mask") != "quantile":
+        return None
+    key = (name, json.dumps({k: params.get(k) for k in _QUANTILE_KEYS}, sort_keys=True, default=str))
+    state = _QUANTILE_MASKS.get(key)
+    if state is None:
+        state = _QUANTILE_MASKS[key] = FrozenQuantileMask.from_params(params)
+    return state
+
+
+def reset_quantile_masks() -> None:
+    """Forget every frozen quantile threshold of this process (a new run in the same process starts afresh)."""
+    _QUANTILE_MASKS.clear()
+
+
+def save_quantile_masks(folder: str) -> None:
+    """Write every quantile-mask state of this process to ``folder/calibrl_capo_mask.json`` (a list of
+    {estimator, settings, state}); nothing when there is none."""
+    if not _QUANTILE_MASKS:
+        return
+    os.makedirs(folder, exist_ok=True)
+    entries = [{"estimator": name, "settings": json.loads(settings), "state": state.state_dict()}
+               for (name, settings), state in _QUANTILE_MASKS.items()]
+    with open(os.path.join(folder, QUANTILE_MASK_FILE), "w") as f:
+        json.dump(entries, f)
+
+
+def load_quantile_masks(folder: str) -> bool:
+    """Restore the states :func:`save_quantile_masks` wrote in ``folder``; False (and nothing changed) when the file
+    is absent."""
+    path = os.path.join(folder, QUANTILE_MASK_FILE)
+    if not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        entries = json.load(f)
+    for entry in entries:
+        state = quantile_mask_state(entry["estimator"], {**entry["settings"], "mask": "quantile"})
+        if state is not None:
+            state.load_state_dict(entry["state"])
+    logger.info("calibrl: restored CAPO's frozen quantile thresholds from %s", path)
+    return True
 
 
 def _dense_ids(labels: Any) -> torch.Tensor:
@@ -160,8 +222,12 @@ def make_adv_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Ten
         extras = _from_current_data(token_level_rewards.shape[0])
         batch = rollout_batch_from_verl(token_level_rewards=token_level_rewards, response_mask=response_mask,
                                         index=index, **extras)
+        params = estimator_params(config)
+        state = quantile_mask_state(name, params)
+        if state is not None:  # verl computes advantages for training batches only: every call may set them
+            params = frozen_quantile_params(params, batch=batch, state=state)
         try:
-            advantages, info = calibrl.compute_advantages(batch, name, return_info=True, **estimator_params(config))
+            advantages, info = calibrl.compute_advantages(batch, name, return_info=True, **params)
         except RolloutBatchError as exc:
             raise RolloutBatchError(f"{exc}{_missing_input_hint(str(exc), have_step=bool(extras))}") from exc
         _record_info(name, info)

@@ -9,6 +9,9 @@ The default (V1) trainer, ``verl.trainer.ppo.v1.trainer_base``, also gets the wr
 :mod:`calibrl.verl.v1` (the inputs its fixed-field batch drops; the validation dump's ``logprob_mean``), and the
 legacy ``RayPPOTrainer`` those of :mod:`calibrl.verl.legacy` (its validation dump's ``logprob_mean``).
 
+Both trainers' ``_save_checkpoint`` / ``_load_checkpoint`` also save and restore CAPO's frozen quantile-mask
+thresholds (:func:`wrap_checkpointing`).
+
 verl imports the plugin from its own ``__init__`` (``VERL_USE_EXTERNAL_MODULES``), before the trainer modules
 exist, so :func:`wrap_advantage_step` either patches each loaded module at once or installs an import hook
 (:class:`_RayTrainerHook`) that patches it the moment it loads; the hook answers for :data:`PATCHED_MODULES` only.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import importlib.abc
+import os
 import sys
 from typing import Any, Callable
 
@@ -57,6 +61,53 @@ def wrap_compute_advantage(fn: Callable[..., Any]) -> Callable[..., Any]:
     return compute_advantage
 
 
+def checkpoint_folder_loaded(trainer: Any) -> str | None:
+    """The ``global_step_N`` folder verl 0.9.1's ``_load_checkpoint`` just resumed ``trainer`` from, else None:
+    ``trainer.resume_from_path`` with ``resume_mode=resume_path``, else ``default_local_dir/global_step_N``
+    (relative paths against the working directory, as verl reads them)."""
+    cfg = trainer.config.trainer
+    steps = int(getattr(trainer, "global_steps", 0) or 0)
+    if cfg.resume_mode == "disable" or steps <= 0:
+        return None
+    folder = cfg.resume_from_path if cfg.resume_mode == "resume_path" else os.path.join(
+        cfg.default_local_dir, f"global_step_{steps}")
+    return os.path.abspath(folder)
+
+
+def wrap_checkpointing(cls: Any) -> None:
+    """Wrap ``cls._save_checkpoint`` / ``cls._load_checkpoint`` (verl 0.9.1's ``RayPPOTrainer`` and V1
+    ``PPOTrainer``): after a save, :func:`calibrl.verl.advantage.save_quantile_masks` into the new
+    ``default_local_dir/global_step_N``; after a load, :func:`~calibrl.verl.advantage.load_quantile_masks` from the
+    folder resumed (:func:`checkpoint_folder_loaded`). Both run in the trainer's process, which is the one that
+    computes the advantages. Idempotent; a class without the methods is left alone."""
+    if cls is None or getattr(cls, "_calibrl_checkpointing", False):
+        return
+    save, load = getattr(cls, "_save_checkpoint", None), getattr(cls, "_load_checkpoint", None)
+    if save is None or load is None:
+        return
+
+    @functools.wraps(save)
+    def _save_checkpoint(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = save(self, *args, **kwargs)
+        from calibrl.verl.advantage import save_quantile_masks
+
+        save_quantile_masks(os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}"))
+        return out
+
+    @functools.wraps(load)
+    def _load_checkpoint(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = load(self, *args, **kwargs)
+        folder = checkpoint_folder_loaded(self)
+        if folder is not None:
+            from calibrl.verl.advantage import load_quantile_masks
+
+            load_quantile_masks(folder)
+        return out
+
+    cls._save_checkpoint, cls._load_checkpoint = _save_checkpoint, _load_checkpoint
+    cls._calibrl_checkpointing = True
+
+
 def _patch_ray_trainer(module: Any) -> None:
     """Replace ``compute_advantage`` in ``verl.trainer.ppo.ray_trainer`` (verl 0.9.1) by its wrapped version.
 
@@ -77,6 +128,7 @@ def _patch_ray_trainer(module: Any) -> None:
     from calibrl.verl.legacy import patch_legacy_trainer
 
     patch_legacy_trainer(module)
+    wrap_checkpointing(getattr(module, "RayPPOTrainer", None))
 
 
 def _patch_v1_trainer(module: Any) -> None:
@@ -84,6 +136,7 @@ def _patch_v1_trainer(module: Any) -> None:
     from calibrl.verl.v1 import patch_v1_trainer
 
     patch_v1_trainer(module)
+    wrap_checkpointing(getattr(module, "PPOTrainer", None))
 
 
 # module name -> what to do to it once loaded

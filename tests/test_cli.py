@@ -1,0 +1,76 @@
+"""The command line itself: help and argument errors come without importing torch, read well at 80 columns, and
+every option says what it does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import typer
+from typer.testing import CliRunner
+
+from calibrl.cli import app
+
+HEAVY_MODULES = ("torch", "transformers", "trl", "datasets")
+
+
+def _modules_loaded_after(code: str) -> dict:
+    """Runs ``code`` in a fresh interpreter; returns which of HEAVY_MODULES it loaded."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps({{m: m in sys.modules for m in {HEAVY_MODULES!r}}}))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_cli_loads_no_torch():
+    assert _modules_loaded_after("import calibrl.cli") == dict.fromkeys(HEAVY_MODULES, False)
+
+
+def test_help_and_argument_errors_load_no_torch():
+    for argv in (["--help"], ["train", "--help"], ["eval", "--help"], ["generate", "--help"], ["demo", "--help"],
+                 ["demo", "--seeds", "0"], ["generate", "--n", "many"]):
+        code = ("from calibrl.cli import app\n"
+                f"try:\n    app({argv!r}, standalone_mode=False)\nexcept Exception:\n    pass")
+        assert _modules_loaded_after(code) == dict.fromkeys(HEAVY_MODULES, False), argv
+
+
+def test_the_package_api_still_loads_on_first_use():
+    import calibrl
+
+    assert callable(calibrl.compute_advantages) and calibrl.RolloutBatch.__name__ == "RolloutBatch"
+    assert {"compute_advantages", "register_estimator", "RolloutBatch"} <= set(dir(calibrl))
+    try:
+        calibrl.no_such_name  # noqa: B018
+    except AttributeError as exc:
+        assert "no_such_name" in str(exc)
+    else:
+        raise AssertionError("an unknown attribute must raise AttributeError")
+
+
+def test_help_fits_80_columns_and_shows_no_type_for_flags():
+    runner = CliRunner()
+    for argv in (["--help"], ["train", "--help"], ["eval", "--help"], ["generate", "--help"], ["demo", "--help"]):
+        result = runner.invoke(app, argv, env={"COLUMNS": "80"}, terminal_width=80)
+        assert result.exit_code == 0, result.output
+        lines = result.output.splitlines()
+        assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+        assert "<bool>" not in result.output, argv
+        assert "..." not in "".join(line for line in lines if "default" in line), argv  # no cut default
+    eval_help = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "80"}, terminal_width=80).output
+    assert "majority,weighted,pc,rpc,best_of_n" in "".join(eval_help.split())
+
+
+def test_every_option_has_help():
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():
+        for param in command.params:
+            assert getattr(param, "help", None), f"calibrl {name} {param.opts[0]} has no help"
+
+
+def test_demo_checks_its_methods_before_printing_or_writing(tmp_path):
+    out = tmp_path / "demo"
+    result = CliRunner().invoke(app, ["demo", "--out", str(out), "--methods", "decision/sft,nope/grpo"])
+    assert result.exit_code == 2
+    assert "nope/grpo" in result.output and "decision/sft," not in result.output.split("nope/grpo")[0]
+    assert "calibrl demo:" not in result.output
+    assert not out.exists()
