@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_trl import _registered  # noqa: F401 (a fixture, used by name)
+from test_trl import _one_torch_thread, _registered  # noqa: F401 (fixtures: autouse / used by name)
 from test_trl import _config, _dataset, _write_recipe, parity_reward
 
 from calibrl import metrics as M
@@ -26,14 +26,6 @@ from calibrl.trl.callbacks import (
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore")
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _held_out():
