@@ -161,3 +161,19 @@ def test_a_baseline_evaluated_once_is_drawn_across_the_curves_panel(tmp_path):
     bluish = panel[..., 2] - panel[..., 0] > 0.15
     columns = np.where(bluish.any(axis=0))[0]
     assert columns.size and columns.max() - columns.min() > 0.5 * image.shape[1]
+
+
+def test_scratchpad_report_reads_the_gap_to_a_ceiling_of_one_and_says_which_regime(tmp_path):
+    from calibrl.testbed.report import REGIME_NOTE, findings, write_demo_report
+
+    final = {"expected_accuracy": 0.73, "auroc": 0.976, "auroc_ceiling": 1.0, "seq_ece": 0.2, "entropy": 0.05}
+    runs = [_run(m, label, 0, f, task="scratchpad") for m, label, f in
+            (("grpo", "GRPO", final), ("capo_tau0.6", "CAPO", {**final, "auroc": 0.972}))]
+    for r in runs:
+        r["history"][0].update(auroc_ceiling=1.0, auroc=0.836, expected_accuracy=0.403, entropy=0.093)
+    summary = {"config": {"methods": ["scratchpad/grpo", "scratchpad/capo_tau0.6"], "seeds": [0]}, "results": runs}
+    text = findings(summary, "scratchpad")
+    assert "AUROC of the sequence confidence rose from 0.836 to 0.976 (better), 0.024 below the ceiling" in text[0]
+    report = write_demo_report(summary, tmp_path).read_text()
+    assert "testbed/scratchpad" in report and "ceiling − AUROC" in report and "entropy per token" in report
+    assert REGIME_NOTE in report and "not reproduced" in REGIME_NOTE

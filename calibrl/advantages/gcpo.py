@@ -187,9 +187,14 @@ def standardized_damping(*, evidence: torch.Tensor, members: torch.Tensor, stren
 def gcpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_groups: int, embeddings: torch.Tensor,
                     logprob_mean: torch.Tensor | None = None, measure: str = "cosine", strength: float = 0.5,
                     rd_scale: float = 0.5, center: bool | str = False, standardize: bool = False, eps: float = 1e-4,
-                    layout: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+                    layout: tuple[torch.Tensor, torch.Tensor, int] | None = None, group_values: bool = False
+                    ) -> tuple[torch.Tensor, dict[str, Any]]:
     """GCPO (our reading, see the module docstring): GRPO advantage * (1 - strength * D * (1 - rd)), or with
     ``standardize=True`` * (1 - strength * sigmoid(z-score over the batch's mixed groups of D * (1 - rd))).
+
+    ``group_values=True`` adds ``info["groups"]``: the per-group tensors ``cd``, ``bot``, ``rd`` (population
+    std of the rewards) and ``scale``, each [n_groups] (``bench/gcpo_gradients.py`` correlates them with the
+    groups' gradient variance).
 
     ``center``: False / "none" (default: raw embeddings) or True / "batch" (subtract the batch-mean embedding).
     ``layout`` = (slot, counts, g_max) from :func:`calibrl.advantages.capo.group_layout` (saves a sort).
@@ -268,6 +273,8 @@ def gcpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
     advantages = (base * scale[group_index]).to(rewards.dtype)
     info = {"cd_mean": float(cd[present].mean()), "bot_mean": float(bot[present].mean()),
             "rd_mean": float(rd[present].mean()), "scale_mean": float(scale[present].mean())}
+    if group_values:
+        info["groups"] = {"cd": cd, "bot": bot, "rd": rd, "scale": scale}
     return advantages, info
 
 

@@ -21,12 +21,24 @@ def demo_command(
     workers: int = typer.Option(2, "--workers", min=1, help="Worker processes (one torch thread each)."),
     methods: Optional[str] = typer.Option(
         None, "--methods",
-        help="Comma-separated subset, e.g. 'stochastic_reasoning/grpo,stochastic_reasoning/capo,decision/decision'.",
+        help="Comma-separated subset, e.g. 'stochastic_reasoning/grpo,stochastic_reasoning/capo,decision/decision'. "
+             "With --model: one of grpo, capo, capo_mask, grpo_decision (default grpo).",
+    ),
+    model: Optional[str] = typer.Option(
+        None, "--model",
+        help="A real model instead of the tiny one: builtin:smollm2-135m-instruct or a .gguf / Hugging Face folder. "
+             "Evaluates it on held-out multiple-choice prompts, trains a few LoRA steps (--steps, default 6; "
+             "--quick: 2) and evaluates again; about 10 minutes on 2 cores for the built-in model (see README).",
     ),
 ) -> None:
     """Built-in demo on the tiny model: GRPO vs CAPO (sequence confidence) and SFT vs GRPO vs decision-token
-    calibration (decisions), with GCPO and SEED-GRPO beside them, from one warm start; writes report.md + plots."""
+    calibration (decisions), with GCPO and SEED-GRPO beside them, from one warm start; writes report.md + plots.
+    With --model: the same question on a real model, in a short LoRA run."""
     import warnings
+
+    if model is not None:
+        _real_model_demo(model=model, out=out, quick=quick, steps=steps, methods=methods)
+        return
 
     from calibrl.testbed.demo import run_demo
     from calibrl.testbed.methods import DemoConfig, method_specs
@@ -51,3 +63,25 @@ def demo_command(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+
+
+def _real_model_demo(*, model: str, out: Path, quick: bool, steps: Optional[int], methods: Optional[str]) -> None:
+    import warnings
+
+    from calibrl.testbed.realmodel import REAL_MODEL_METHODS, run_real_model_demo
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    method = (methods or "grpo").strip()
+    if method not in REAL_MODEL_METHODS:
+        raise typer.BadParameter(f"with --model, --methods is one of {', '.join(REAL_MODEL_METHODS)}; got "
+                                 f"{method!r}", param_hint="'--methods'")
+    out = out if out != Path("runs/demo") else Path("runs/demo-realmodel")
+    try:
+        report = run_real_model_demo(out, model=model, method=method, steps=steps if steps is not None else
+                                     (2 if quick else 6), eval_prompts=8 if quick else 32)
+    except (ValueError, FileNotFoundError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(f"report: {report}")
+    typer.echo((report.parent / "report.md").read_text().split("## Held-out evaluations")[0].split(
+        "## What this run shows")[-1].strip())

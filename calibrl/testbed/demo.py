@@ -173,7 +173,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, console=None, write_report:
 
         report = write_demo_report(summary, out, title=title, command=command)
         console.print(f"report: {report}", soft_wrap=True)
-        from calibrl.testbed.report import TASK_TITLES, findings, summary_table
+        from calibrl.testbed.report import REGIME_NOTE, TASK_TITLES, findings, summary_table
 
         for task in tasks:
             # a log file gets the markdown table, unwrapped: a rich table squeezed to 80 columns truncates cells
@@ -184,6 +184,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, console=None, write_report:
                               highlight=False, markup=False, soft_wrap=True)
             for sentence in findings(summary, task):
                 console.print(f"- {sentence}", highlight=False, markup=False, soft_wrap=True)
+        console.print(f"\n{REGIME_NOTE}", highlight=False, markup=False, soft_wrap=True)
     console.print(f"done in {summary['seconds']:.0f} s")
     return summary
 

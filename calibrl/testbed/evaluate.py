@@ -49,6 +49,8 @@ def evaluate(model, tokenizer, task: str, prompts: list[str], p_true: list[float
         "auroc_ceiling": float(M.auroc(q, correct)),
         "seq_ece": float(M.ece(seq_prob, correct, n_bins=10, strategy="uniform")),
         "mean_confidence": float(np.exp(lpm).mean()),
+        # per-token entropy of the policy on its own samples, estimated by their mean negative log-prob
+        "entropy": float(-(lpm * np.asarray(res["n_tokens"])).sum() / max(1, np.asarray(res["n_tokens"]).sum())),
     }
     samples = {"prompt_index": pid, "logprob_mean": lpm, "seq_prob": seq_prob, "correct": correct, "q_true": q}
     if spec.classes:

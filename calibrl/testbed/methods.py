@@ -73,9 +73,25 @@ def method_specs(*, capo_tau: float = 0.6, decision_coef: float = 1.0, seed_alph
         # stated confidence (not in the default demo): the task's reward is RLCR's, so plain GRPO on it is RLCR
         MethodSpec("sft", RLCR_TASK, "SFT (warm start, uninformed confidence)", {}, train=False),
         MethodSpec("rlcr", RLCR_TASK, "RLCR (GRPO on correctness + Brier)", {"advantage_estimator": "grpo"}),
+        # the pre-registered study's arms (docs/testbed.md; calibrl.testbed.protocol), in the papers' regime
+        *PROTOCOL_ARMS,
     ]
     return {f"{s.task}/{s.name}": s for s in specs}
 
+
+PROTOCOL_TASK = "scratchpad"
+PROTOCOL_ARMS = (
+    MethodSpec("grpo", PROTOCOL_TASK, "GRPO (lr 1e-4)", {"advantage_estimator": "grpo"}),
+    MethodSpec("grpo_lr3e-5", PROTOCOL_TASK, "GRPO (lr 3e-5, the slower-GRPO control)",
+               {"advantage_estimator": "grpo", "learning_rate": 3e-5}),
+    MethodSpec("grpo_kl", PROTOCOL_TASK, "GRPO + KL (beta 0.04)", {"advantage_estimator": "grpo", "beta": 0.04}),
+    MethodSpec("capo_tau0.2", PROTOCOL_TASK, "CAPO (tau 0.2)", {"advantage_estimator": "capo", "capo_tau": 0.2}),
+    MethodSpec("capo_tau0.6", PROTOCOL_TASK, "CAPO (tau 0.6)", {"advantage_estimator": "capo", "capo_tau": 0.6}),
+    MethodSpec("capo_mask_tau0.2", PROTOCOL_TASK, "CAPO + frozen mask (tau 0.2)",
+               {"advantage_estimator": "capo", "capo_tau": 0.2, "capo_mask": "quantile"}),
+    MethodSpec("capo_mask_tau0.6", PROTOCOL_TASK, "CAPO + frozen mask (tau 0.6)",
+               {"advantage_estimator": "capo", "capo_tau": 0.6, "capo_mask": "quantile"}),
+)
 
 DEFAULT_METHODS = ("stochastic_reasoning/grpo", "stochastic_reasoning/capo", "stochastic_reasoning/capo_mask",
                    "stochastic_reasoning/gcpo", "stochastic_reasoning/seed_grpo", "decision/sft", "decision/grpo",
@@ -151,5 +167,5 @@ def stated_confidence_metrics(*, stated, correct, p_true) -> dict[str, float]:
     }
 
 
-__all__ = ["ADD_TASK", "CONTROL_METHODS", "DEC_TASK", "DEFAULT_METHODS", "DemoConfig", "MethodSpec", "QUICK_METHODS",
+__all__ = ["ADD_TASK", "PROTOCOL_ARMS", "PROTOCOL_TASK", "CONTROL_METHODS", "DEC_TASK", "DEFAULT_METHODS", "DemoConfig", "MethodSpec", "QUICK_METHODS",
            "RLCR_METHODS", "RLCR_TASK", "SEQ_TASK", "method_specs", "stated_confidence_metrics"]

@@ -48,6 +48,14 @@ TASK_METRICS: dict[str, list[tuple[str, str, bool | None]]] = {
         ("auroc_per_prompt", "AUROC per prompt", True),
         ("seq_ece", "ECE seq. prob.", False),
     ],
+    "scratchpad": [
+        ("expected_accuracy", "accuracy", True),
+        ("auroc", "AUROC seq. conf.", True),
+        ("auroc_per_prompt", "AUROC per prompt", True),
+        ("auroc_gap", "ceiling − AUROC", False),
+        ("seq_ece", "ECE seq. prob.", False),
+        ("entropy", "entropy per token", None),
+    ],
 }
 # Per task: what the findings compare. accuracy: the expected accuracy (noise-free); calibration: the headline
 # calibration metric (key, readable name, higher is better?) with an optional ceiling key; also: a second
@@ -59,7 +67,18 @@ FINDING_METRICS: dict[str, dict[str, Any]] = {
                  "also": ("calib_err", "mean |q - p|", False), "argmax": "greedy_decision_accuracy"},
     "addition": {"calibration": ("auroc", "AUROC of the sequence confidence", True),
                  "ceiling": None, "also": ("seq_ece", "ECE", False)},
+    "scratchpad": {"calibration": ("auroc", "AUROC of the sequence confidence", True),
+                   "ceiling": "auroc_ceiling", "also": ("seq_ece", "ECE", False)},
 }
+# Which regime the demo's tasks are, said in every report (docs/results/protocol.md, docs/results/testbed.md)
+REGIME_NOTE = (
+    "Which regime this is: the sequence-confidence and decision tasks draw every outcome afresh, so accuracy and "
+    "calibration trade off structurally (even an ideal sampler loses AUROC as it sharpens, and the AUROC ceiling "
+    "falls); that is where GRPO's loss of calibration is established on this testbed. In the papers' own regime "
+    "(deterministic reward, a worked scratchpad, easy and hard prompts: `--methods "
+    "scratchpad/grpo,scratchpad/capo_tau0.6`) the pre-registered pilot found the opposite: GRPO raised the AUROC "
+    "to its ceiling while raising accuracy, so the papers' premise was not reproduced at this scale "
+    "(docs/results/protocol.md in the calibrl repository).")
 # Final expected accuracies further apart than this are "not matched" (about one seed std of the study's runs)
 MATCHED_ACCURACY_TOL = 0.01
 # Calibration differences below this are not read as differences, even with seeds to compare them with (the
@@ -69,11 +88,13 @@ CURVE_METRICS = {
     "stochastic_reasoning": ("auroc", "seq_ece", "expected_accuracy"),
     "decision": ("dec_ece", "calib_err", "auroc", "expected_accuracy"),
     "addition": ("auroc", "seq_ece", "expected_accuracy"),
+    "scratchpad": ("auroc", "auroc_per_prompt", "entropy", "expected_accuracy"),
 }
 TASK_TITLES = {
     "stochastic_reasoning": "Sequence confidence (testbed/stochastic_reasoning)",
     "decision": "Decisions (testbed/decision)",
     "addition": "Deterministic control (testbed/addition)",
+    "scratchpad": "The papers' regime (testbed/scratchpad: deterministic reward, worked scratchpad)",
 }
 
 
@@ -348,14 +369,14 @@ def write_demo_report(summary: dict, out: str | Path, *, title: str = "calibrl d
     """``report.md`` (tables per task, figures, setup) in ``out``; returns its path."""
     out = Path(out)
     cfg = summary.get("config", {})
-    tasks = [t for t in ("stochastic_reasoning", "decision", "addition")
+    tasks = [t for t in ("stochastic_reasoning", "decision", "addition", "scratchpad")
              if any(r["task"] == t for r in summary["results"])]
     lines = [f"# {title}", ""]
     if command:
         lines += ["Command:", "", f"```\n{command}\n```", ""]
     lines += [
         f"Setup: tiny char-level Llama (~0.2M parameters), one SFT warm start per task (sampled from the true "
-        f"distribution, chosen by evaluation), then every method for {cfg.get('steps')} steps of "
+        f"distribution, or for scratchpad from a teacher that slips; chosen by evaluation), then every method for {cfg.get('steps')} steps of "
         f"{cfg.get('prompts_per_step')} prompts x {cfg.get('num_generations')} samples at T = 1, AdamW lr "
         f"{cfg.get('learning_rate')}, beta 0, seeds {list(cfg.get('seeds', []))}. Same budget for every method. "
         f"Evaluation: {cfg.get('eval_prompts')} held-out prompts x {cfg.get('eval_samples')} samples, outcomes drawn "
@@ -375,6 +396,7 @@ def write_demo_report(summary: dict, out: str | Path, *, title: str = "calibrl d
         for task, lines_ in found:
             if lines_:
                 lines += [f"**{TASK_TITLES.get(task, task)}**", ""] + [f"- {x}" for x in lines_] + [""]
+        lines += [REGIME_NOTE, ""]
     for task in tasks:
         lines += [f"## {TASK_TITLES.get(task, task)}", "", markdown_table(summary, task), ""]
         if warm_start_sentence(summary, task):
@@ -389,4 +411,4 @@ def write_demo_report(summary: dict, out: str | Path, *, title: str = "calibrl d
     return path
 
 
-__all__ = ["aggregate", "final_samples_path", "findings", "markdown_table", "warm_start_sentence", "summary_table", "write_demo_report", "write_figures"]
+__all__ = ["REGIME_NOTE", "aggregate", "final_samples_path", "findings", "markdown_table", "warm_start_sentence", "summary_table", "write_demo_report", "write_figures"]

@@ -75,15 +75,30 @@ def _run_method(job: dict, progress: Callable[[dict], None] | None = None) -> di
     run_dir.mkdir(parents=True, exist_ok=True)
     task = job["task"]
     model, tokenizer = load_warm_start(job["warm_path"])
-    prompts = eval_prompts_for(task, job["eval_prompts"])
+    if job.get("eval_split", "test") == "test":
+        prompts = eval_prompts_for(task, job["eval_prompts"])
+    else:  # the pre-registered study reads its main curve on the eval split and keeps test prompts for the end
+        prompts = [r["prompt"] for r in tb.build_rows(task, job["eval_prompts"], split=job["eval_split"], seed=0)]
+    # extra prompt sets evaluated beside the main one ({name: (split, n)}): the pre-registered study's eval set
+    # (choices) and test set (scored at the stopping points); their samples are kept for every evaluation
+    extra_sets = {name: [r["prompt"] for r in tb.build_rows(task, n, split=split, seed=0)]
+                  for name, (split, n) in (job.get("eval_sets") or {}).items()}
     history: list[dict] = []
     last_samples: dict = {}
+    kept_samples: dict[str, np.ndarray] = {}
 
     def do_eval(step: int) -> None:
         was = model.training
         metrics, samples = evaluate(model, tokenizer, task, prompts, n=job["eval_samples"], seed=10_000)
+        rec = {"step": step, **metrics}
+        for name, set_prompts in extra_sets.items():
+            set_metrics, set_samples = evaluate(model, tokenizer, task, set_prompts, n=job["eval_samples"],
+                                                seed=20_000 + len(name))
+            rec[name] = set_metrics
+            for field in ("prompt_index", "logprob_mean", "correct", "q_true"):
+                kept_samples[f"{name}/step{step}/{field}"] = np.asarray(set_samples[field])
         model.train(was)
-        rec = {"step": step, **metrics, "time": round(time.perf_counter() - t0, 2)}
+        rec["time"] = round(time.perf_counter() - t0, 2)
         history.append(rec)
         last_samples.clear()
         last_samples.update(samples)
@@ -120,15 +135,16 @@ def _run_method(job: dict, progress: Callable[[dict], None] | None = None) -> di
         train_logs = logs
         with tempfile.TemporaryDirectory() as tmp:
             n_completions = job["prompts_per_step"] * job["num_generations"]
-            cfg = CalibratedGRPOConfig(
+            settings = dict(
                 output_dir=tmp, max_steps=steps, per_device_train_batch_size=n_completions,
                 num_generations=job["num_generations"], max_completion_length=spec.max_completion_length,
                 learning_rate=job["learning_rate"], lr_scheduler_type="constant", warmup_steps=0, beta=0.0,
                 temperature=1.0, top_k=0, top_p=1.0, logging_steps=max(1, eval_every), report_to="none",
                 save_strategy="no", use_cpu=True, seed=job["seed"], data_seed=job["seed"], bf16=False,
                 disable_tqdm=True, weight_decay=0.0, max_grad_norm=1.0, dataloader_num_workers=0,
-                **job["config"],
             )
+            settings.update(job["config"])  # a method may set its own learning_rate or beta (the study's controls)
+            cfg = CalibratedGRPOConfig(**settings)
             trainer = CalibratedGRPOTrainer(model=model, reward_funcs=[reward], args=cfg, train_dataset=train_ds,
                                             processing_class=tokenizer, callbacks=[Eval()])
             from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -141,6 +157,8 @@ def _run_method(job: dict, progress: Callable[[dict], None] | None = None) -> di
               "config": job["config"], "run_dir": str(run_dir), "history": history, "seconds": round(time.perf_counter() - t0, 1), **extra}
     (run_dir / "history.json").write_text(json.dumps(record, indent=1, default=float))
     np.savez_compressed(run_dir / "final_samples.npz", **{k: np.asarray(v) for k, v in last_samples.items()})
+    if kept_samples:
+        np.savez_compressed(run_dir / "eval_set_samples.npz", **kept_samples)
     return record
 
 

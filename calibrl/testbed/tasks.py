@@ -37,6 +37,18 @@ the 0.2M-parameter char-level Llama of :mod:`calibrl.testbed.model` to learn on 
     digits as it has) and ``ttt`` the total. Reward = 1 iff the final total is right. Columns: ``prompt``,
     ``answer`` (total), ``partial`` (ab + cd), ``prompt_id``.
 
+``testbed/scratchpad`` (the papers' regime: deterministic reward, a worked scratchpad; not in the default demo)
+    prompt ``abcd#``, completion ``a+b=SS,SS+c=SS,SS+d=SS|SS`` (25 characters): the running digit sum worked out
+    in three two-digit steps, then the answer after ``|``. Reward = 1 iff the answer equals the digit sum
+    (deterministic, like a math verifier; the steps are not checked). The format tokens (``+ = , |``) are shared
+    by every prompt. The SFT teacher makes SYSTEMATIC slips: at each step it writes one more than the right
+    running sum with probability e(x) and carries on from what it wrote, so every slip moves the answer up by
+    one. e(x) depends on the prompt's first digit a: 0.05 for a in 0-2 (easy), 0.25 for 3-6 (medium), 0.6 for
+    7-9 (hard), i.e. the teacher is right with probability (1 - e)^3 = 0.857 / 0.422 / 0.064 and, on hard
+    prompts, confidently wrong in a consistent direction (expected accuracy 0.44 over the 10,000 prompts).
+    Columns: ``prompt``, ``answer`` (the digit sum, two digits), ``p_true`` (the teacher's success probability
+    (1 - e)^3: what the warm start is calibrated to), ``tier`` (easy / medium / hard), ``prompt_id``.
+
 Every reward returns ``None``-free floats; malformed completions get 0 (-1 for ``verbalized``, RLCR's floor).
 :func:`true_success_probability` gives, for any completion, the exact probability that the world rewards it (the
 noise-free correctness used for the ``oracle`` metrics), and :func:`bayes_auroc` the AUROC a perfectly calibrated
@@ -57,6 +69,9 @@ DECISION_P = (0.1, 0.2, 0.3, 0.4, 0.6, 0.7, 0.8, 0.9)
 STOCHASTIC_C = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 TASKS = ("decision", "stochastic_reasoning", "addition")
 RLCR_TASK = "verbalized"  # kept out of TASKS (the default demo's tasks) until it earns a place there
+SCRATCHPAD_TASK = "scratchpad"  # the papers' regime (docs/testbed.md's pre-registered study); not in TASKS either
+# scratchpad: the teacher's per-step slip probability by the prompt's first digit (easy / medium / hard tiers)
+SCRATCHPAD_TIERS = (("easy", range(0, 3), 0.05), ("medium", range(3, 7), 0.25), ("hard", range(7, 10), 0.6))
 CONFIDENCE_DIGITS = 10  # stated confidence k / CONFIDENCE_DIGITS for the digit k: 0.0, 0.1, ..., 0.9
 # Disjoint prompt pools: train prompts come from one seeded stream, held-out eval prompts from another, and eval
 # prompts never appear in training (the generators reject them).
@@ -141,7 +156,17 @@ DECISION = TaskSpec("decision", 6, ("Y", "N"), True)
 STOCHASTIC = TaskSpec("stochastic_reasoning", 6, None, True)
 ADDITION = TaskSpec("addition", 11, None, False)
 VERBALIZED = TaskSpec(RLCR_TASK, 8, None, True)
-_BY_NAME = {t.name: t for t in (DECISION, STOCHASTIC, ADDITION, VERBALIZED)}
+SCRATCHPAD = TaskSpec(SCRATCHPAD_TASK, 26, None, False)
+_BY_NAME = {t.name: t for t in (DECISION, STOCHASTIC, ADDITION, VERBALIZED, SCRATCHPAD)}
+
+
+def scratchpad_tier(prompt: str) -> tuple[str, float]:
+    """(tier name, the teacher's per-step slip probability) of a ``scratchpad`` prompt (its first digit)."""
+    first = int(prompt[0])
+    for name, digits, slip in SCRATCHPAD_TIERS:
+        if first in digits:
+            return name, slip
+    raise ValueError(f"not a scratchpad prompt: {prompt!r}")  # pragma: no cover
 
 
 def get_task(name: str) -> TaskSpec:
@@ -171,6 +196,13 @@ def build_rows(task: str, n: int, *, split: str = "train", seed: int = 0) -> lis
             rows.append({"prompt": p, "answer": f"{ss:02d}", "likely": str(ss % 10), "p_true": STOCHASTIC_C[ss % 8],
                          "prompt_id": i})
         return rows
+    if t.name == SCRATCHPAD_TASK:
+        rows = []
+        for i, p in enumerate(_four_digit_prompts(n, split, seed, "#")):
+            tier, slip = scratchpad_tier(p)
+            rows.append({"prompt": p, "answer": f"{_digit_sum(p):02d}", "p_true": (1.0 - slip) ** 3, "tier": tier,
+                         "prompt_id": i})
+        return rows
     prompts = _addition_prompts(n, split, seed)
     rows = []
     for i, p in enumerate(prompts):
@@ -193,6 +225,16 @@ _DECISION_RE = re.compile(r"^(\d\d):([YN])")
 _STOCH_RE = re.compile(r"^(\d\d);(\d)")
 _ADD_RE = re.compile(r"^(\d+)\+(\d\d)=(\d+)")
 _VERBALIZED_RE = re.compile(r"^(\d\d);(\d)(?::(\d))?")
+_SCRATCHPAD_RE = re.compile(r"^(\d)\+(\d)=(\d\d),(\d\d)\+(\d)=(\d\d),(\d\d)\+(\d)=(\d\d)\|(\d\d)")
+
+
+def scratchpad_steps(prompt: str, completion: str) -> list[tuple[int, int, int]] | None:
+    """The three written steps ``(left, digit, result)`` of a ``scratchpad`` completion, None if malformed."""
+    m = _SCRATCHPAD_RE.match(completion)
+    if not m:
+        return None
+    g = [int(x) for x in m.groups()]
+    return [(g[0], g[1], g[2]), (g[3], g[4], g[5]), (g[6], g[7], g[8])]
 
 
 def parse(task: str, prompt: str, completion: str) -> dict:
@@ -221,6 +263,18 @@ def parse(task: str, prompt: str, completion: str) -> dict:
         if not m:
             return {"format_ok": False, "reasoning_ok": False, "choice": None}
         return {"format_ok": True, "reasoning_ok": int(m.group(1)) == _digit_sum(prompt), "choice": m.group(2)}
+    if t.name == SCRATCHPAD_TASK:
+        m = _SCRATCHPAD_RE.match(completion)
+        if not m:
+            return {"format_ok": False, "reasoning_ok": False, "choice": None}
+        digits = [int(ch) for ch in prompt[:4]]
+        steps = scratchpad_steps(prompt, completion)
+        running, ok = digits[0], True
+        for (left, digit, result), want in zip(steps, digits[1:]):
+            ok = ok and left == running and digit == want and result == running + want
+            running += want
+        ok = ok and steps[0][0] == digits[0] and int(m.group(10)) == steps[2][2]
+        return {"format_ok": True, "reasoning_ok": ok, "choice": m.group(10)}
     m = _ADD_RE.match(completion)
     if not m:
         return {"format_ok": False, "reasoning_ok": False, "choice": None}
@@ -236,6 +290,8 @@ def true_success_probability(task: str, prompt: str, completion: str) -> float:
     if not parsed["format_ok"]:
         return 0.0
     ss = _digit_sum(prompt) if t.name != "addition" else None
+    if t.name == SCRATCHPAD_TASK:
+        return 1.0 if int(parsed["choice"]) == ss else 0.0
     if t.name == "decision":
         if not parsed["reasoning_ok"]:
             return 0.0
@@ -301,12 +357,22 @@ def sample_true_completion(task: str, row: dict, rng: np.random.Generator) -> st
         if t.name == RLCR_TASK:  # an uninformed stated confidence: RL has to learn a calibrated one
             return f"{row['answer']};{a}:{int(rng.integers(CONFIDENCE_DIGITS))}"
         return f"{row['answer']};{a}"
+    if t.name == SCRATCHPAD_TASK:  # the teacher with systematic +1 slips (module docstring), not the truth
+        digits = [int(ch) for ch in row["prompt"][:4]]
+        _, slip = scratchpad_tier(row["prompt"])
+        running, parts = digits[0], []
+        for digit in digits[1:]:
+            result = running + digit + int(rng.random() < slip)
+            parts.append(f"{running:02d}+{digit}={result:02d}" if parts else f"{running}+{digit}={result:02d}")
+            running = result
+        return ",".join(parts) + f"|{running:02d}"
     a, b, c = (int(x) for x in row["prompt"][:-1].split("+"))
     return f"{a + b}+{c}={a + b + c}"
 
 
 def sft_dataset(task: str, n_prompts: int = 5000, *, samples_per_prompt: int = 1, seed: int = 0):
-    """Prompt-completion ``datasets.Dataset`` for TRL's SFTTrainer, completions drawn from the true distribution."""
+    """Prompt-completion ``datasets.Dataset`` for TRL's SFTTrainer, completions drawn from the true distribution
+    (``scratchpad``: from its slipping teacher)."""
     from datasets import Dataset
 
     rows = build_rows(task, n_prompts, split="train", seed=seed)
@@ -372,11 +438,12 @@ def _register(task: TaskSpec) -> None:
     register_reward(task.dataset_name, overwrite=True)(make_reward(task.name))
 
 
-for _task in (DECISION, STOCHASTIC, ADDITION, VERBALIZED):
+for _task in (DECISION, STOCHASTIC, ADDITION, VERBALIZED, SCRATCHPAD):
     _register(_task)
 
 __all__ = [
-    "ADDITION", "CONFIDENCE_DIGITS", "DECISION", "RLCR_TASK", "STOCHASTIC", "TASKS", "TaskSpec", "VERBALIZED",
-    "bayes_auroc", "build_dataset", "build_rows",
+    "ADDITION", "CONFIDENCE_DIGITS", "DECISION", "RLCR_TASK", "SCRATCHPAD", "SCRATCHPAD_TASK", "SCRATCHPAD_TIERS",
+    "STOCHASTIC", "TASKS", "TaskSpec", "VERBALIZED", "bayes_auroc", "build_dataset", "build_rows", "scratchpad_steps",
+    "scratchpad_tier",
     "get_task", "make_reward", "parse", "sample_true_completion", "sft_dataset", "true_success_probability",
 ]

@@ -1,0 +1,88 @@
+"""A real-model training study on the CPU: LoRA GRPO vs CAPO (tau 0.6, with and without the frozen reference-
+perplexity mask) vs GRPO + decision-token cross-entropy, from the same start (SmolLM2-135M-Instruct, the
+built-in real model), with equal budgets.
+
+Task, model, LoRA and evaluation: :mod:`calibrl.testbed.realmodel` (``multiple_choice`` levels 1-2, letter
+answers, reward ``decision``; LoRA r 16 on the attention projections; held-out evaluation by
+:class:`calibrl.trl.callbacks.CalibrationEvalCallback` at the start and every EVAL_EVERY steps, the same sampling
+seed each time). Every method: the same start, PROMPTS x GENERATIONS completions of at most TOKENS tokens per step,
+AdamW lr LR constant, T = 1, beta 0, STEPS steps, one torch thread (``--threads``).
+
+All settings are fixed before the runs (nothing here is tuned on the evaluation prompts). Usage::
+
+    python bench/realmodel_study.py --out runs/realmodel_study            # all methods, one after the other
+    python bench/realmodel_study.py --out runs/realmodel_study --report-only
+
+Each method's run writes ``<out>/<method>/calibration_eval.json`` and ``trainer_log.json``; a method whose file
+says it finished is skipped on a rerun (so an interrupted study resumes by method). The report
+(``<out>/report.md``, ``<out>/trajectories.png``) is rebuilt from those files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from calibrl.testbed.realmodel import (REAL_MODEL_LABELS, REAL_MODEL_METHODS, RealModelRunConfig, plot_runs,
+                                       records_table, train_real_model)
+
+DONE = "finished"
+
+
+def report(out: Path, methods: list[str]) -> str:
+    """Markdown table of every evaluation of every finished method, and ``trajectories.png``."""
+    runs = {}
+    for method in methods:
+        path = out / method / "calibration_eval.json"
+        runs[REAL_MODEL_LABELS[method]] = json.loads(path.read_text())["records"] if path.exists() else []
+    plot_runs(runs, out / "trajectories.png")
+    return records_table(runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("runs/realmodel_study"))
+    parser.add_argument("--methods", default=",".join(REAL_MODEL_METHODS))
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--generations", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--train-prompts", type=int, default=2000)
+    parser.add_argument("--eval-prompts", type=int, default=32)
+    parser.add_argument("--eval-k", type=int, default=4)
+    parser.add_argument("--eval-every", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--report-only", action="store_true")
+    options = parser.parse_args()
+    methods = [m for m in options.methods.split(",") if m]
+    unknown = [m for m in methods if m not in REAL_MODEL_METHODS]
+    if unknown:
+        sys.exit(f"unknown method(s) {unknown}; choose from {', '.join(REAL_MODEL_METHODS)}")
+    options.out.mkdir(parents=True, exist_ok=True)
+    if not options.report_only:
+        for method in methods:
+            log = options.out / method / "trainer_log.json"
+            if log.exists() and json.loads(log.read_text()).get(DONE):
+                print(f"{method}: finished earlier, skipped", flush=True)
+                continue
+            config = RealModelRunConfig(
+                method=method, steps=options.steps, prompts_per_step=options.prompts,
+                num_generations=options.generations, max_completion_length=options.tokens, learning_rate=options.lr,
+                levels=tuple(options.levels), train_prompts=options.train_prompts, eval_prompts=options.eval_prompts,
+                eval_k=options.eval_k, eval_every=options.eval_every, seed=options.seed, threads=options.threads)
+            result = train_real_model(config, options.out / method)
+            print(f"{method}: {options.steps} steps in {result['seconds']:.0f} s", flush=True)
+    text = report(options.out, methods)
+    (options.out / "report.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

@@ -1,0 +1,58 @@
+"""`calibrl demo --model`: its pure pieces (the AUROC resolution it states, its sentences, its table) and its
+argument errors. The run itself needs the real model for minutes: `calibrl demo --model ... --quick` by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from calibrl.cli import app
+from calibrl.testbed.realmodel import (REAL_MODEL_METHODS, RealModelRunConfig, auroc_standard_error,
+                                       demo_sentences, records_table)
+
+
+def test_hanley_mcneil_standard_error_by_hand_and_by_simulation():
+    # A = 0.5: Q1 = Q2 = 1/3, var = (1/4 + 9/12 + 9/12) / 100 for 10 positives and 10 negatives
+    assert auroc_standard_error(0.5, 10, 10) == pytest.approx(math.sqrt(0.0175))
+    assert auroc_standard_error(0.8, 40, 88) < auroc_standard_error(0.8, 10, 22)
+    assert math.isnan(auroc_standard_error(0.7, 0, 10))
+    # close to the spread of AUROCs of binormal scores with that true AUROC (0.76 for a shift of 1 sd)
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(0)
+    values = [roc_auc_score(np.r_[np.ones(30), np.zeros(70)], np.r_[rng.normal(1, 1, 30), rng.normal(0, 1, 70)])
+              for _ in range(2000)]
+    assert auroc_standard_error(float(np.mean(values)), 30, 70) == pytest.approx(np.std(values), rel=0.15)
+
+
+def test_demo_sentences_and_table_come_from_the_records():
+    records = [{"step": 0, "accuracy": 0.25, "auroc": 0.578, "ece": 0.21, "n_samples": 128},
+               {"step": 6, "accuracy": 0.3125, "auroc": 0.61, "ece": 0.25, "n_samples": 128}]
+    text = demo_sentences(records, label="GRPO", steps=6)
+    assert text[0] == "held-out accuracy: 0.250 at the start, 0.312 after GRPO's 6 steps (+0.062)."
+    assert "AUROC of the mean token log-prob: 0.578 at the start, 0.610" in text[1] and "(+0.032)" in text[1]
+    se = auroc_standard_error(0.61, 40, 88)
+    assert f"128 held-out samples (40 right)" in text[3] and f"+-{1.96 * se:.2f}" in text[3]
+    assert demo_sentences(records[:1], label="GRPO", steps=6) == ["Only the start was evaluated."]
+    rows = records_table({"GRPO": records}).splitlines()
+    assert rows[2].startswith("| GRPO | 0 | 0.250 | 0.578 |") and rows[3].startswith("| GRPO | 6 | 0.312 | 0.610 |")
+
+
+def test_methods_are_checked_before_anything_loads():
+    with pytest.raises(ValueError, match="unknown method 'foo'"):
+        RealModelRunConfig(method="foo")
+    assert set(REAL_MODEL_METHODS) == {"grpo", "capo", "capo_mask", "grpo_decision"}
+    runner = CliRunner()
+    bad = runner.invoke(app, ["demo", "--model", "builtin:smollm2-135m-instruct", "--methods", "foo"])
+    assert bad.exit_code == 2 and "grpo_decision" in bad.output
+    missing = runner.invoke(app, ["demo", "--model", "/nonexistent/model.gguf", "--quick"])
+    assert missing.exit_code == 2 and "/nonexistent/model.gguf" in missing.output
+
+
+def test_a_missing_model_leaves_no_output_folder(tmp_path):
+    out = tmp_path / "demo"
+    result = CliRunner().invoke(app, ["demo", "--model", str(tmp_path / "none.gguf"), "--out", str(out)])
+    assert result.exit_code == 2 and not out.exists()
