@@ -461,3 +461,23 @@ def test_calibrated_abstention_heldout_figures_are_pooled_over_heldout_samples()
     assert res.n_heldout_prompts == 150 and res.n_heldout_samples == held.sum() == 750
     # the certified threshold's calibration lower bound is at least the target
     assert res.calibration_lower_bound >= 0.75
+
+
+def test_weighted_auroc_matches_sklearn_sample_weight_and_batches_rows():
+    from sklearn.metrics import roc_auc_score
+
+    from calibrl.metrics import weighted_auroc
+
+    rng = np.random.default_rng(7)
+    scores = np.round(rng.normal(size=300), 1)  # rounded: many ties
+    labels = rng.random(300) < 0.4
+    weights = rng.integers(0, 4, size=(5, 300)).astype(float)
+    batch = weighted_auroc(scores, labels, weights)
+    for row, w in zip(batch, weights):
+        assert row == pytest.approx(roc_auc_score(labels, scores, sample_weight=w))
+        assert weighted_auroc(scores, labels, w) == pytest.approx(row)
+    assert weighted_auroc(scores, labels, np.ones(300)) == pytest.approx(roc_auc_score(labels, scores))
+    no_positive = np.where(labels, 0.0, 1.0)
+    assert np.isnan(weighted_auroc(scores, labels, no_positive))
+    with pytest.raises(ValueError, match="one entry per sample"):
+        weighted_auroc(scores, labels, np.ones(299))

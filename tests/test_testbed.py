@@ -150,3 +150,26 @@ def test_sample_completions_scores_exactly():
     # the same seed gives the same samples
     again = sample_completions(model, tok, ["1234=", "5678="], n=3, max_new_tokens=5, seed=0)
     assert again["completion"] == res["completion"]
+
+
+def test_decision_copy_task_copies_the_conclusion_and_rewards_the_decision():
+    rows = tb.build_rows("decision_copy", 400, split="train")
+    assert all(r["prompt"].endswith("^") and r["classes"] == ["Y", "N"] for r in rows)
+    assert not {r["prompt"] for r in rows} & {r["prompt"] for r in tb.build_rows("decision_copy", 200, split="test")}
+    rng = np.random.default_rng(0)
+    says_yes = []
+    for r in rows:
+        c = tb.sample_true_completion("decision_copy", r, rng)
+        parsed = tb.parse("decision_copy", r["prompt"], c)
+        assert parsed["format_ok"] and parsed["reasoning_ok"] and parsed["choice"] == parsed["conclusion"]
+        says_yes.append((parsed["choice"] == "Y") - r["p_true"])
+    assert abs(np.mean(says_yes)) < 0.05  # the conclusion is drawn with probability p(x)
+    prompt = rows[0]["prompt"]
+    p = rows[0]["p_true"]
+    ss = rows[0]["answer"]
+    # the decision (last class token) is what is graded, whatever the reasoning concluded
+    assert tb.true_success_probability("decision_copy", prompt, f"{ss}:N>Y") == pytest.approx(p)
+    assert tb.true_success_probability("decision_copy", prompt, f"{ss}:Y>N") == pytest.approx(1 - p)
+    wrong_sum = f"{(int(ss) + 1) % 100:02d}:Y>Y"
+    assert tb.true_success_probability("decision_copy", prompt, wrong_sum) == 0.0
+    assert tb.bayes_auroc("decision_copy") == pytest.approx(tb.bayes_auroc("decision"))

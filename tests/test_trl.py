@@ -295,6 +295,20 @@ def test_decision_loss_target_reaches_the_loss(tmp_path):
         _trainer(tmp_path / "bad", decision_classes=DECISION_CLASSES, decision_loss_target="soft")
 
 
+def test_decision_consistency_gate_reaches_the_loss(tmp_path):
+    """With the gate off every wrong row's uniform term is active; with it on (the paper target's default) wrong
+    rows whose q(chosen) <= 1/|C| are switched off, which an untrained model (q near uniform) always has."""
+    active = {}
+    for gate in (True, False):
+        trainer = _trainer(tmp_path / str(gate), reward=decision_reward, advantage_estimator="grpo",
+                           decision_classes=DECISION_CLASSES, decision_loss_coef=1.0, max_steps=2,
+                           decision_consistency_gate=gate)
+        trainer.train()
+        active[gate] = [v for v in _logged(trainer, "decision/frac_uniform_active") if v == v]
+    assert active[False] and all(v == 1.0 for v in active[False])
+    assert active[True] and min(active[True]) < 1.0
+
+
 def test_decision_classes_must_be_single_tokens(tmp_path):
     with pytest.raises(ValueError, match="single token"):
         _trainer(tmp_path, decision_classes=["yes", "no"])

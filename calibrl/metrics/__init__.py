@@ -33,6 +33,7 @@ from calibrl.metrics.calibration import (
     reliability_bins,
     roc_curve,
     top_label,
+    weighted_auroc,
 )
 
 __all__ = [
@@ -64,4 +65,5 @@ __all__ = [
     "reliability_bins",
     "roc_curve",
     "top_label",
+    "weighted_auroc",
 ]

@@ -1,7 +1,7 @@
 """Discrimination and calibration of a confidence score against correctness.
 
 Discrimination (any real-valued score, e.g. mean token log-probability):
-    auroc, roc_curve, per_prompt_auroc
+    auroc, weighted_auroc (a weight per sample, or a batch of weight vectors), roc_curve, per_prompt_auroc
 Calibration (confidence must be a probability in [0, 1]):
     ece, mce, reliability_bins, brier, nll
 Multi-class helper:
@@ -44,6 +44,7 @@ __all__ = [
     "reliability_bins",
     "roc_curve",
     "top_label",
+    "weighted_auroc",
 ]
 
 Strategy = Literal["uniform", "quantile"]
@@ -116,6 +117,36 @@ def auroc(confidence: Any, correct: Any) -> float:
     y = as_correct(correct)
     check_same_length(confidence=s, correct=y)
     return _pooled_auroc(s, y)
+
+
+def weighted_auroc(confidence: Any, correct: Any, weights: Any):
+    """Pooled AUROC with a weight per sample: ``sklearn.metrics.roc_auc_score(correct, confidence,
+    sample_weight=weights)`` (ties counting 1/2), for one weight vector [M] (-> float) or a batch of them [B, M]
+    (-> array [B], one sort for all rows: bootstrap resamples as prompt counts). NaN where a row's positive or
+    negative weight is zero.
+    """
+    s = as_scores(confidence)
+    y = as_correct(correct)
+    check_same_length(confidence=s, correct=y)
+    w = np.asarray(weights, dtype=np.float64)
+    single = w.ndim == 1
+    w = np.atleast_2d(w)
+    if w.shape[1] != s.size:
+        raise ValueError(f"weights need one entry per sample ({s.size}), got shape {np.shape(weights)}")
+    order = np.argsort(s, kind="mergesort")
+    s, y, w = s[order], y[order], w[:, order]
+    _, tie = np.unique(s, return_inverse=True)  # equal scores share a slot: ties count one half
+    n_slots = int(tie.max()) + 1 if tie.size else 0
+    pos = np.zeros((w.shape[0], n_slots))
+    neg = np.zeros_like(pos)
+    np.add.at(pos.T, tie[y], w[:, y].T)
+    np.add.at(neg.T, tie[~y], w[:, ~y].T)
+    neg_below = np.cumsum(neg, axis=1) - neg
+    num = (pos * (neg_below + 0.5 * neg)).sum(axis=1)
+    den = pos.sum(axis=1) * neg.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+    return float(out[0]) if single else out
 
 
 def roc_curve(confidence: Any, correct: Any, *, drop_intermediate: bool = True):

@@ -75,6 +75,8 @@ def method_specs(*, capo_tau: float = 0.6, decision_coef: float = 1.0, seed_alph
         MethodSpec("rlcr", RLCR_TASK, "RLCR (GRPO on correctness + Brier)", {"advantage_estimator": "grpo"}),
         # the pre-registered study's arms (docs/testbed.md; calibrl.testbed.protocol), in the papers' regime
         *PROTOCOL_ARMS,
+        # the decision-token study (bench/decision_study.py): the decision copies the reasoning's conclusion
+        *DECISION_STUDY_ARMS,
     ]
     return {f"{s.task}/{s.name}": s for s in specs}
 
@@ -91,6 +93,24 @@ PROTOCOL_ARMS = (
                {"advantage_estimator": "capo", "capo_tau": 0.2, "capo_mask": "quantile"}),
     MethodSpec("capo_mask_tau0.6", PROTOCOL_TASK, "CAPO + frozen mask (tau 0.6)",
                {"advantage_estimator": "capo", "capo_tau": 0.6, "capo_mask": "quantile"}),
+)
+
+DECISION_COPY_TASK = "decision_copy"
+DECISION_LAMBDAS = (1e-3, 1e-2, 0.1, 1.0)
+# decision-token variants: (name, label, CalibratedGRPOConfig fields); "paper_gate" is our reading of the paper
+DECISION_VARIANTS = (
+    ("paper_gate", "paper target + gate", {"decision_loss_target": "onehot_uniform", "decision_consistency_gate": True}),
+    ("paper_nogate", "paper target, no gate",
+     {"decision_loss_target": "onehot_uniform", "decision_consistency_gate": False}),
+    ("binary", "binary target", {"decision_loss_target": "binary", "decision_consistency_gate": False}),
+)
+DECISION_STUDY_ARMS = (
+    MethodSpec("sft", DECISION_COPY_TASK, "SFT (warm start)", {}, train=False),
+    MethodSpec("grpo", DECISION_COPY_TASK, "GRPO", {"advantage_estimator": "grpo"}),
+    *(MethodSpec(f"ce_{variant}_lam{lam:g}", DECISION_COPY_TASK, f"GRPO + decision CE ({label}, lambda {lam:g})",
+                 {"advantage_estimator": "grpo", "decision_classes": ["Y", "N"], "decision_loss_coef": lam,
+                  "decision_zero_advantage": True, **fields})
+      for variant, label, fields in DECISION_VARIANTS for lam in DECISION_LAMBDAS),
 )
 
 DEFAULT_METHODS = ("stochastic_reasoning/grpo", "stochastic_reasoning/capo", "stochastic_reasoning/capo_mask",
@@ -167,5 +187,6 @@ def stated_confidence_metrics(*, stated, correct, p_true) -> dict[str, float]:
     }
 
 
-__all__ = ["ADD_TASK", "PROTOCOL_ARMS", "PROTOCOL_TASK", "CONTROL_METHODS", "DEC_TASK", "DEFAULT_METHODS", "DemoConfig", "MethodSpec", "QUICK_METHODS",
+__all__ = ["ADD_TASK", "DECISION_COPY_TASK", "DECISION_LAMBDAS", "DECISION_STUDY_ARMS", "DECISION_VARIANTS",
+           "PROTOCOL_ARMS", "PROTOCOL_TASK", "CONTROL_METHODS", "DEC_TASK", "DEFAULT_METHODS", "DemoConfig", "MethodSpec", "QUICK_METHODS",
            "RLCR_METHODS", "RLCR_TASK", "SEQ_TASK", "method_specs", "stated_confidence_metrics"]

@@ -130,30 +130,14 @@ def endpoints(samples: dict[str, np.ndarray], prompt_weights: np.ndarray | None 
     return {k: float(v[0]) for k, v in out.items()}
 
 
-def _weighted_auroc(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Pooled AUROC with per-sample weights [B, M] (one row per resample); ties count half."""
-    order = np.argsort(scores, kind="mergesort")
-    s, y = scores[order], labels[order]
-    w = weights[:, order]  # [B, M]
-    # group ties: a unique-score index per sample
-    uniq, inv = np.unique(s, return_inverse=True)
-    pos = np.zeros((w.shape[0], len(uniq)))
-    neg = np.zeros_like(pos)
-    np.add.at(pos.T, inv[y], w[:, y].T)
-    np.add.at(neg.T, inv[~y], w[:, ~y].T)
-    neg_below = np.cumsum(neg, axis=1) - neg
-    num = (pos * (neg_below + 0.5 * neg)).sum(axis=1)
-    den = pos.sum(axis=1) * neg.sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return num / den
-
-
 def _weighted_endpoints(pid: np.ndarray, lpm: np.ndarray, correct: np.ndarray, q: np.ndarray,
                         prompt_weights: np.ndarray) -> dict[str, np.ndarray]:
     """:func:`endpoints` for B prompt-weight vectors at once ([B, P]) -> arrays [B]."""
+    from calibrl.metrics import weighted_auroc
+
     sample_w = prompt_weights[:, pid]  # [B, M]
-    pooled = _weighted_auroc(lpm, correct, sample_w)
-    ceiling = _weighted_auroc(q, correct, sample_w)
+    pooled = weighted_auroc(lpm, correct, sample_w)
+    ceiling = weighted_auroc(q, correct, sample_w)
     # within-prompt AUROC, once per prompt (it does not depend on the resample), then weighted means
     from calibrl.metrics import per_prompt_auroc
 

@@ -95,8 +95,9 @@ def _run_method(job: dict, progress: Callable[[dict], None] | None = None) -> di
             set_metrics, set_samples = evaluate(model, tokenizer, task, set_prompts, n=job["eval_samples"],
                                                 seed=20_000 + len(name))
             rec[name] = set_metrics
-            for field in ("prompt_index", "logprob_mean", "correct", "q_true"):
-                kept_samples[f"{name}/step{step}/{field}"] = np.asarray(set_samples[field])
+            for field in ("prompt_index", "logprob_mean", "correct", "q_true", "dec_conf", "p_yes"):
+                if field in set_samples:
+                    kept_samples[f"{name}/step{step}/{field}"] = np.asarray(set_samples[field])
         model.train(was)
         rec["time"] = round(time.perf_counter() - t0, 2)
         history.append(rec)

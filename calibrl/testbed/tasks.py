@@ -37,6 +37,14 @@ the 0.2M-parameter char-level Llama of :mod:`calibrl.testbed.model` to learn on 
     digits as it has) and ``ttt`` the total. Reward = 1 iff the final total is right. Columns: ``prompt``,
     ``answer`` (total), ``partial`` (ab + cd), ``prompt_id``.
 
+``testbed/decision_copy`` (the decision copies the reasoning's conclusion: arXiv 2601.13284's diagnosis)
+    prompt ``abcd^``, completion ``ss:C>D``: ``ss`` the digit sum, ``C`` in {``Y``, ``N``} the conclusion the
+    reasoning states, ``D`` the decision token. Outcome law and reward as ``decision`` (p(x) by ss mod 8; reward =
+    sum right and D equal to a fresh draw); the SFT data draw C ~ Bernoulli(p(x)) and copy it, D = C, so the warm
+    start's decision token is near-certain whatever it decides (confidence ~1, accuracy p or 1 - p): the
+    miscalibration the decision-token term is meant to repair. The decision is the LAST class token (D).
+    Columns as ``decision``.
+
 ``testbed/scratchpad`` (the papers' regime: deterministic reward, a worked scratchpad; not in the default demo)
     prompt ``abcd#``, completion ``a+b=SS,SS+c=SS,SS+d=SS|SS`` (25 characters): the running digit sum worked out
     in three two-digit steps, then the answer after ``|``. Reward = 1 iff the answer equals the digit sum
@@ -157,7 +165,8 @@ STOCHASTIC = TaskSpec("stochastic_reasoning", 6, None, True)
 ADDITION = TaskSpec("addition", 11, None, False)
 VERBALIZED = TaskSpec(RLCR_TASK, 8, None, True)
 SCRATCHPAD = TaskSpec(SCRATCHPAD_TASK, 26, None, False)
-_BY_NAME = {t.name: t for t in (DECISION, STOCHASTIC, ADDITION, VERBALIZED, SCRATCHPAD)}
+DECISION_COPY = TaskSpec("decision_copy", 8, ("Y", "N"), True)
+_BY_NAME = {t.name: t for t in (DECISION, STOCHASTIC, ADDITION, VERBALIZED, SCRATCHPAD, DECISION_COPY)}
 
 
 def scratchpad_tier(prompt: str) -> tuple[str, float]:
@@ -180,8 +189,8 @@ def get_task(name: str) -> TaskSpec:
 def build_rows(task: str, n: int, *, split: str = "train", seed: int = 0) -> list[dict]:
     """Rows (dicts) of ``task``: the columns documented in the module docstring."""
     t = get_task(task)
-    if t.name == "decision":
-        prompts = _four_digit_prompts(n, split, seed, "=")
+    if t.name in ("decision", "decision_copy"):
+        prompts = _four_digit_prompts(n, split, seed, "=" if t.name == "decision" else "^")
         rows = []
         for i, p in enumerate(prompts):
             ss = _digit_sum(p)
@@ -225,6 +234,7 @@ _DECISION_RE = re.compile(r"^(\d\d):([YN])")
 _STOCH_RE = re.compile(r"^(\d\d);(\d)")
 _ADD_RE = re.compile(r"^(\d+)\+(\d\d)=(\d+)")
 _VERBALIZED_RE = re.compile(r"^(\d\d);(\d)(?::(\d))?")
+_DECISION_COPY_RE = re.compile(r"^(\d\d):([YN])>([YN])")
 _SCRATCHPAD_RE = re.compile(r"^(\d)\+(\d)=(\d\d),(\d\d)\+(\d)=(\d\d),(\d\d)\+(\d)=(\d\d)\|(\d\d)")
 
 
@@ -251,6 +261,12 @@ def parse(task: str, prompt: str, completion: str) -> dict:
         if not m:
             return {"format_ok": False, "reasoning_ok": False, "choice": None}
         return {"format_ok": True, "reasoning_ok": int(m.group(1)) == _digit_sum(prompt), "choice": m.group(2)}
+    if t.name == "decision_copy":
+        m = _DECISION_COPY_RE.match(completion)
+        if not m:
+            return {"format_ok": False, "reasoning_ok": False, "choice": None, "conclusion": None}
+        return {"format_ok": True, "reasoning_ok": int(m.group(1)) == _digit_sum(prompt), "choice": m.group(3),
+                "conclusion": m.group(2)}
     if t.name == RLCR_TASK:
         m = _VERBALIZED_RE.match(completion)
         if not m:
@@ -292,7 +308,7 @@ def true_success_probability(task: str, prompt: str, completion: str) -> float:
     ss = _digit_sum(prompt) if t.name != "addition" else None
     if t.name == SCRATCHPAD_TASK:
         return 1.0 if int(parsed["choice"]) == ss else 0.0
-    if t.name == "decision":
+    if t.name in ("decision", "decision_copy"):
         if not parsed["reasoning_ok"]:
             return 0.0
         p = DECISION_P[ss % 8]
@@ -348,6 +364,9 @@ def sample_true_completion(task: str, row: dict, rng: np.random.Generator) -> st
     if t.name == "decision":
         d = "Y" if rng.random() < row["p_true"] else "N"
         return f"{row['answer']}:{d}"
+    if t.name == "decision_copy":  # the conclusion is drawn, the decision copies it
+        c = "Y" if rng.random() < row["p_true"] else "N"
+        return f"{row['answer']}:{c}>{c}"
     if t.name in ("stochastic_reasoning", RLCR_TASK):
         likely = int(row["likely"])
         if rng.random() < row["p_true"]:
@@ -382,19 +401,6 @@ def sft_dataset(task: str, n_prompts: int = 5000, *, samples_per_prompt: int = 1
     return Dataset.from_list(data)
 
 
-def _auroc_weighted(scores: np.ndarray, pos_w: np.ndarray, neg_w: np.ndarray) -> float:
-    """AUROC of ``scores`` with fractional positive/negative weights per item (ties count one half)."""
-    order = np.argsort(scores, kind="mergesort")
-    s, pw, nw = scores[order], pos_w[order], neg_w[order]
-    uniq, inv = np.unique(s, return_inverse=True)
-    pos_u = np.bincount(inv, weights=pw, minlength=len(uniq))
-    neg_u = np.bincount(inv, weights=nw, minlength=len(uniq))
-    neg_below = np.cumsum(neg_u) - neg_u
-    total = (pos_u * (neg_below + 0.5 * neg_u)).sum()
-    denom = pos_u.sum() * neg_u.sum()
-    return float(total / denom) if denom > 0 else float("nan")
-
-
 def bayes_auroc(task: str, *, policy: str = "true") -> float:
     """AUROC ceiling: the AUROC of the true success probability itself, over every prompt (uniform over the 10,000
     4-digit codes) and every answer, weighted by how often ``policy`` gives it.
@@ -410,7 +416,7 @@ def bayes_auroc(task: str, *, policy: str = "true") -> float:
     scores, pos, neg = [], [], []
     for ss in range(37):
         weight = float((sums == ss).sum())
-        if t.name == "decision":
+        if t.name in ("decision", "decision_copy"):
             p = DECISION_P[ss % 8]
             options = [(p, p), (1 - p, 1 - p)]  # (probability of answering it, success probability)
         else:
@@ -423,7 +429,12 @@ def bayes_auroc(task: str, *, policy: str = "true") -> float:
             scores.append(q)
             pos.append(weight * freq * q)
             neg.append(weight * freq * (1 - q))
-    return _auroc_weighted(np.array(scores), np.array(pos), np.array(neg))
+    from calibrl.metrics import weighted_auroc
+
+    # every (prompt class, answer) item once as a positive (weight pos) and once as a negative (weight neg)
+    scores = np.array(scores)
+    return weighted_auroc(np.r_[scores, scores], np.r_[np.ones(scores.size, bool), np.zeros(scores.size, bool)],
+                          np.r_[pos, neg])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -438,11 +449,11 @@ def _register(task: TaskSpec) -> None:
     register_reward(task.dataset_name, overwrite=True)(make_reward(task.name))
 
 
-for _task in (DECISION, STOCHASTIC, ADDITION, VERBALIZED, SCRATCHPAD):
+for _task in (DECISION, STOCHASTIC, ADDITION, VERBALIZED, SCRATCHPAD, DECISION_COPY):
     _register(_task)
 
 __all__ = [
-    "ADDITION", "CONFIDENCE_DIGITS", "DECISION", "RLCR_TASK", "SCRATCHPAD", "SCRATCHPAD_TASK", "SCRATCHPAD_TIERS",
+    "ADDITION", "CONFIDENCE_DIGITS", "DECISION", "DECISION_COPY", "RLCR_TASK", "SCRATCHPAD", "SCRATCHPAD_TASK", "SCRATCHPAD_TIERS",
     "STOCHASTIC", "TASKS", "TaskSpec", "VERBALIZED", "bayes_auroc", "build_dataset", "build_rows", "scratchpad_steps",
     "scratchpad_tier",
     "get_task", "make_reward", "parse", "sample_true_completion", "sft_dataset", "true_success_probability",

@@ -39,6 +39,7 @@ class CalibratedGRPOConfig(GRPOConfig):
     decision_loss_coef (`float`, defaults to `1e-3`): lambda.
     decision_loss_target (`str`, defaults to `"onehot_uniform"`): the paper's target, or `"binary"` (stationary at
         a calibrated decision probability for any number of classes; docs/losses.md).
+    decision_consistency_gate (`bool`, *optional*): the consistency gate on or off; None = the target's default.
     decision_zero_advantage (`bool`, defaults to `True`): zero the policy-gradient advantage at the decision token.
 
     > Telemetry
@@ -145,6 +146,12 @@ class CalibratedGRPOConfig(GRPOConfig):
                   "`binary` (binary cross-entropy of q(chosen) against correctness, no gate: stationary at "
                   "q(chosen) = P(correct | chosen) for any number of classes and when the decision copies the "
                   "reasoning; docs/losses.md, 'Stationary points of the decision-token term')."},
+    )
+    decision_consistency_gate: bool | None = field(
+        default=None,
+        metadata={"help": "Switch a wrong rollout's decision term off while q(chosen) <= 1/|C| (our reading of the "
+                  "paper's 'decision probability kept within [1/|C|, 1]'). None: the target's default, on for "
+                  "`onehot_uniform`, off for `binary`."},
     )
     decision_zero_advantage: bool = field(
         default=True,

@@ -330,6 +330,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
             decision_logits=class_logits, class_token_ids=torch.arange(class_logits.size(1), device=class_logits.device),
             chosen_class=inputs["calibrl_decision_chosen"], correct=inputs["calibrl_decision_correct"].bool(),
             lam=self.args.decision_loss_coef, target=self.args.decision_loss_target,
+            consistency_gate=self.args.decision_consistency_gate,
         )
         mode = "train" if self.model.training else "eval"
         normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0

@@ -1,0 +1,195 @@
+"""Decision-token calibration when the decision copies the reasoning's conclusion (arXiv 2601.13284's diagnosis),
+on ``testbed/decision_copy``: GRPO vs GRPO + decision-token CE (three variants x four lambdas) vs post-hoc
+calibration of GRPO, compared at matched sampled accuracy.
+
+Arms (``calibrl.testbed.methods.DECISION_STUDY_ARMS``; same warm start, 200 steps of 16 prompts x 8 samples,
+T = 1, lr 1e-4, beta 0, seeds 0 and 1):
+
+* ``sft``: the warm start, evaluated only; ``grpo``;
+* ``ce_<variant>_lam<lambda>``, lambda in {1e-3, 1e-2, 0.1, 1}, variants: ``paper_gate`` (the paper's target:
+  one-hot when right, uniform when wrong, with the consistency gate: our reading of the paper), ``paper_nogate``
+  (the same without the gate), ``binary`` (ours: binary cross-entropy of q(chosen) against correctness).
+
+Protocol, fixed before the runs: every run is evaluated every 25 steps on 128 *eval* prompts (the curve and every
+choice) and 256 *test* prompts (read only as below), 8 samples each, common random numbers.
+
+1. lambda per variant: the one with the lowest eval ``calib_err`` (mean |q(Y) - p(x)| over samples with a right
+   sum: the noise-free calibration error) at the last step, averaged over seeds;
+2. the chosen arms, GRPO and SFT are reported on test at their last step: decision ECE (10 equal-count bins),
+   calib_err, sampled (expected) accuracy and argmax-decision accuracy;
+3. matched sampled accuracy: GRPO read at the first evaluation where its EVAL expected accuracy reaches the
+   chosen arm's final eval expected accuracy (its test metrics at that step);
+4. post-hoc baselines: temperature scaling and isotonic regression (``calibrl.posthoc``) fitted on GRPO's final
+   eval-set decision confidences and drawn outcomes, applied to its final test confidences (decision ECE);
+5. downstream: AURC of each arm's decision confidence on its final test samples (selective prediction).
+
+    python bench/decision_study.py --out runs/decision_study        # 26 training runs, about 25 min on one core
+    python bench/decision_study.py --out runs/decision_study --report-only
+
+Writes ``<out>/report.md`` and ``<out>/analysis.json``; a run whose history.json exists is not run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from calibrl.testbed.methods import DECISION_COPY_TASK, DECISION_LAMBDAS, DECISION_STUDY_ARMS, DECISION_VARIANTS
+
+SEEDS = (0, 1)
+STEPS, EVAL_EVERY, EVAL_PROMPTS, TEST_PROMPTS = 200, 25, 128, 256
+TEST_KEYS = ("dec_ece", "calib_err", "expected_accuracy", "greedy_decision_accuracy", "frac_conf_99")
+
+
+def _jobs(out: Path, warm_path: str) -> list[dict]:
+    jobs = []
+    for seed in SEEDS:
+        for arm in DECISION_STUDY_ARMS:
+            jobs.append({
+                "key": f"{DECISION_COPY_TASK}/{arm.name}", "task": DECISION_COPY_TASK, "method": arm.name,
+                "label": arm.label, "config": dict(arm.config), "train": arm.train, "seed": seed,
+                "steps": STEPS if arm.train else 0, "eval_every": EVAL_EVERY, "eval_prompts": EVAL_PROMPTS,
+                "eval_split": "eval", "eval_sets": {"test": ("test", TEST_PROMPTS)}, "eval_samples": 8,
+                "prompts_per_step": 16, "num_generations": 8, "learning_rate": 1e-4, "warm_path": warm_path,
+                "run_dir": str(out / arm.name / f"seed{seed}")})
+    return [j for j in jobs if not (Path(j["run_dir"]) / "history.json").exists()]
+
+
+def run(out: Path, workers: int) -> None:
+    from calibrl.testbed.runner import run_jobs
+    from calibrl.testbed.warmstart import WarmStartConfig, warm_start
+
+    warm = str(warm_start(DECISION_COPY_TASK, WarmStartConfig.for_task(DECISION_COPY_TASK),
+                          log=lambda m: print(m, flush=True)))
+    jobs = _jobs(out, warm)
+    start = time.time()
+    print(f"{len(jobs)} run(s) to do", flush=True)
+
+    def progress(msg: dict) -> None:
+        if "metrics" in msg and msg["step"] == msg["total"]:
+            m = msg["metrics"]
+            print(f"[{time.time() - start:5.0f} s] {msg['key']} seed {msg['seed']} done: accuracy "
+                  f"{m['expected_accuracy']:.3f} dec ECE {m['dec_ece']:.3f} calib_err {m['calib_err']:.3f}",
+                  flush=True)
+
+    if jobs:
+        run_jobs(jobs, workers=workers, on_progress=progress)
+
+
+def _history(out: Path, arm: str, seed: int) -> list[dict]:
+    return json.loads((out / arm / f"seed{seed}" / "history.json").read_text())["history"]
+
+
+def _mean(values) -> float:
+    values = [v for v in values if v is not None and np.isfinite(v)]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def posthoc_ece(out: Path, seed: int) -> dict[str, float]:
+    """Decision ECE of GRPO's final test confidences after temperature scaling / isotonic regression fitted on its
+    final eval-set confidences (and unchanged)."""
+    from calibrl import metrics as M
+    from calibrl.posthoc import get_posthoc
+
+    run_dir = out / "grpo" / f"seed{seed}"
+    fit = dict(np.load(run_dir / "final_samples.npz"))  # the eval set at the last step
+    with np.load(run_dir / "eval_set_samples.npz") as data:
+        test = {k: data[f"test/step{STEPS}/{k}"] for k in ("dec_conf", "correct")}
+    results = {}
+    has_fit, has_test = np.isfinite(fit["dec_conf"]), np.isfinite(test["dec_conf"])
+    x_fit, y_fit = fit["dec_conf"][has_fit], fit["correct"][has_fit].astype(bool)
+    x_test, y_test = test["dec_conf"][has_test], test["correct"][has_test].astype(bool)
+    results["none"] = float(M.ece(x_test, y_test, n_bins=10, strategy="quantile"))
+    for name in ("temperature", "isotonic"):
+        calibrator = get_posthoc(name).fit(x_fit, y_fit)
+        results[name] = float(M.ece(calibrator.transform(x_test), y_test, n_bins=10, strategy="quantile"))
+    return results
+
+
+def decision_aurc(out: Path, arm: str, seed: int, step: int) -> float:
+    """AURC (area under the risk-coverage curve, lower is better) of the decision confidence against the drawn
+    outcomes of the run's test samples at ``step``: abstaining on the least confident decisions."""
+    from calibrl.metrics import aurc
+
+    with np.load(out / arm / f"seed{seed}" / "eval_set_samples.npz") as data:
+        conf, correct = data[f"test/step{step}/dec_conf"], data[f"test/step{step}/correct"].astype(bool)
+    has = np.isfinite(conf)
+    return float(aurc(conf[has], correct[has]))
+
+
+def analyze(out: Path) -> dict:
+    arms = [a.name for a in DECISION_STUDY_ARMS]
+    hist = {arm: {s: _history(out, arm, s) for s in SEEDS} for arm in arms}
+    chosen = {}
+    for variant, label, _ in DECISION_VARIANTS:
+        scores = {lam: _mean(hist[f"ce_{variant}_lam{lam:g}"][s][-1]["calib_err"] for s in SEEDS)
+                  for lam in DECISION_LAMBDAS}
+        chosen[variant] = {"lambda": min(scores, key=lambda lam: (np.nan_to_num(scores[lam], nan=np.inf), lam)),
+                           "eval_calib_err_by_lambda": scores, "label": label}
+    final = {}
+    for arm in ["sft", "grpo"] + [f"ce_{v}_lam{c['lambda']:g}" for v, c in chosen.items()]:
+        final[arm] = {k: _mean(hist[arm][s][-1]["test"].get(k) for s in SEEDS) for k in TEST_KEYS}
+        final[arm]["eval_expected_accuracy"] = _mean(hist[arm][s][-1]["expected_accuracy"] for s in SEEDS)
+        final[arm]["aurc"] = _mean(decision_aurc(out, arm, s, hist[arm][s][-1]["step"]) for s in SEEDS)
+    matched = {}
+    for variant, c in chosen.items():
+        arm = f"ce_{variant}_lam{c['lambda']:g}"
+        rows = []
+        for s in SEEDS:
+            target = hist[arm][s][-1]["expected_accuracy"]
+            step = next((r for r in hist["grpo"][s] if r["step"] > 0 and r["expected_accuracy"] >= target), None)
+            rows.append(None if step is None else {"step": step["step"], **{k: step["test"].get(k) for k in TEST_KEYS}})
+        reached = [r for r in rows if r is not None]
+        matched[arm] = {"grpo_steps": [r and r["step"] for r in rows], "n_seeds": len(reached),
+                        **{k: _mean(r[k] for r in reached) for k in TEST_KEYS}}
+    post = {name: _mean(posthoc_ece(out, s)[name] for s in SEEDS) for name in ("none", "temperature", "isotonic")}
+    return {"chosen": chosen, "final": final, "grpo_at_matched_accuracy": matched, "grpo_posthoc_dec_ece": post}
+
+
+def report(result: dict) -> str:
+    cols = ("dec_ece", "calib_err", "expected_accuracy", "greedy_decision_accuracy", "frac_conf_99", "aurc")
+    titles = ("decision ECE ↓", "mean abs(q - p) ↓", "accuracy (expected, sampled) ↑", "accuracy (argmax) ↑",
+              "conf > 0.99", "AURC of the decision confidence ↓")
+    fmt = lambda v: "" if v is None or not np.isfinite(v) else f"{v:.3f}"  # noqa: E731
+    lines = ["## Test prompts, last step (mean of seeds " + ", ".join(map(str, SEEDS)) + ")", "",
+             "| arm | " + " | ".join(titles) + " |", "|---|" + "---:|" * len(cols)]
+    for arm, row in result["final"].items():
+        lines.append(f"| {arm} | " + " | ".join(fmt(row[k]) for k in cols) + " |")
+    lines += ["", "## GRPO at the chosen arms' sampled accuracy (read on its eval curve)", "",
+              "| arm | GRPO steps (per seed) | GRPO decision ECE | GRPO mean abs(q - p) | GRPO accuracy (expected) |",
+              "|---|---|---:|---:|---:|"]
+    for arm, row in result["grpo_at_matched_accuracy"].items():
+        lines.append(f"| {arm} | {row['grpo_steps']} | {fmt(row['dec_ece'])} | {fmt(row['calib_err'])} | "
+                     f"{fmt(row['expected_accuracy'])} |")
+    post = result["grpo_posthoc_dec_ece"]
+    lines += ["", "## Post-hoc calibration of GRPO (fitted on eval, decision ECE on test)", "",
+              f"none {fmt(post['none'])}, temperature scaling {fmt(post['temperature'])}, isotonic "
+              f"{fmt(post['isotonic'])}", "", "## lambda chosen on eval (mean eval calib_err at the last step)", ""]
+    for variant, c in result["chosen"].items():
+        scores = ", ".join(f"{lam:g}: {fmt(v)}" for lam, v in c["eval_calib_err_by_lambda"].items())
+        lines.append(f"- {c['label']}: lambda {c['lambda']:g} ({scores})")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("runs/decision_study"))
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--report-only", action="store_true")
+    options = parser.parse_args()
+    options.out.mkdir(parents=True, exist_ok=True)
+    if not options.report_only:
+        run(options.out, options.workers)
+    result = analyze(options.out)
+    (options.out / "analysis.json").write_text(json.dumps(result, indent=1, default=str))
+    text = report(result)
+    (options.out / "report.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
