@@ -20,7 +20,8 @@ choice) and 256 *test* prompts (read only as below), 8 samples each, common rand
 3. matched sampled accuracy: GRPO read at the first evaluation where its EVAL expected accuracy reaches the
    chosen arm's final eval expected accuracy (its test metrics at that step);
 4. post-hoc baselines: temperature scaling and isotonic regression (``calibrl.posthoc``) fitted on GRPO's final
-   eval-set decision confidences and drawn outcomes, applied to its final test confidences (decision ECE);
+   eval-set decision confidences and drawn outcomes, applied to its final test confidences (decision ECE, and
+   mean |q(Y) - p(x)| of the recalibrated confidences);
 5. downstream: AURC of each arm's decision confidence on its final test samples (selective prediction).
 
     python bench/decision_study.py --out runs/decision_study        # 26 training runs, about 25 min on one core
@@ -89,24 +90,31 @@ def _mean(values) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
-def posthoc_ece(out: Path, seed: int) -> dict[str, float]:
-    """Decision ECE of GRPO's final test confidences after temperature scaling / isotonic regression fitted on its
-    final eval-set confidences (and unchanged)."""
+def posthoc(out: Path, seed: int) -> dict[str, dict[str, float]]:
+    """GRPO's final test decisions after temperature scaling / isotonic regression fitted on its final eval-set
+    decision confidences and drawn outcomes (and unchanged): decision ECE, and mean |q'(Y) - p(x)| over samples
+    with a right sum (q'(Y) = the recalibrated confidence of Y: c' when Y was decided, 1 - c' otherwise)."""
     from calibrl import metrics as M
     from calibrl.posthoc import get_posthoc
+    from calibrl.testbed import tasks as tb
 
     run_dir = out / "grpo" / f"seed{seed}"
     fit = dict(np.load(run_dir / "final_samples.npz"))  # the eval set at the last step
     with np.load(run_dir / "eval_set_samples.npz") as data:
-        test = {k: data[f"test/step{STEPS}/{k}"] for k in ("dec_conf", "correct")}
-    results = {}
-    has_fit, has_test = np.isfinite(fit["dec_conf"]), np.isfinite(test["dec_conf"])
+        test = {k: data[f"test/step{STEPS}/{k}"] for k in ("dec_conf", "correct", "p_yes", "q_true", "prompt_index")}
+    p_true = np.array([r["p_true"] for r in tb.build_rows(DECISION_COPY_TASK, TEST_PROMPTS, split="test", seed=0)])
+    has_fit, has = np.isfinite(fit["dec_conf"]), np.isfinite(test["dec_conf"])
     x_fit, y_fit = fit["dec_conf"][has_fit], fit["correct"][has_fit].astype(bool)
-    x_test, y_test = test["dec_conf"][has_test], test["correct"][has_test].astype(bool)
-    results["none"] = float(M.ece(x_test, y_test, n_bins=10, strategy="quantile"))
-    for name in ("temperature", "isotonic"):
-        calibrator = get_posthoc(name).fit(x_fit, y_fit)
-        results[name] = float(M.ece(calibrator.transform(x_test), y_test, n_bins=10, strategy="quantile"))
+    conf, correct = test["dec_conf"][has], test["correct"][has].astype(bool)
+    decided_yes = test["dec_conf"][has] == test["p_yes"][has]  # dec_conf is q of the decided class
+    right_sum = test["q_true"][has] > 0
+    p = p_true[test["prompt_index"][has]]
+    results = {}
+    for name in ("none", "temperature", "isotonic"):
+        c = conf if name == "none" else get_posthoc(name).fit(x_fit, y_fit).transform(conf)
+        q_yes = np.where(decided_yes, c, 1.0 - c)
+        results[name] = {"dec_ece": float(M.ece(c, correct, n_bins=10, strategy="quantile")),
+                         "calib_err": float(np.abs(q_yes - p)[right_sum].mean())}
     return results
 
 
@@ -146,8 +154,10 @@ def analyze(out: Path) -> dict:
         reached = [r for r in rows if r is not None]
         matched[arm] = {"grpo_steps": [r and r["step"] for r in rows], "n_seeds": len(reached),
                         **{k: _mean(r[k] for r in reached) for k in TEST_KEYS}}
-    post = {name: _mean(posthoc_ece(out, s)[name] for s in SEEDS) for name in ("none", "temperature", "isotonic")}
-    return {"chosen": chosen, "final": final, "grpo_at_matched_accuracy": matched, "grpo_posthoc_dec_ece": post}
+    per_seed = [posthoc(out, s) for s in SEEDS]
+    post = {name: {k: _mean(r[name][k] for r in per_seed) for k in ("dec_ece", "calib_err")}
+            for name in ("none", "temperature", "isotonic")}
+    return {"chosen": chosen, "final": final, "grpo_at_matched_accuracy": matched, "grpo_posthoc": post}
 
 
 def report(result: dict) -> str:
@@ -165,10 +175,11 @@ def report(result: dict) -> str:
     for arm, row in result["grpo_at_matched_accuracy"].items():
         lines.append(f"| {arm} | {row['grpo_steps']} | {fmt(row['dec_ece'])} | {fmt(row['calib_err'])} | "
                      f"{fmt(row['expected_accuracy'])} |")
-    post = result["grpo_posthoc_dec_ece"]
-    lines += ["", "## Post-hoc calibration of GRPO (fitted on eval, decision ECE on test)", "",
-              f"none {fmt(post['none'])}, temperature scaling {fmt(post['temperature'])}, isotonic "
-              f"{fmt(post['isotonic'])}", "", "## lambda chosen on eval (mean eval calib_err at the last step)", ""]
+    post = result["grpo_posthoc"]
+    lines += ["", "## Post-hoc calibration of GRPO (fitted on eval, read on test)", "",
+              "| recalibration | decision ECE ↓ | mean abs(q - p) ↓ |", "|---|---:|---:|"]
+    lines += [f"| {name} | {fmt(v['dec_ece'])} | {fmt(v['calib_err'])} |" for name, v in post.items()]
+    lines += ["", "## lambda chosen on eval (mean eval calib_err at the last step)", ""]
     for variant, c in result["chosen"].items():
         scores = ", ".join(f"{lam:g}: {fmt(v)}" for lam, v in c["eval_calib_err_by_lambda"].items())
         lines.append(f"- {c['label']}: lambda {c['lambda']:g} ({scores})")

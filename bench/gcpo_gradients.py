@@ -19,7 +19,8 @@ with both outcomes; the others have A = 0 and no update). A signal that should d
 positively with ``noise`` (negatively with ``snr``); GCPO's scale must do the opposite.
 
 Usage: ``python bench/gcpo_gradients.py [--tasks stochastic_reasoning scratchpad] [--groups 128] [--seeds 0 1 2]``
-(warm starts from the cache, trained when missing; about a minute per task and seed once they exist). Writes ``--out`` (JSON) if given.
+(warm starts from the cache, trained when missing; about a minute per task and seed once they exist). Writes
+``--out`` (JSON) if given.
 """
 
 from __future__ import annotations

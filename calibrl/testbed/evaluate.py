@@ -87,11 +87,12 @@ def greedy_decision_accuracy(p_yes: np.ndarray, p_true_yes: np.ndarray, q_true: 
     return float(np.where(ok, acc, 0.0).mean())
 
 
-def eval_prompts_for(task: str, n: int) -> list[str]:
-    """The ``n`` held-out test prompts of ``task`` every method is evaluated on (fixed seed: the same for all)."""
+def eval_prompts_for(task: str, n: int, *, split: str = "test") -> list[str]:
+    """The ``n`` held-out prompts of ``task`` (``split``: test by default) every method is evaluated on (fixed
+    seed: the same for all)."""
     from calibrl.testbed import tasks as tb
 
-    return [r["prompt"] for r in tb.build_rows(task, n, split="test", seed=0)]
+    return [r["prompt"] for r in tb.build_rows(task, n, split=split, seed=0)]
 
 
 __all__ = ["eval_prompts_for", "evaluate", "greedy_decision_accuracy"]

@@ -99,7 +99,8 @@ DECISION_COPY_TASK = "decision_copy"
 DECISION_LAMBDAS = (1e-3, 1e-2, 0.1, 1.0)
 # decision-token variants: (name, label, CalibratedGRPOConfig fields); "paper_gate" is our reading of the paper
 DECISION_VARIANTS = (
-    ("paper_gate", "paper target + gate", {"decision_loss_target": "onehot_uniform", "decision_consistency_gate": True}),
+    ("paper_gate", "paper target + gate",
+     {"decision_loss_target": "onehot_uniform", "decision_consistency_gate": True}),
     ("paper_nogate", "paper target, no gate",
      {"decision_loss_target": "onehot_uniform", "decision_consistency_gate": False}),
     ("binary", "binary target", {"decision_loss_target": "binary", "decision_consistency_gate": False}),

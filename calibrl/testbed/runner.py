@@ -75,13 +75,11 @@ def _run_method(job: dict, progress: Callable[[dict], None] | None = None) -> di
     run_dir.mkdir(parents=True, exist_ok=True)
     task = job["task"]
     model, tokenizer = load_warm_start(job["warm_path"])
-    if job.get("eval_split", "test") == "test":
-        prompts = eval_prompts_for(task, job["eval_prompts"])
-    else:  # the pre-registered study reads its main curve on the eval split and keeps test prompts for the end
-        prompts = [r["prompt"] for r in tb.build_rows(task, job["eval_prompts"], split=job["eval_split"], seed=0)]
-    # extra prompt sets evaluated beside the main one ({name: (split, n)}): the pre-registered study's eval set
-    # (choices) and test set (scored at the stopping points); their samples are kept for every evaluation
-    extra_sets = {name: [r["prompt"] for r in tb.build_rows(task, n, split=split, seed=0)]
+    # the main curve's prompts: the test split (the demo), or the eval split (the pre-registered studies, which keep
+    # their test prompts for the end); extra sets ({name: (split, n)}) are evaluated beside it and their samples
+    # kept for every evaluation
+    prompts = eval_prompts_for(task, job["eval_prompts"], split=job.get("eval_split", "test"))
+    extra_sets = {name: eval_prompts_for(task, n, split=split)
                   for name, (split, n) in (job.get("eval_sets") or {}).items()}
     history: list[dict] = []
     last_samples: dict = {}
@@ -93,7 +91,7 @@ def _run_method(job: dict, progress: Callable[[dict], None] | None = None) -> di
         rec = {"step": step, **metrics}
         for name, set_prompts in extra_sets.items():
             set_metrics, set_samples = evaluate(model, tokenizer, task, set_prompts, n=job["eval_samples"],
-                                                seed=20_000 + len(name))
+                                                seed=20_000 + len(name))  # a fixed stream per set name
             rec[name] = set_metrics
             for field in ("prompt_index", "logprob_mean", "correct", "q_true", "dec_conf", "p_yes"):
                 if field in set_samples:

@@ -453,8 +453,8 @@ for _task in (DECISION, STOCHASTIC, ADDITION, VERBALIZED, SCRATCHPAD, DECISION_C
     _register(_task)
 
 __all__ = [
-    "ADDITION", "CONFIDENCE_DIGITS", "DECISION", "DECISION_COPY", "RLCR_TASK", "SCRATCHPAD", "SCRATCHPAD_TASK", "SCRATCHPAD_TIERS",
-    "STOCHASTIC", "TASKS", "TaskSpec", "VERBALIZED", "bayes_auroc", "build_dataset", "build_rows", "scratchpad_steps",
+    "ADDITION", "CONFIDENCE_DIGITS", "DECISION", "DECISION_COPY", "RLCR_TASK", "SCRATCHPAD", "SCRATCHPAD_TASK",
+    "SCRATCHPAD_TIERS", "STOCHASTIC", "TASKS", "TaskSpec", "VERBALIZED", "bayes_auroc", "build_dataset", "build_rows", "scratchpad_steps",
     "scratchpad_tier",
     "get_task", "make_reward", "parse", "sample_true_completion", "sft_dataset", "true_success_probability",
 ]
