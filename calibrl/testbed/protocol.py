@@ -133,14 +133,12 @@ def endpoints(samples: dict[str, np.ndarray], prompt_weights: np.ndarray | None 
 def _weighted_endpoints(pid: np.ndarray, lpm: np.ndarray, correct: np.ndarray, q: np.ndarray,
                         prompt_weights: np.ndarray) -> dict[str, np.ndarray]:
     """:func:`endpoints` for B prompt-weight vectors at once ([B, P]) -> arrays [B]."""
-    from calibrl.metrics import weighted_auroc
+    from calibrl.metrics import per_prompt_auroc, weighted_auroc
 
     sample_w = prompt_weights[:, pid]  # [B, M]
     pooled = weighted_auroc(lpm, correct, sample_w)
     ceiling = weighted_auroc(q, correct, sample_w)
     # within-prompt AUROC, once per prompt (it does not depend on the resample), then weighted means
-    from calibrl.metrics import per_prompt_auroc
-
     per = np.full(prompt_weights.shape[1], np.nan)
     _, values = per_prompt_auroc(lpm, correct, pid, return_values=True)  # in the order of np.unique(pid)
     per[np.unique(pid)] = values
@@ -168,9 +166,8 @@ def paired_bootstrap(arm: Sequence[dict[str, np.ndarray]], reference: Sequence[d
         n_prompts = int(max(np.max(a["prompt_index"]), np.max(r["prompt_index"]))) + 1
         for start in range(0, n_bootstrap, chunk):
             b = min(chunk, n_bootstrap - start)
-            draws = rng.integers(0, n_prompts, size=(b, n_prompts))
-            weights = np.zeros((b, n_prompts))
-            np.add.at(weights, (np.repeat(np.arange(b), n_prompts), draws.reshape(-1)), 1.0)
+            # how often each prompt is drawn in a resample of n_prompts prompts with replacement: [b, n_prompts]
+            weights = rng.multinomial(n_prompts, np.full(n_prompts, 1.0 / n_prompts), size=b).astype(np.float64)
             ea = _weighted_endpoints(*_arrays(a), weights)[metric]
             er = _weighted_endpoints(*_arrays(r), weights)[metric]
             total[start:start + b] += ea - er
