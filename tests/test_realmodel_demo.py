@@ -56,3 +56,12 @@ def test_a_missing_model_leaves_no_output_folder(tmp_path):
     out = tmp_path / "demo"
     result = CliRunner().invoke(app, ["demo", "--model", str(tmp_path / "none.gguf"), "--out", str(out)])
     assert result.exit_code == 2 and not out.exists()
+
+
+def test_plot_runs_draws_every_run_with_error_bars(tmp_path):
+    from calibrl.testbed.realmodel import plot_runs
+
+    records = [{"step": 0, "accuracy": 0.25, "auroc": 0.58, "n_samples": 128},
+               {"step": 6, "accuracy": 0.31, "auroc": 0.61, "n_samples": 128}]
+    path = plot_runs({"GRPO": records, "CAPO": records[:1]}, tmp_path / "t.png")
+    assert path.exists() and path.stat().st_size > 10_000

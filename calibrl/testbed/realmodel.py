@@ -138,6 +138,7 @@ def records_table(runs: dict[str, list[dict]]) -> str:
 def plot_runs(runs: dict[str, list[dict]], path: str | Path) -> Path:
     """Held-out accuracy over steps, and AUROC against accuracy (each run's trajectory from its start)."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -146,12 +147,21 @@ def plot_runs(runs: dict[str, list[dict]], path: str | Path) -> Path:
     for (label, records), marker, style in zip(runs.items(), "osD^v", ("-", "--", "-.", ":", "-")):
         if not records:
             continue
-        acc = [r.get("accuracy") for r in records]
-        axes[0].plot([r["step"] for r in records], acc, marker=marker, linestyle=style, label=label)
-        axes[1].plot(acc, [r.get("auroc") for r in records], marker=marker, linestyle=style, label=label)
+        acc = np.array([r.get("accuracy", np.nan) for r in records], dtype=float)
+        auc = np.array([r.get("auroc", np.nan) for r in records], dtype=float)
+        n = np.array([r.get("n_samples") or 0 for r in records], dtype=float)
+        # 95% error bars: binomial for accuracy (samples treated as independent), Hanley-McNeil for the AUROC
+        acc_err = 1.96 * np.sqrt(acc * (1 - acc) / np.maximum(n, 1))
+        auc_err = 1.96 * np.array([auroc_standard_error(a, round(p * k), int(k) - round(p * k))
+                                   for a, p, k in zip(auc, acc, n)])
+        axes[0].errorbar([r["step"] for r in records], acc, yerr=acc_err, marker=marker, linestyle=style,
+                         capsize=3, label=label)
+        axes[1].errorbar(acc, auc, xerr=acc_err, yerr=auc_err, marker=marker, linestyle=style, capsize=3,
+                         label=label)
         axes[1].annotate("start", (acc[0], records[0].get("auroc")), textcoords="offset points", xytext=(4, 4),
                          fontsize=8)
-    axes[0].set(xlabel="training step", ylabel="held-out accuracy (higher is better)", title="Accuracy")
+    axes[0].set(xlabel="training step", ylabel="held-out accuracy (higher is better)",
+                title="Accuracy (bars: 95% intervals)")
     axes[1].set(xlabel="held-out accuracy (higher is better)",
                 ylabel="AUROC of mean token log-prob (higher is better)", title="Calibration against accuracy")
     for ax in axes:
@@ -193,8 +203,9 @@ def demo_sentences(records: list[dict], *, label: str, steps: int) -> list[str]:
         n_pos = round(acc * n)
         se = auroc_standard_error(auroc, n_pos, n - n_pos)
         out.append(f"Resolution: {n} held-out samples ({n_pos} right), so an AUROC is known to about +-{1.96 * se:.2f} "
-                   "(95%, Hanley-McNeil); changes smaller than that are noise. A few LoRA steps rarely move a "
-                   "135M model further: the equal-budget study of four methods is bench/realmodel_study.py.")
+                   "(95%, Hanley-McNeil); changes smaller than that are noise. A few LoRA steps move a 135M model "
+                   "little: the equal-budget study of four methods is docs/results/realmodel.md "
+                   "(bench/realmodel_study.py in the calibrl repository).")
     return out
 
 
@@ -222,7 +233,7 @@ def run_real_model_demo(out: str | Path, *, model: str = BUILTIN_REAL_MODEL, met
         elif "reward" in logs:
             step_times.append(elapsed)
             per_step = (step_times[-1] - step_times[0]) / (len(step_times) - 1) if len(step_times) > 1 else None
-            eta = f", ETA {per_step * (steps - step):.0f} s + final evaluation" if per_step else ""
+            eta = f", ETA {per_step * (steps - step):.0f} s + final evaluation" if per_step and step < steps else ""
             print_fn(f"step {step}/{steps}: reward {logs['reward']:.3f}, rollout AUROC "
                      f"{logs.get('calibration/auroc', float('nan')):.3f}, loss {logs.get('loss', float('nan')):.4f} "
                      f"({elapsed:.0f} s elapsed{eta})")
