@@ -26,20 +26,31 @@ import os
 import sys
 from pathlib import Path
 
-from calibrl.testbed.realmodel import (REAL_MODEL_LABELS, REAL_MODEL_METHODS, RealModelRunConfig, plot_runs,
-                                       records_table, train_real_model)
+from calibrl.testbed.realmodel import (REAL_MODEL_LABELS, REAL_MODEL_METHODS, RealModelRunConfig,
+                                       matched_accuracy_table, plot_runs, records_table, train_real_model,
+                                       training_table)
 
 DONE = "finished"
 
 
 def report(out: Path, methods: list[str]) -> str:
-    """Markdown table of every evaluation of every finished method, and ``trajectories.png``."""
-    runs = {}
+    """Markdown: every evaluation of every method, the methods read against GRPO at matched held-out accuracy,
+    and the trainer's own per-step logs (first and last steps); writes ``trajectories.png``."""
+    runs, logs = {}, {}
     for method in methods:
         path = out / method / "calibration_eval.json"
         runs[REAL_MODEL_LABELS[method]] = json.loads(path.read_text())["records"] if path.exists() else []
+        log = out / method / "trainer_log.json"
+        if log.exists():
+            logs[REAL_MODEL_LABELS[method]] = json.loads(log.read_text())["log_history"]
     plot_runs(runs, out / "trajectories.png")
-    return records_table(runs)
+    sections = ["## Held-out evaluations", "", records_table(runs)]
+    if REAL_MODEL_LABELS["grpo"] in runs:
+        sections += ["", "## At matched held-out accuracy (against GRPO's own path)", "",
+                     matched_accuracy_table(runs, reference=REAL_MODEL_LABELS["grpo"])]
+    if logs:
+        sections += ["", "## Training rollouts (trainer logs)", "", training_table(logs)]
+    return "\n".join(sections)
 
 
 def main() -> None:

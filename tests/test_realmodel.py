@@ -229,3 +229,35 @@ def test_trl_rollout_logprob_mean_equals_an_independent_forward(model_dir, refer
         expected = completion_logps(model, tokenizer, record["prompt"], ids)
         assert math.isfinite(logprob_mean)
         assert logprob_mean == pytest.approx(sum(expected) / len(expected), abs=1e-4)
+
+
+@needs_wheel
+def test_calibrl_train_runs_the_shipped_real_model_recipe(model_dir, tmp_path):
+    """``calibrl train smollm2_cpu_capo`` (the builtin name in ``model.name_or_path``, LoRA, CAPO with the frozen
+    mask, held-out calibration), shrunk to one step of 2 prompts x 2 completions of <= 4 tokens and a 2 x 2
+    held-out evaluation: the recipe's own file, only those sizes changed."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from calibrl.cli.app import app
+    from calibrl.trl.recipes import shipped_recipes
+
+    recipe = yaml.safe_load(shipped_recipes()["smollm2_cpu_capo"].read_text())
+    assert recipe["model"]["name_or_path"] == BUILTIN
+    recipe["calibration_eval"].update(prompts=2, k=2, batch_size=2)
+    recipe["eval_dataset"]["limit"] = 2
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, [
+        "train", str(path), "--max-steps", "1", "--output-dir", str(out), "--set", "per_device_train_batch_size=4",
+        "--set", "num_generations=2", "--set", "max_completion_length=4"])
+    assert result.exit_code == 0, result.output
+    records = json.loads((out / "calibration_eval.json").read_text())["records"]
+    assert [r["step"] for r in records] == [0, 1] and all(r["n_samples"] == 4 for r in records)
+    logs = [json.loads(line) for line in (out / "log_history.jsonl").read_text().splitlines()]
+    step = next(log for log in logs if "calibration/accuracy" in log)
+    # the frozen quartiles of the reference (adapter-disabled) perplexity, logged as the mask's thresholds
+    assert step["capo/ref_ppl_high"] >= step["capo/ref_ppl_low"] >= 1.0
+    adapter = json.loads((out / "adapter_config.json").read_text())  # the LoRA adapter, not a full model
+    assert adapter["r"] == 16 and sorted(adapter["target_modules"]) == ["k_proj", "o_proj", "q_proj", "v_proj"]

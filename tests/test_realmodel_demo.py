@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from calibrl.cli import app
 from calibrl.testbed.realmodel import (REAL_MODEL_METHODS, RealModelRunConfig, auroc_standard_error,
-                                       demo_sentences, records_table)
+                                       demo_sentences, matched_accuracy_rows, matched_accuracy_table,
+                                       records_table, training_table)
 
 
 def test_hanley_mcneil_standard_error_by_hand_and_by_simulation():
@@ -26,6 +27,35 @@ def test_hanley_mcneil_standard_error_by_hand_and_by_simulation():
     values = [roc_auc_score(np.r_[np.ones(30), np.zeros(70)], np.r_[rng.normal(1, 1, 30), rng.normal(0, 1, 70)])
               for _ in range(2000)]
     assert auroc_standard_error(float(np.mean(values)), 30, 70) == pytest.approx(np.std(values), rel=0.15)
+
+
+def test_matched_accuracy_reads_each_evaluation_at_the_reference_evaluation_of_nearest_accuracy():
+    grpo = [{"step": 0, "accuracy": 0.20, "auroc": 0.60, "n_samples": 100},
+            {"step": 6, "accuracy": 0.30, "auroc": 0.70, "n_samples": 100},
+            {"step": 12, "accuracy": 0.40, "auroc": 0.65, "n_samples": 100},
+            {"step": 18, "accuracy": 0.40, "auroc": 0.62, "n_samples": 100}]
+    capo = [{"step": 0, "accuracy": 0.20, "auroc": 0.60, "n_samples": 100},   # the shared start: not read
+            {"step": 6, "accuracy": 0.22, "auroc": 0.75, "n_samples": 100},   # nearest: GRPO's start (0.02 away)
+            {"step": 12, "accuracy": 0.41, "auroc": 0.80, "n_samples": 100},  # ties 0.40 twice: the later step
+            {"step": 18, "accuracy": 0.55, "auroc": 0.90, "n_samples": 100}]  # 0.15 from any: no match
+    rows = matched_accuracy_rows({"GRPO": grpo, "CAPO": capo}, reference="GRPO", tolerance=0.03)
+    assert [(r["step"], r["reference_step"]) for r in rows] == [(6, 0), (12, 18)]
+    assert rows[0]["difference"] == pytest.approx(0.15) and rows[1]["difference"] == pytest.approx(0.18)
+    se_capo, se_grpo = auroc_standard_error(0.80, 41, 59), auroc_standard_error(0.62, 40, 60)
+    assert rows[1]["half_width"] == pytest.approx(1.96 * math.hypot(se_capo, se_grpo))
+    assert matched_accuracy_rows({"GRPO": grpo, "CAPO": capo}, reference="GRPO", tolerance=0.005) == []
+    table = matched_accuracy_table({"GRPO": grpo, "CAPO": capo}, reference="GRPO").splitlines()
+    assert table[2].startswith("| CAPO | 6 | 0.220 | 0 | 0.200 | 0.750 | 0.600 | +0.150 (±")
+    assert "no matched-accuracy comparison" in matched_accuracy_table({"GRPO": grpo}, reference="GRPO")
+
+
+def test_training_table_averages_the_first_and_last_steps():
+    history = [{"step": s, "reward": r, "entropy": e} for s, r, e in
+               zip(range(1, 9), [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7], [1.0] * 4 + [2.0] * 4)]
+    history.append({"step": 8, "train_runtime": 10.0})  # the closing log: not a step
+    row = training_table({"GRPO": history}, window=2).splitlines()[2]
+    assert row.startswith("| GRPO | 8 | 0.050 -> 0.650 | ")
+    assert "| 1.000 -> 2.000 |" in row and row.endswith("|  |  |")
 
 
 def test_demo_sentences_and_table_come_from_the_records():

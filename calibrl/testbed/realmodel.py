@@ -135,6 +135,84 @@ def records_table(runs: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def matched_accuracy_rows(runs: dict[str, list[dict]], *, reference: str, tolerance: float = 0.03) -> list[dict]:
+    """Each run's evaluations read against the ``reference`` run's at matched held-out accuracy.
+
+    For every evaluation of every other run after its start, the reference run's evaluation (any step, its start
+    included) with the nearest accuracy, kept when the accuracies differ by at most ``tolerance``: a method that
+    keeps more calibration only because it moved less far from the start then meets the reference at the same
+    place of the reference's own path, and the AUROC difference shows it. The 95% interval of the difference
+    treats the two evaluations as independent samples (they are: separate models sample separately) and takes
+    each AUROC's Hanley-McNeil standard error. Returns dicts with method, step, accuracy, reference_step,
+    reference_accuracy, auroc, reference_auroc, difference, half_width (nan where an AUROC is undefined)."""
+    import math
+
+    base = [r for r in runs.get(reference, []) if isinstance(r.get("accuracy"), (int, float))]
+    rows = []
+    for label, records in runs.items():
+        if label == reference or not base:
+            continue
+        for r in records:
+            if r.get("step", 0) == 0 or not isinstance(r.get("accuracy"), (int, float)):
+                continue
+            near = min(base, key=lambda b: (abs(b["accuracy"] - r["accuracy"]), -b["step"]))
+            if abs(near["accuracy"] - r["accuracy"]) > tolerance:
+                continue
+            auc, ref_auc = float(r.get("auroc", math.nan)), float(near.get("auroc", math.nan))
+            ses = [auroc_standard_error(a, round(x["accuracy"] * x["n_samples"]),
+                                        int(x["n_samples"]) - round(x["accuracy"] * x["n_samples"]))
+                   for a, x in ((auc, r), (ref_auc, near))]
+            rows.append({"method": label, "step": r["step"], "accuracy": r["accuracy"],
+                         "reference_step": near["step"], "reference_accuracy": near["accuracy"], "auroc": auc,
+                         "reference_auroc": ref_auc, "difference": auc - ref_auc,
+                         "half_width": 1.96 * math.sqrt(ses[0] ** 2 + ses[1] ** 2)})
+    return rows
+
+
+def matched_accuracy_table(runs: dict[str, list[dict]], *, reference: str, tolerance: float = 0.03) -> str:
+    """Markdown of :func:`matched_accuracy_rows` (a sentence when no evaluation meets the reference's path)."""
+    rows = matched_accuracy_rows(runs, reference=reference, tolerance=tolerance)
+    if not rows:
+        return (f"No evaluation of another method came within {tolerance} accuracy of any of {reference}'s "
+                "evaluations: there is no matched-accuracy comparison to read.")
+    lines = [f"| method | step | accuracy | {reference}: step | {reference}: accuracy | AUROC | {reference}: AUROC "
+             "| difference (95% interval) |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['method']} | {r['step']} | {r['accuracy']:.3f} | {r['reference_step']} | "
+                     f"{r['reference_accuracy']:.3f} | {r['auroc']:.3f} | {r['reference_auroc']:.3f} | "
+                     f"{r['difference']:+.3f} (±{r['half_width']:.3f}) |")
+    return "\n".join(lines)
+
+
+TRAINING_KEYS = (("reward", "rollout accuracy"), ("calibration/auroc", "rollout AUROC"), ("entropy", "entropy"),
+                 ("completions/clipped_ratio", "cut at the length limit"),
+                 ("calibration/estimator/mask_fraction", "masked fraction"))
+
+
+def training_table(logs: dict[str, list[dict]], *, window: int = 6) -> str:
+    """Markdown: per run, the means of the trainer's per-step logs over the first and the last ``window`` steps
+    (``logs``: label -> log_history). Entropy is TRL's mean per-token entropy of the policy on its rollouts: the
+    CAPO paper's mask ablation says it rises without the mask."""
+    import numpy as np
+
+    lines = ["| method | steps | " + " | ".join(f"{name}: first {window} -> last {window}" for _, name in
+                                              TRAINING_KEYS) + " |", "|---|---:|" + "---|" * len(TRAINING_KEYS)]
+    for label, history in logs.items():
+        steps = [h for h in history if "reward" in h and "step" in h]
+        if not steps:
+            continue
+        cells = []
+        for key, _ in TRAINING_KEYS:
+            values = np.array([float(h[key]) if isinstance(h.get(key), (int, float)) else np.nan for h in steps])
+            first, last = values[:window], values[-window:]
+            if np.isfinite(first).any() and np.isfinite(last).any():
+                cells.append(f"{np.nanmean(first):.3f} -> {np.nanmean(last):.3f}")
+            else:
+                cells.append("")
+        lines.append(f"| {label} | {len(steps)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot_runs(runs: dict[str, list[dict]], path: str | Path) -> Path:
     """Held-out accuracy over steps, and AUROC against accuracy (each run's trajectory from its start)."""
     import matplotlib
@@ -271,5 +349,5 @@ def run_real_model_demo(out: str | Path, *, model: str = BUILTIN_REAL_MODEL, met
 
 
 __all__ = ["BUILTIN_REAL_MODEL", "REAL_MODEL_LABELS", "REAL_MODEL_METHODS", "RealModelRunConfig",
-           "auroc_standard_error", "demo_sentences", "plot_runs", "records_table", "run_real_model_demo",
-           "train_real_model"]
+           "auroc_standard_error", "demo_sentences", "matched_accuracy_rows", "matched_accuracy_table", "plot_runs",
+           "records_table", "run_real_model_demo", "train_real_model", "training_table"]
