@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from calibrl.testbed.report import at_accuracy
+
 ARMS = ("grpo", "capo", "rlcr")
 TASK = "verbalized"
 METRICS = ("expected_accuracy", "stated_fraction", "stated_ece", "stated_auroc", "stated_calib_err", "brier", "seq_auroc")
@@ -105,16 +107,6 @@ def run_arm(arm: str, *, seed: int, steps: int, eval_every: int, lr: float) -> l
         trainer.remove_callback(ProgressCallback)
         trainer.train()
     return history
-
-
-def at_accuracy(history: list[dict], key: str, accuracy: float) -> float:
-    """``key`` where the arm's expected accuracy first reaches ``accuracy`` (linear between evaluations)."""
-    for a, b in zip(history, history[1:]):
-        lo, hi = a["expected_accuracy"], b["expected_accuracy"]
-        if min(lo, hi) <= accuracy <= max(lo, hi) and hi != lo:
-            w = (accuracy - lo) / (hi - lo)
-            return (1 - w) * a[key] + w * b[key]
-    return math.nan
 
 
 def tables(results: dict) -> str:

@@ -248,6 +248,7 @@ def test_capo_misranked_samples_get_larger_weight(lpms, tau, data):
 
 @pytest.mark.parametrize("name,params", [(n, {}) for n in ALL] + [("capo", {"mask": "fixed"}),
                                                                    ("capo", {"mask": "quantile", "tau": 0.01}),
+                                                                   ("grpo_mask", {"mask": "quantile"}),
                                                                    ("gcpo", {"measure": "barycentric"})])
 def test_finite_for_extreme_logprobs(name, params):
     n = 4096
@@ -269,7 +270,7 @@ EQUIVARIANT = [("grpo", {}), ("dr_grpo", {}), ("rloo", {}), ("capo", {}), ("capo
                ("capo", {"mask": "fixed"}), ("capo", {"mask": "quantile"}), ("capo", {"mask": "batch_quantile"}),
                ("seed_grpo", {}), ("gcpo", {}),
                ("gcpo", {"measure": "barycentric", "center": True}), ("gcpo", {"center": "batch", "standardize": True}),
-               ("codapo", {}), ("cde", {})]
+               ("codapo", {}), ("cde", {}), ("grpo_mask", {"mask": "fixed"}), ("grpo_mask", {"mask": "quantile"})]
 
 
 @SETTINGS
@@ -653,6 +654,70 @@ def test_capo_quantile_with_thresholds_equals_fixed_and_fixed_defaults_are_the_p
     # batch_quantile ignores ref_high / ref_low
     torch.testing.assert_close(adv(b, "capo", mask="batch_quantile", ref_high=1.9, ref_low=1.7),
                                adv(b, "capo", mask="batch_quantile"))
+
+
+# ----------------------------------------------------------------------------------- GRPO + CAPO's noise mask
+
+
+def test_grpo_mask_hand_values_masked_samples_still_count_in_mean_and_std():
+    # group 0 = [1, 1, 0, 0]: correct sample 0 has PPL_ref = 3 > 2.5 (a lucky guess), wrong sample 3 has PPL_ref = 1
+    # < 1.05 (a near miss); samples 1 and 2 have PPL_ref = e^0.5 = 1.65, inside both thresholds. Group 1 = [1, 0, 0],
+    # nothing masked.
+    b = full_batch([1, 1, 0, 0, 1, 0, 0], [0, 0, 0, 0, 1, 1, 1], ref=[-LN3, -0.5, -0.5, 0.0, -0.5, -0.5, -0.5])
+    a, info = compute_advantages(b, "grpo_mask", mask="fixed", return_info=True)
+    # group 0: mean 1/2, unbiased std sqrt(4 (1/2)^2 / 3) = sqrt(1/3) over ALL four samples, masked ones included
+    # (leaving them out, [1, 0] would give 0.5 / sqrt(1/2) = 0.707 instead of 0.866); group 1 as in plain GRPO
+    s = math.sqrt(1 / 3) + 1e-4
+    expected = torch.tensor([0.0, 0.5 / s, -0.5 / s, 0.0, 2 / 3 / s, -1 / 3 / s, -1 / 3 / s], dtype=torch.float64)
+    torch.testing.assert_close(a, expected)
+    assert info == {"mask_fraction": pytest.approx(2 / 7), "ref_high": 2.5, "ref_low": 1.05}
+    # unmasked samples: exactly plain GRPO's advantage
+    kept = torch.tensor([False, True, True, False, True, True, True])
+    assert torch.equal(a[kept], adv(b, "grpo")[kept])
+    # the same mask as CAPO's: the samples capo's mask zeroes are the ones grpo_mask zeroes
+    capo_masked = adv(b, "capo", mask="fixed") == 0
+    assert torch.equal(capo_masked & (adv(b, "capo") != 0), ~kept)
+
+
+def test_grpo_mask_frozen_quantile_thresholds_are_the_first_batchs():
+    state = capo_module.FrozenQuantileMask()
+    params = {"mask": "quantile"}
+    first, later = _ref_batch(0, dtype=torch.float64), _ref_batch(1, shift=0.3, dtype=torch.float64)
+    p1 = capo_module.frozen_quantile_params(params, batch=first, state=state)
+    p2 = capo_module.frozen_quantile_params(params, batch=later, state=state)
+    log_ppl = -first.ref_logprob_mean
+    expected = (math.exp(float(torch.quantile(log_ppl, 0.75))), math.exp(float(torch.quantile(log_ppl, 0.25))))
+    assert (p1["ref_high"], p1["ref_low"]) == (p2["ref_high"], p2["ref_low"]) == state.thresholds
+    assert state.thresholds == pytest.approx(expected, rel=1e-12)
+    a, info = compute_advantages(later, "grpo_mask", return_info=True, **p2)
+    assert (info["ref_high"], info["ref_low"]) == pytest.approx(expected, rel=1e-12)
+    # the later batch with the frozen thresholds = mask="fixed" at those values; its own quartiles differ
+    torch.testing.assert_close(a, adv(later, "grpo_mask", mask="fixed", ref_high=p2["ref_high"], ref_low=p2["ref_low"]))
+    _, own = compute_advantages(later, "grpo_mask", mask="batch_quantile", return_info=True)
+    assert own["ref_high"] != pytest.approx(expected[0], rel=1e-3)
+    # on the first batch, frozen = that batch's quantiles
+    torch.testing.assert_close(adv(first, "grpo_mask", **p1), adv(first, "grpo_mask", mask="batch_quantile"))
+
+
+def test_grpo_mask_errors_and_inputs():
+    from calibrl.advantages import estimator_inputs
+
+    assert estimator_inputs("grpo_mask", {"mask": "quantile"}) == {"ref_logprob_mean"}
+    no_ref = RolloutBatch(rewards=[1.0, 0.0], group_ids=[0, 0])
+    with pytest.raises(RolloutBatchError) as err:
+        compute_advantages(no_ref, "grpo_mask", mask="quantile")
+    message = str(err.value)
+    assert "'grpo_mask'" in message and "ref_logprob_mean" in message and "capo_mask" in message and "'grpo'" in message
+    b = full_batch([1, 0], [0, 0])
+    for params in ({}, {"mask": "none"}, {"mask": "yes"}):  # without a mask it would be grpo: no default
+        with pytest.raises(ValueError, match="grpo_mask: mask must be one of"):
+            compute_advantages(b, "grpo_mask", **params)
+    with pytest.raises(ValueError, match="both"):
+        compute_advantages(b, "grpo_mask", mask="quantile", ref_high=2.0)
+    with pytest.raises(ValueError, match="must be > 0"):
+        compute_advantages(b, "grpo_mask", mask="fixed", ref_high=-1.0)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        compute_advantages(b, "grpo_mask", mask="batch_quantile", ref_low_quantile=1.5)
 
 
 # ----------------------------------------------------------------------------------- GCPO options

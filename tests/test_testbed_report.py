@@ -2,9 +2,11 @@
 Findings when it rebuilds docs/results/testbed.md."""
 
 import importlib.util
+import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -177,3 +179,15 @@ def test_scratchpad_report_reads_the_gap_to_a_ceiling_of_one_and_says_which_regi
     report = write_demo_report(summary, tmp_path).read_text()
     assert "testbed/scratchpad" in report and "ceiling − AUROC" in report and "entropy per token" in report
     assert REGIME_NOTE in report and "not reproduced" in REGIME_NOTE
+
+
+def test_at_accuracy_reads_a_curve_where_it_first_reaches_the_accuracy():
+    from calibrl.testbed.report import at_accuracy
+
+    history = [{"expected_accuracy": 0.3, "auroc": 0.9}, {"expected_accuracy": 0.5, "auroc": 0.7},
+               {"expected_accuracy": 0.4, "auroc": 0.6}, {"expected_accuracy": 0.6, "auroc": 0.5}]
+    assert at_accuracy(history, "auroc", 0.35) == pytest.approx(0.85)  # a quarter of the way: 0.9 - 0.25 x 0.2
+    assert at_accuracy(history, "auroc", 0.45) == pytest.approx(0.75)  # the FIRST crossing, not the later ones
+    assert at_accuracy(history, "auroc", 0.3) == pytest.approx(0.9)
+    assert math.isnan(at_accuracy(history, "auroc", 0.7))             # never reached
+    assert at_accuracy([{"acc": 0.1, "x": 1.0}, {"acc": 0.3, "x": 3.0}], "x", 0.2, accuracy_key="acc") == pytest.approx(2.0)

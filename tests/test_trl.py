@@ -878,3 +878,37 @@ def test_capo_mask_config_fields(tmp_path):
     assert params["mask"] == "quantile" and params["ref_quantile_batches"] == 3 and "ref_high" not in params
     params = _config(tmp_path, capo_mask="fixed", capo_ref_high=3.0).estimator_params()
     assert params["ref_high"] == 3.0 and params["ref_low"] == 1.05
+    # grpo_mask (GRPO + CAPO's mask): the mask fields without capo's tau / normalize, and a mask is required
+    params = _config(tmp_path, advantage_estimator="grpo_mask", capo_mask="quantile").estimator_params()
+    assert params["mask"] == "quantile" and params["ref_quantile_batches"] == 1 and "tau" not in params
+    with pytest.raises(ValueError, match="grpo_mask.*capo_mask"):
+        _config(tmp_path, advantage_estimator="grpo_mask")
+
+
+def test_grpo_mask_zeroes_masked_rows_of_the_grpo_advantage(tmp_path):
+    import json
+
+    from calibrl.trl.trainer import CAPO_MASK_STATE_FILE
+
+    trainer = _trainer(tmp_path, advantage_estimator="grpo_mask", capo_mask="quantile", beta=0.0, max_steps=2,
+                       learning_rate=5e-3, save_strategy="steps", save_steps=2)
+    assert trainer.ref_model is not None and trainer.capo_quantile_mask is not None
+    trainer.train()
+    log_ppl = -trainer.records[0]["rollout"]["batch"].ref_logprob_mean.double()
+    high, low = math.exp(float(torch.quantile(log_ppl, 0.75))), math.exp(float(torch.quantile(log_ppl, 0.25)))
+    zeroed = 0
+    for rec in trainer.records:
+        batch, params = rec["rollout"]["batch"], rec["rollout"]["params"]
+        assert (params["ref_high"], params["ref_low"]) == pytest.approx((high, low), rel=1e-6)  # frozen
+        plain = compute_advantages(batch, "grpo")
+        lp, correct = -batch.ref_logprob_mean.double(), batch.rewards > 0.5
+        masked = (correct & (lp > math.log(high))) | (~correct & (lp < math.log(low)))
+        torch.testing.assert_close(rec["advantages_out"], torch.where(masked, torch.zeros_like(plain), plain))
+        assert rec["rollout"]["info"]["mask_fraction"] == pytest.approx(float(masked.double().mean()))
+        zeroed += int((masked & (plain != 0)).sum())
+    assert zeroed > 0  # some row GRPO would have trained on got advantage 0
+    assert _logged(trainer, "capo/ref_ppl_high") == pytest.approx([high] * 2, rel=1e-6)
+    assert _logged(trainer, "capo/ref_ppl_low") == pytest.approx([low] * 2, rel=1e-6)
+    assert _logged(trainer, "calibration/estimator/mask_fraction")
+    saved = json.loads((tmp_path / "out" / "checkpoint-2" / CAPO_MASK_STATE_FILE).read_text())
+    assert saved["ref_ppl_high_low"] == pytest.approx([high, low], rel=1e-6)

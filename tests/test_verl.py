@@ -613,3 +613,29 @@ def test_capo_quantile_thresholds_travel_with_verl_checkpoints(tmp_path, monkeyp
     out = ray_trainer.compute_advantage(later, adv_estimator="capo", config=algo_config(**params))
     assert out.meta_info["calibrl/advantage"]["ref_high"] != pytest.approx(frozen[0], rel=1e-6)
     reset_quantile_masks()
+
+
+def test_grpo_mask_reads_the_reference_and_freezes_the_first_batch_thresholds_in_verl():
+    """GRPO + CAPO's mask (the paper's ablation): registered under its plain name, the reference log-probs read from
+    ``ref_log_prob`` as for capo, the quantile thresholds frozen in their own state."""
+    from calibrl.verl.advantage import reset_quantile_masks
+
+    reset_quantile_masks()
+    assert core_algos.ADV_ESTIMATOR_REGISTRY["grpo_mask"].calibrl_estimator == "grpo_mask"
+    params = {"mask": "quantile"}
+    first, later = make_data(11), make_data(12)
+    later.batch["ref_log_prob"] = later.batch["ref_log_prob"] * 0.5
+    expected = calibrl.compute_advantages(expected_rollout_batch(first), "grpo_mask", mask="quantile")
+    out = ray_trainer.compute_advantage(first, adv_estimator="grpo_mask", config=algo_config(**params))
+    torch.testing.assert_close(out.batch["advantages"], expected[:, None] * first.batch["response_mask"])
+    frozen = (out.meta_info["calibrl/advantage"]["ref_high"], out.meta_info["calibrl/advantage"]["ref_low"])
+    out = ray_trainer.compute_advantage(later, adv_estimator="calibrl_grpo_mask", config=algo_config(**params))
+    info = out.meta_info["calibrl/advantage"]
+    assert (info["ref_high"], info["ref_low"]) == frozen
+    expected = calibrl.compute_advantages(expected_rollout_batch(later), "grpo_mask", mask="fixed",
+                                          ref_high=frozen[0], ref_low=frozen[1])
+    torch.testing.assert_close(out.batch["advantages"], expected[:, None] * later.batch["response_mask"])
+    with pytest.raises(RolloutBatchError, match="ref_logprob_mean"):
+        ray_trainer.compute_advantage(make_data(13, with_ref=False), adv_estimator="grpo_mask",
+                                      config=algo_config(**params))
+    reset_quantile_masks()

@@ -12,7 +12,7 @@ from calibrl.advantages.registry import (
     register_estimator,
 )
 from calibrl.advantages import grpo as _grpo  # noqa: F401  (registers grpo, dr_grpo, rloo)
-from calibrl.advantages import capo as _capo  # noqa: F401  (registers capo)
+from calibrl.advantages import capo as _capo  # noqa: F401  (registers capo, grpo_mask)
 from calibrl.advantages import gcpo as _gcpo  # noqa: F401  (registers gcpo, seed_grpo)
 from calibrl.advantages import baselines as _baselines  # noqa: F401  (registers codapo, cde)
 

@@ -40,6 +40,10 @@ Our readings (documented, configurable):
   quantiles exactly at sample points and interpolate geometrically between neighbouring samples; all
   comparisons are done in log space, so no exp() can overflow.
 
+``grpo_mask`` (the paper's ablation "the mask alone on GRPO"): GRPO's advantage times the same mask,
+m(o_i) * A_i(grpo), with the same threshold options and the same frozen-quantile state
+(:func:`grpo_mask_advantages`); masked samples still count in their group's mean and std (our reading).
+
 Shapes: rewards, logprob_mean, ref_logprob_mean, group_index [N]; output [N] in the rewards dtype.
 Vectorised: samples are scattered into a padded [n_groups, G_max] layout (groups of any size, in any order) and
 the pairwise sigmoids are a [n_groups, G_max, G_max] tensor, processed in blocks of groups so memory stays below
@@ -62,6 +66,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from calibrl.advantages._groups import dense_group_index
+from calibrl.advantages.grpo import grpo_advantages
 from calibrl.advantages.registry import register_estimator
 from calibrl.batch import RolloutBatch, RolloutBatchError
 
@@ -69,6 +75,9 @@ _NORMALIZE = ("group", "pairs", "none")
 _MASKS = ("none", "fixed", "quantile", "batch_quantile")
 PAPER_REF_HIGH, PAPER_REF_LOW = 2.5, 1.05  # CAPO's fixed thresholds for Qwen2.5-Math (mask="fixed" default)
 _MAX_PAIR_ELEMENTS = 1 << 24  # per block of the [groups, G_max, G_max] pairwise tensor
+# Estimators whose parameters carry CAPO's noise mask (mask, ref_high, ref_low, ref_*_quantile,
+# ref_quantile_batches): the engine adapters hold a FrozenQuantileMask for them when mask="quantile".
+NOISE_MASK_ESTIMATORS: frozenset[str] = frozenset({"capo", "grpo_mask"})
 
 
 def group_layout(group_ids: torch.Tensor) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor, int]:
@@ -287,7 +296,7 @@ class FrozenQuantileMask:
 
 def frozen_quantile_params(params: dict[str, Any], *, batch: RolloutBatch, state: FrozenQuantileMask,
                            update: bool = True) -> dict[str, Any]:
-    """capo estimator ``params`` with ``mask="quantile"``'s thresholds taken from ``state``: ``ref_high`` /
+    """capo / grpo_mask estimator ``params`` with ``mask="quantile"``'s thresholds taken from ``state``: ``ref_high`` /
     ``ref_low`` set to ``state.update(log-PPL_ref of the batch's rows with tokens)`` (``state.peek`` when
     ``update`` is False: evaluation batches read the thresholds but never set them). Other masks: ``params``
     unchanged. A batch without ``ref_logprob_mean`` is passed through, so the estimator raises its explanatory
@@ -336,17 +345,37 @@ def _check_params(tau: float, normalize: str, mask: str, ref_high: float | None,
         raise ValueError(f"capo: tau must be a positive finite number, got {tau!r}")
     if normalize not in _NORMALIZE:
         raise ValueError(f"capo: normalize must be one of {_NORMALIZE}, got {normalize!r}")
-    if mask not in _MASKS:
-        raise ValueError(f"capo: mask must be one of {_MASKS}, got {mask!r}")
+    _check_mask_params("capo", _MASKS, mask, ref_high, ref_low, ref_high_quantile, ref_low_quantile)
+
+
+def _check_mask_params(estimator: str, allowed: tuple[str, ...], mask: Any, ref_high: float | None,
+                       ref_low: float | None, ref_high_quantile: float, ref_low_quantile: float) -> None:
+    """The noise-mask parameters shared by ``capo`` and ``grpo_mask``; ``allowed``: the estimator's masks."""
+    if mask not in allowed:
+        raise ValueError(f"{estimator}: mask must be one of {allowed}, got {mask!r}")
     if mask in ("fixed", "quantile") and not all(v is None or v > 0 for v in (ref_high, ref_low)):
-        raise ValueError(f"capo: ref_high and ref_low are perplexities and must be > 0, got {ref_high!r}, {ref_low!r}")
+        raise ValueError(f"{estimator}: ref_high and ref_low are perplexities and must be > 0, got {ref_high!r}, "
+                         f"{ref_low!r}")
     if mask == "quantile" and (ref_high is None) != (ref_low is None):
-        raise ValueError("capo: mask='quantile' takes both frozen thresholds ref_high and ref_low (from a "
+        raise ValueError(f"{estimator}: mask='quantile' takes both frozen thresholds ref_high and ref_low (from a "
                          f"FrozenQuantileMask) or neither, got ref_high={ref_high!r}, ref_low={ref_low!r}")
     quantiles_ok = 0.0 <= ref_low_quantile <= 1.0 and 0.0 <= ref_high_quantile <= 1.0
     if mask in ("quantile", "batch_quantile") and not quantiles_ok:
-        raise ValueError("capo: ref_high_quantile and ref_low_quantile must lie in [0, 1], got "
+        raise ValueError(f"{estimator}: ref_high_quantile and ref_low_quantile must lie in [0, 1], got "
                          f"{ref_high_quantile!r}, {ref_low_quantile!r}")
+
+
+def _apply_noise_mask(advantages: torch.Tensor, *, correct: torch.Tensor, ref_logprob_mean: torch.Tensor, mask: str,
+                      ref_high: float | None, ref_low: float | None, ref_high_quantile: float,
+                      ref_low_quantile: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """m(o_i) * A_i: ``advantages`` [N] with the samples :func:`capo_noise_mask` flags set to 0, and the info
+    {"mask_fraction" (of all N samples), "ref_high", "ref_low" (the perplexity thresholds used)}."""
+    masked, used_high, used_low = capo_noise_mask(
+        correct=correct, ref_logprob_mean=ref_logprob_mean, mask=mask, ref_high=ref_high, ref_low=ref_low,
+        ref_high_quantile=ref_high_quantile, ref_low_quantile=ref_low_quantile)
+    out = torch.where(masked, torch.zeros_like(advantages), advantages)
+    return out, {"mask_fraction": float(masked.to(advantages.dtype).mean()), "ref_high": used_high,
+                 "ref_low": used_low}
 
 
 def _check_tau_range(*, tau: float, bound: float, dtypes: tuple[torch.dtype, ...]) -> None:
@@ -383,7 +412,7 @@ def capo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
     """
     _check_params(tau, normalize, mask, ref_high, ref_low, ref_high_quantile, ref_low_quantile)
     if mask != "none" and ref_logprob_mean is None:
-        raise RolloutBatchError(_MISSING_REF_MESSAGE.format(mask=mask))
+        raise _missing_reference("capo", mask)
     work = torch.promote_types(logprob_mean.dtype, torch.float32)
     correct = rewards > threshold  # [N] bool
 
@@ -434,21 +463,27 @@ def capo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
     }
     if mask != "none":
         assert ref_logprob_mean is not None
-        masked, used_high, used_low = capo_noise_mask(
-            correct=correct, ref_logprob_mean=ref_logprob_mean, mask=mask, ref_high=ref_high, ref_low=ref_low,
-            ref_high_quantile=ref_high_quantile, ref_low_quantile=ref_low_quantile)
-        advantages = torch.where(masked, torch.zeros_like(advantages), advantages)
-        info.update(mask_fraction=float(masked.to(work).mean()), ref_high=used_high, ref_low=used_low)
+        advantages, mask_info = _apply_noise_mask(
+            advantages, correct=correct, ref_logprob_mean=ref_logprob_mean, mask=mask, ref_high=ref_high,
+            ref_low=ref_low, ref_high_quantile=ref_high_quantile, ref_low_quantile=ref_low_quantile)
+        info.update(mask_info)
     return advantages.to(rewards.dtype), info
 
 
 _MISSING_REF_MESSAGE = (
-    "estimator 'capo' with mask={mask!r} needs RolloutBatch.ref_logprob_mean (the mean token log-prob of each "
+    "estimator {estimator!r} with mask={mask!r} needs RolloutBatch.ref_logprob_mean (the mean token log-prob of each "
     "completion under the frozen reference model), to compute the reference perplexity PPL_ref = "
     "exp(-ref_logprob_mean). Pass ref_logprob_mean when building the RolloutBatch: with TRL, set beta > 0 (TRL "
     "then loads the reference model) or set capo_mask on CalibratedGRPOConfig (the trainer loads the reference "
-    "for the mask); with verl, enable the reference policy (ref_log_prob). Or use mask='none'."
+    "for the mask); with verl, enable the reference policy (ref_log_prob). {alternative}"
 )
+_WITHOUT_MASK = {"capo": "Or use mask='none'.", "grpo_mask": "Or use the estimator 'grpo' (GRPO without the mask)."}
+
+
+def _missing_reference(estimator: str, mask: str) -> RolloutBatchError:
+    """The error of a noise mask without ``ref_logprob_mean``: what the field is and how each engine provides it."""
+    return RolloutBatchError(_MISSING_REF_MESSAGE.format(estimator=estimator, mask=mask,
+                                                         alternative=_WITHOUT_MASK.get(estimator, "")))
 
 
 @register_estimator("capo")
@@ -466,10 +501,67 @@ def capo(batch: RolloutBatch, *, tau: float = 0.6, normalize: str = "group", mas
     """
     batch.require("logprob_mean", estimator="capo")
     if mask != "none" and mask in _MASKS and batch.ref_logprob_mean is None:
-        raise RolloutBatchError(_MISSING_REF_MESSAGE.format(mask=mask))
+        raise _missing_reference("capo", mask)
     index, n_groups, slot, counts, g_max = group_layout(batch.group_ids)
     return capo_advantages(
         rewards=batch.rewards, group_index=index, n_groups=n_groups, logprob_mean=batch.logprob_mean,
         layout=(slot, counts, g_max),
         ref_logprob_mean=batch.ref_logprob_mean, tau=tau, normalize=normalize, mask=mask, ref_high=ref_high,
         ref_low=ref_low, ref_high_quantile=ref_high_quantile, ref_low_quantile=ref_low_quantile, threshold=threshold)
+
+
+# ---------------------------------------------------------------------------------------------------- GRPO + mask
+
+_GRPO_MASKS = ("fixed", "quantile", "batch_quantile")  # grpo_mask without a mask would be grpo
+
+
+def grpo_mask_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_groups: int,
+                         ref_logprob_mean: torch.Tensor, mask: str, ref_high: float | None = None,
+                         ref_low: float | None = None, ref_high_quantile: float = 0.75, ref_low_quantile: float = 0.25,
+                         threshold: float = 0.5, eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, Any]]:
+    """GRPO advantage times CAPO's reference-perplexity noise mask: the CAPO paper's ablation "the mask alone on GRPO
+    (does not improve AUC)".
+
+        A_i = m(o_i) * (r_i - mean_g(r)) / (std_g(r) + eps)
+        m(o_i) = 1[PPL_ref(o_i) <= ref_high] for a correct sample, 1[PPL_ref(o_i) >= ref_low] for an incorrect one
+        PPL_ref(o) = exp(-ref_logprob_mean(o)),  correct = reward > ``threshold``
+
+    The GRPO part is exactly :func:`calibrl.advantages.grpo.grpo_advantages` (Bessel std, TRL's eps = 1e-4), the
+    mask exactly :func:`capo_noise_mask` with CAPO's threshold options (``mask`` = ``"fixed"``, ``"quantile"`` with
+    the thresholds of a :class:`FrozenQuantileMask`, or ``"batch_quantile"``; see :func:`capo_advantages`).
+
+    Our reading (the paper is silent on it): masked samples still count in their group's mean and std. The paper
+    writes the final advantage as m(o_i) * A_i, so A_i is GRPO's advantage computed as usual over the whole group,
+    and the masked samples are zeroed afterwards; an unmasked sample's advantage equals plain GRPO's exactly. (The
+    same reading as CAPO's, where masked samples stay the opponents of the others.)
+
+    rewards, group_index, ref_logprob_mean [N] -> (advantages [N] in the rewards dtype, info) with info =
+    {"mask_fraction" (of all N samples), "ref_high", "ref_low" (the perplexity thresholds actually used)}.
+    """
+    _check_mask_params("grpo_mask", _GRPO_MASKS, mask, ref_high, ref_low, ref_high_quantile, ref_low_quantile)
+    base = grpo_advantages(rewards=rewards, group_index=group_index, n_groups=n_groups, eps=eps)
+    advantages, info = _apply_noise_mask(
+        base.to(torch.promote_types(rewards.dtype, torch.float32)), correct=rewards > threshold,
+        ref_logprob_mean=ref_logprob_mean, mask=mask, ref_high=ref_high, ref_low=ref_low,
+        ref_high_quantile=ref_high_quantile, ref_low_quantile=ref_low_quantile)
+    return advantages.to(rewards.dtype), info
+
+
+@register_estimator("grpo_mask")
+def grpo_mask(batch: RolloutBatch, *, mask: str | None = None, ref_high: float | None = None,
+              ref_low: float | None = None, ref_high_quantile: float = 0.75, ref_low_quantile: float = 0.25,
+              threshold: float = 0.5, eps: float = 1e-4, ref_quantile_batches: int = 1) -> tuple[torch.Tensor, dict]:
+    """Registered ``grpo_mask``: GRPO with CAPO's reference-perplexity noise mask (:func:`grpo_mask_advantages`).
+
+    Needs ``ref_logprob_mean``. ``mask`` has no default and must be ``"fixed"``, ``"quantile"`` or
+    ``"batch_quantile"`` (without a mask this is ``grpo``); the parameters are capo's mask parameters, and
+    ``mask="quantile"`` is frozen by the engine adapters exactly as for capo (:func:`frozen_quantile_params`).
+    """
+    _check_mask_params("grpo_mask", _GRPO_MASKS, mask, ref_high, ref_low, ref_high_quantile, ref_low_quantile)
+    if batch.ref_logprob_mean is None:
+        raise _missing_reference("grpo_mask", mask)  # type: ignore[arg-type]
+    index, n_groups = dense_group_index(batch.group_ids)
+    return grpo_mask_advantages(
+        rewards=batch.rewards, group_index=index, n_groups=n_groups, ref_logprob_mean=batch.ref_logprob_mean,
+        mask=mask, ref_high=ref_high, ref_low=ref_low, ref_high_quantile=ref_high_quantile,
+        ref_low_quantile=ref_low_quantile, threshold=threshold, eps=eps)  # type: ignore[arg-type]

@@ -27,6 +27,7 @@ _ESTIMATOR_INPUTS: dict[str, frozenset[str]] = {
     "dr_grpo": frozenset(),
     "rloo": frozenset(),
     "capo": frozenset({"logprob_mean"}),
+    "grpo_mask": frozenset({"ref_logprob_mean"}),
     "codapo": frozenset({"logprob_mean"}),
     "cde": frozenset({"logprob_mean"}),
     "seed_grpo": frozenset({"logprob_mean", "answer_ids"}),

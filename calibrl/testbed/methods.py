@@ -60,6 +60,12 @@ def method_specs(*, capo_tau: float = 0.6, decision_coef: float = 1.0, seed_alph
         MethodSpec("capo_mask_tau0.2", SEQ_TASK, "CAPO + mask (tau 0.2)",
                    {"advantage_estimator": "capo", "capo_tau": 0.2, "capo_mask": "batch_quantile"}),
         MethodSpec("seed_grpo", SEQ_TASK, "SEED-GRPO", {"advantage_estimator": "seed_grpo", **seed_params}),
+        # the mask ablation (not in the default demo; bench/testbed.py --methods, docs/results/mask.md): the mask
+        # in the paper's frozen reading (quartiles of the first batch), alone on GRPO and with CAPO
+        MethodSpec("grpo_mask", SEQ_TASK, "GRPO + frozen mask",
+                   {"advantage_estimator": "grpo_mask", "capo_mask": "quantile"}),
+        MethodSpec("capo_frozen_mask", SEQ_TASK, f"CAPO + frozen mask (tau {capo_tau})",
+                   {"advantage_estimator": "capo", "capo_tau": capo_tau, "capo_mask": "quantile"}),
         MethodSpec("sft", DEC_TASK, "SFT (warm start)", {}, train=False),
         MethodSpec("grpo", DEC_TASK, "GRPO", {"advantage_estimator": "grpo"}),
         MethodSpec("decision", DEC_TASK, f"GRPO + decision CE (lambda {decision_coef:g})",
@@ -87,6 +93,9 @@ PROTOCOL_ARMS = (
     MethodSpec("grpo_lr3e-5", PROTOCOL_TASK, "GRPO (lr 3e-5, the slower-GRPO control)",
                {"advantage_estimator": "grpo", "learning_rate": 3e-5}),
     MethodSpec("grpo_kl", PROTOCOL_TASK, "GRPO + KL (beta 0.04)", {"advantage_estimator": "grpo", "beta": 0.04}),
+    # CAPO's ablation "the mask alone on GRPO does not improve AUC": GRPO's advantage times the frozen mask
+    MethodSpec("grpo_mask", PROTOCOL_TASK, "GRPO + frozen mask (lr 1e-4)",
+               {"advantage_estimator": "grpo_mask", "capo_mask": "quantile"}),
     MethodSpec("capo_tau0.2", PROTOCOL_TASK, "CAPO (tau 0.2)", {"advantage_estimator": "capo", "capo_tau": 0.2}),
     MethodSpec("capo_tau0.6", PROTOCOL_TASK, "CAPO (tau 0.6)", {"advantage_estimator": "capo", "capo_tau": 0.6}),
     MethodSpec("capo_mask_tau0.2", PROTOCOL_TASK, "CAPO + frozen mask (tau 0.2)",

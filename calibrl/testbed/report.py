@@ -411,4 +411,17 @@ def write_demo_report(summary: dict, out: str | Path, *, title: str = "calibrl d
     return path
 
 
-__all__ = ["REGIME_NOTE", "aggregate", "final_samples_path", "findings", "markdown_table", "warm_start_sentence", "summary_table", "write_demo_report", "write_figures"]
+def at_accuracy(history: list[dict], key: str, accuracy: float, *, accuracy_key: str = "expected_accuracy") -> float:
+    """``key`` where a run's curve first reaches ``accuracy`` (linear between its evaluations; nan if it never
+    does): a method read on its own path at a matched accuracy, so a method that merely moves more slowly along
+    the same accuracy-calibration path shows no difference."""
+    for a, b in zip(history, history[1:]):
+        lo, hi = a[accuracy_key], b[accuracy_key]
+        if min(lo, hi) <= accuracy <= max(lo, hi) and hi != lo:
+            w = (accuracy - lo) / (hi - lo)
+            return (1 - w) * a[key] + w * b[key]
+    return math.nan
+
+
+__all__ = ["REGIME_NOTE", "aggregate", "at_accuracy", "final_samples_path", "findings", "markdown_table",
+           "warm_start_sentence", "summary_table", "write_demo_report", "write_figures"]

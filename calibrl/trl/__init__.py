@@ -1,8 +1,8 @@
 """TRL engine adapter: ``CalibratedGRPOConfig`` and ``CalibratedGRPOTrainer`` (TRL 1.16).
 
 ``CalibratedGRPOTrainer`` is TRL's ``GRPOTrainer`` with the advantage step replaced by any estimator registered in
-:mod:`calibrl.advantages` (``capo``, ``gcpo``, ``seed_grpo``, ``codapo``, ``cde``, ``grpo``, ``dr_grpo``, ``rloo``,
-or your own), an optional decision-token calibration term (arXiv 2601.13284), and calibration telemetry logged
+:mod:`calibrl.advantages` (``capo``, ``grpo_mask``, ``gcpo``, ``seed_grpo``, ``codapo``, ``cde``, ``grpo``, ``dr_grpo``,
+``rloo``, or your own), an optional decision-token calibration term (arXiv 2601.13284), and calibration telemetry logged
 through TRL's own metrics (TensorBoard / W&B / trackio, keys ``calibration/...``).
 
 The package, in the order a generation batch goes through it:

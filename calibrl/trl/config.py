@@ -28,7 +28,9 @@ class CalibratedGRPOConfig(GRPOConfig):
     capo_tau, capo_normalize, capo_mask, capo_ref_high, capo_ref_low, capo_ref_high_quantile,
         capo_ref_low_quantile, capo_ref_quantile_batches: CAPO (arXiv 2604.12632) parameters. ``capo_mask=
         "quantile"`` freezes the reference-perplexity quartiles of the first batch(es) (saved in checkpoints);
-        ``"batch_quantile"`` recomputes them on every batch.
+        ``"batch_quantile"`` recomputes them on every batch. The ``capo_mask`` / ``capo_ref_*`` fields are also
+        the mask of ``advantage_estimator="grpo_mask"`` (GRPO + CAPO's mask, the paper's ablation), which needs a
+        ``capo_mask`` other than ``"none"``.
     gcpo_measure: GCPO (arXiv 2605.21801) disagreement measure.
 
     > Decision-token calibration (arXiv 2601.13284)
@@ -51,8 +53,9 @@ class CalibratedGRPOConfig(GRPOConfig):
         default="capo",
         metadata={
             "help": "Advantage estimator: any name in `calibrl.available_estimators()`, e.g. `capo` (CAPO, "
-            "arXiv 2604.12632), `gcpo` (arXiv 2605.21801), `seed_grpo` (arXiv 2505.12346), `codapo`, `cde` "
-            "(arXiv 2509.09675), `grpo`, `dr_grpo`, `rloo`."
+            "arXiv 2604.12632), `grpo_mask` (GRPO + CAPO's noise mask `capo_mask`, the paper's ablation), `gcpo` "
+            "(arXiv 2605.21801), `seed_grpo` (arXiv 2505.12346), `codapo`, `cde` (arXiv 2509.09675), `grpo`, "
+            "`dr_grpo`, `rloo`."
         },
     )
     advantage_params: dict | None = field(
@@ -77,7 +80,8 @@ class CalibratedGRPOConfig(GRPOConfig):
                   "batches, then frozen: the paper's fixed thresholds, estimated for this model; logged as "
                   "capo/ref_ppl_high and capo/ref_ppl_low and saved in every checkpoint as calibrl_capo_mask.json) "
                   "or `batch_quantile` (recomputed on every batch). Needs the frozen reference model, which is "
-                  "loaded even when beta == 0 (CAPO, arXiv 2604.12632)."},
+                  "loaded even when beta == 0 (CAPO, arXiv 2604.12632). Also the mask of "
+                  "advantage_estimator=`grpo_mask` (GRPO + this mask), where it must not be `none`."},
     )
     capo_ref_high: float = field(
         default=2.5,
@@ -200,6 +204,10 @@ class CalibratedGRPOConfig(GRPOConfig):
         if self.advantage_params is not None and not isinstance(self.advantage_params, dict):
             raise ValueError(f"advantage_params must be a dict, got {type(self.advantage_params).__name__}")
         self._check_ranges()
+        if self.advantage_estimator == "grpo_mask" and self.estimator_params().get("mask") in (None, "none"):
+            raise ValueError("advantage_estimator='grpo_mask' is GRPO with CAPO's reference-perplexity noise mask: "
+                             "set capo_mask to 'quantile' (frozen quartiles of the first batch), 'fixed' or "
+                             "'batch_quantile' (or use advantage_estimator='grpo' for GRPO without the mask)")
 
     def _check_ranges(self) -> None:
         """Reject out-of-range values of calibrl's fields (and the sampling temperature the log-probs divide by)
@@ -241,13 +249,16 @@ class CalibratedGRPOConfig(GRPOConfig):
     def estimator_params(self) -> dict[str, Any]:
         """Keyword parameters passed to the estimator: the ``capo_*``/``gcpo_*`` fields it uses + advantage_params.
 
-        capo: ``ref_high`` / ``ref_low`` only with ``capo_mask="fixed"`` (with ``"quantile"`` the trainer fills in
-        the frozen thresholds at each step; ``ref_high`` and ``ref_low`` in advantage_params freeze them from the
-        start), ``ref_quantile_batches`` only with ``"quantile"``."""
+        capo and grpo_mask (the mask fields; capo also ``tau``, ``normalize``): ``ref_high`` / ``ref_low`` only with
+        ``capo_mask="fixed"`` (with ``"quantile"`` the trainer fills in the frozen thresholds at each step;
+        ``ref_high`` and ``ref_low`` in advantage_params freeze them from the start), ``ref_quantile_batches`` only
+        with ``"quantile"``."""
         params: dict[str, Any] = {}
-        if self.advantage_estimator == "capo":
-            params = dict(tau=self.capo_tau, normalize=self.capo_normalize, mask=self.capo_mask,
-                          ref_high_quantile=self.capo_ref_high_quantile, ref_low_quantile=self.capo_ref_low_quantile)
+        if self.advantage_estimator in ("capo", "grpo_mask"):
+            params = dict(mask=self.capo_mask, ref_high_quantile=self.capo_ref_high_quantile,
+                          ref_low_quantile=self.capo_ref_low_quantile)
+            if self.advantage_estimator == "capo":
+                params.update(tau=self.capo_tau, normalize=self.capo_normalize)
             if self.capo_mask == "fixed":
                 params.update(ref_high=self.capo_ref_high, ref_low=self.capo_ref_low)
             elif self.capo_mask == "quantile":

@@ -14,15 +14,15 @@ TRL 1.16's ``GRPOTrainer._generate_and_score_completions`` returns, for THIS pro
   masked mean log-prob (0) is no confidence.
 * correctness: the UNWEIGHTED value of ONE reward function (``correctness_reward``, default the first) > 0.5, not
   the weighted total, so with ``[math, format]`` a wrong answer in ``\boxed{}`` (total 1.0) stays wrong.
-  Estimators that rank completions by correctness (``capo``) receive that column as their ``rewards``; the others
-  receive the weighted total.
+  Estimators that rank completions by correctness (``capo``, and ``grpo_mask``, whose mask splits correct from
+  incorrect) receive that column as their ``rewards``; the others receive the weighted total.
 * ``logprob_mean`` (the rollout policy's mean token log-prob over the completion mask, tool tokens excluded), from
   the first available source: TRL's ``old_per_token_logps``; the log-probs recorded during ``model.generate``
   (:mod:`calibrl.trl.generation`, plain temperature sampling only); one extra no-grad forward
   (:func:`rollout_forward`). When only the telemetry needs it, it is read later from the loss pass TRL does anyway
   (``logprobs_deferred``).
-* ``ref_logprob_mean`` (CAPO's noise mask): TRL's ``ref_per_token_logps`` when ``beta > 0``, else the frozen
-  reference run here (:func:`ref_per_token_logps`; :mod:`calibrl.trl.reference` loads it).
+* ``ref_logprob_mean`` (CAPO's noise mask, ``capo`` and ``grpo_mask``): TRL's ``ref_per_token_logps`` when
+  ``beta > 0``, else the frozen reference run here (:func:`ref_per_token_logps`; :mod:`calibrl.trl.reference` loads it).
 * ``embeddings`` (GCPO): the completion-mean of the policy's last hidden states, captured during the same forward.
 * ``answer_ids`` (SEED-GRPO): :func:`extract_answer` of each completion, equal strings clustered within a prompt;
   -1 (a cluster of its own) for a completion with no extractable answer (:func:`has_answer`).
@@ -63,7 +63,9 @@ __all__ = [
 
 # Estimators that use the rewards only through correctness (reward > 0.5): they receive the correctness
 # function's column (``correctness_reward``) instead of the weighted total.
-RANKS_BY_CORRECTNESS: frozenset[str] = frozenset({"capo"})
+# grpo_mask too: its mask splits correct from incorrect, and the CAPO ablation it serves compares it with capo on
+# the same rewards (with one 0/1 reward function, the correctness column IS the weighted total).
+RANKS_BY_CORRECTNESS: frozenset[str] = frozenset({"capo", "grpo_mask"})
 
 # Multimodal inputs of TRL's output that the policy's forward needs besides the token ids.
 MODEL_KWARG_KEYS = (

@@ -6,7 +6,8 @@ method and calling TRL's own before or around it; the work is in the modules bes
 =====================================  ==============================================================================
 TRL method overridden                  what calibrl adds
 =====================================  ==============================================================================
-``__init__``                           reference model for CAPO's mask even at ``beta == 0`` (:mod:`.reference`);
+``__init__``                           reference model for CAPO's mask (``capo``, ``grpo_mask``) even at
+                                       ``beta == 0`` (:mod:`.reference`);
                                        decision class tokens (:mod:`.decision`); the correctness reward
 ``_calculate_rewards``                 keeps the per-function rewards and this process's completions
 ``_generate_single_turn``              records the sampled tokens' log-probs during ``generate`` (:mod:`.generation`)
@@ -41,7 +42,7 @@ import torch
 from trl import GRPOTrainer
 
 from calibrl.advantages import compute_advantages, get_estimator
-from calibrl.advantages.capo import FrozenQuantileMask, frozen_quantile_params
+from calibrl.advantages.capo import NOISE_MASK_ESTIMATORS, FrozenQuantileMask, frozen_quantile_params
 from calibrl.batch import RolloutBatch, masked_row_mean
 from calibrl.models import resolve_model
 from calibrl.trl import decision as dec
@@ -81,11 +82,11 @@ class CalibratedGRPOTrainer(GRPOTrainer):
     * ``decision_probs``: [N] probability of the chosen decision class (NaN where none), or None;
     * ``params``: the estimator parameters of this step (CAPO's frozen ``ref_high`` / ``ref_low`` filled in).
 
-    ``capo_mask="quantile"``: ``trainer.capo_quantile_mask`` (a :class:`~calibrl.advantages.capo.FrozenQuantileMask`)
-    freezes the reference-perplexity quantiles of the first ``capo_ref_quantile_batches`` training batches; they
-    are logged every batch as ``capo/ref_ppl_high`` / ``capo/ref_ppl_low``, saved in every checkpoint
-    (``calibrl_capo_mask.json``) and restored by ``train(resume_from_checkpoint=...)``. Evaluation batches read
-    them and never set them.
+    ``capo_mask="quantile"`` (estimators ``capo`` and ``grpo_mask``): ``trainer.capo_quantile_mask`` (a
+    :class:`~calibrl.advantages.capo.FrozenQuantileMask`) freezes the reference-perplexity quantiles of the first
+    ``capo_ref_quantile_batches`` training batches; they are logged every batch as ``capo/ref_ppl_high`` /
+    ``capo/ref_ppl_low``, saved in every checkpoint (``calibrl_capo_mask.json``) and restored by
+    ``train(resume_from_checkpoint=...)``. Evaluation batches read them and never set them.
     """
 
     _tag_names = ["trl", "grpo", "calibrl"]
@@ -112,7 +113,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         self._calibrl_params = args.estimator_params()
         self._calibrl_inputs = estimator_inputs(args.advantage_estimator, self._calibrl_params)
         self.capo_quantile_mask: FrozenQuantileMask | None = None
-        if args.advantage_estimator == "capo" and self._calibrl_params.get("mask") == "quantile":
+        if args.advantage_estimator in NOISE_MASK_ESTIMATORS and self._calibrl_params.get("mask") == "quantile":
             self.capo_quantile_mask = FrozenQuantileMask.from_params(self._calibrl_params)
         self._calibrl_step_params: dict[str, Any] = {}
         plan = plan_reference(model, args, needs_ref="ref_logprob_mean" in self._calibrl_inputs,

@@ -12,7 +12,7 @@ How a verl batch becomes a :class:`calibrl.RolloutBatch` (our choices):
   ``rollout_log_probs`` exists we use those.
 - ``ref_logprob_mean``: the same of ``ref_log_prob``, present when verl runs the reference policy
   (``actor_rollout_ref.actor.use_kl_loss=True``; ``kl_loss_coef=0.0`` keeps the loss KL-free). CAPO's noise mask
-  needs it.
+  (``capo`` with a mask, ``grpo_mask``) needs it.
 - ``lengths``: ``response_mask.sum(-1)``. Rows with none (verl's rollout-correction rejection sampling zeroes
   their mask) get advantage 0 and are left out of the estimator's statistics and diagnostics
   (:func:`calibrl.compute_advantages` does this for every estimator).
@@ -25,16 +25,17 @@ How a verl batch becomes a :class:`calibrl.RolloutBatch` (our choices):
 - Estimator parameters: the mapping ``algorithm.calibrl`` (hydra: ``+algorithm.calibrl.tau=0.6``), passed as
   keyword arguments to the estimator; else the JSON object in the environment variable ``CALIBRL_VERL_PARAMS``.
   verl's GRPO uses epsilon 1e-6, calibrl's (TRL's) 1e-4: ``+algorithm.calibrl.eps=1e-6`` reproduces verl.
-- CAPO's ``mask="quantile"``: the reference-perplexity quantiles of the first batch(es) this process computes
-  advantages for are frozen (:class:`calibrl.advantages.capo.FrozenQuantileMask`), one state per estimator and
-  quantile configuration, held at module level in the driver process that runs verl's advantage step
-  (:func:`quantile_mask_state`, :func:`reset_quantile_masks`). verl 0.9.1 gives plugins no checkpoint hook, so
-  the plugin wraps both trainers' ``_save_checkpoint`` / ``_load_checkpoint`` (:mod:`calibrl.verl.hooks`): every
-  checkpoint folder ``global_step_N`` gets ``calibrl_capo_mask.json`` (:func:`save_quantile_masks`), and a resumed
-  run reads it back (:func:`load_quantile_masks`); a checkpoint without it (saved without the plugin, or with
-  another mask) leaves the thresholds to the first batch after the resume. Passing the logged values
-  (``ref_high`` / ``ref_low`` in the diagnostics) as ``+algorithm.calibrl.ref_high=... +algorithm.calibrl.ref_low=...``
-  with ``mask=quantile`` also freezes them from the start.
+- CAPO's ``mask="quantile"`` (estimators ``capo`` and ``grpo_mask``): the reference-perplexity quantiles of the
+  first batch(es) this process computes advantages for are frozen
+  (:class:`calibrl.advantages.capo.FrozenQuantileMask`), one state per estimator and quantile configuration, held at
+  module level in the driver process that runs verl's advantage step (:func:`quantile_mask_state`,
+  :func:`reset_quantile_masks`). verl 0.9.1 gives plugins no checkpoint hook, so the plugin wraps both trainers'
+  ``_save_checkpoint`` / ``_load_checkpoint`` (:mod:`calibrl.verl.hooks`): every checkpoint folder ``global_step_N``
+  gets ``calibrl_capo_mask.json`` (:func:`save_quantile_masks`), and a resumed run reads it back
+  (:func:`load_quantile_masks`); a checkpoint without it (saved without the plugin, or with another mask) leaves the
+  thresholds to the first batch after the resume. Passing the logged values (``ref_high`` / ``ref_low`` in the
+  diagnostics) as ``+algorithm.calibrl.ref_high=... +algorithm.calibrl.ref_low=...`` with ``mask=quantile`` also
+  freezes them from the start.
 - Diagnostics (e.g. CAPO's ``mask_fraction``, the thresholds ``ref_high`` / ``ref_low``) go to ``data.meta_info["calibrl/advantage"]``, to the logger
   ``calibrl.verl`` (INFO) and to :func:`last_info`; verl's trackers do not see them.
 
@@ -53,7 +54,7 @@ import numpy as np
 import torch
 
 import calibrl
-from calibrl.advantages.capo import FrozenQuantileMask, frozen_quantile_params
+from calibrl.advantages.capo import NOISE_MASK_ESTIMATORS, FrozenQuantileMask, frozen_quantile_params
 from calibrl.batch import RolloutBatch, RolloutBatchError, masked_row_mean
 from calibrl.verl.hooks import RAY_TRAINER, current_data
 from calibrl.verl.v1 import queue_answers
@@ -72,9 +73,9 @@ _QUANTILE_KEYS = ("ref_high_quantile", "ref_low_quantile", "ref_quantile_batches
 
 def quantile_mask_state(name: str, params: dict[str, Any]) -> FrozenQuantileMask | None:
     """The :class:`FrozenQuantileMask` of estimator ``name`` with ``params`` in this process (created on first use),
-    or None unless ``name`` is capo with ``mask="quantile"``. One state per quantile configuration (quantile
-    levels, K, thresholds given), so two estimators configured differently never share thresholds."""
-    if name != "capo" or params.get("mask") != "quantile":
+    or None unless ``name`` is capo or grpo_mask with ``mask="quantile"``. One state per estimator and quantile
+    configuration (quantile levels, K, thresholds given), so two estimators never share thresholds."""
+    if name not in NOISE_MASK_ESTIMATORS or params.get("mask") != "quantile":
         return None
     key = (name, json.dumps({k: params.get(k) for k in _QUANTILE_KEYS}, sort_keys=True, default=str))
     state = _QUANTILE_MASKS.get(key)
