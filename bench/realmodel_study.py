@@ -13,6 +13,10 @@ All settings are fixed before the runs (nothing here is tuned on the evaluation 
     python bench/realmodel_study.py --out runs/realmodel_study            # all methods, one after the other
     python bench/realmodel_study.py --out runs/realmodel_study --report-only
 
+Each method takes about 30 minutes on one core (36 steps of about 50 s, 7 evaluations) and up to 9 GB of memory
+(the 192-sample evaluation batch): on 24 GB run two methods at a time, each in its own process
+(``--methods grpo,capo`` and ``--methods capo_mask,grpo_decision``, ``OMP_NUM_THREADS=1``), not four.
+
 Each method's run writes ``<out>/<method>/calibration_eval.json`` and ``trainer_log.json``; a method whose file
 says it finished is skipped on a rerun (so an interrupted study resumes by method). The report
 (``<out>/report.md``, ``<out>/trajectories.png``) is rebuilt from those files.
@@ -57,14 +61,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/realmodel_study"))
     parser.add_argument("--methods", default=",".join(REAL_MODEL_METHODS))
-    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--steps", type=int, default=36)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--train-prompts", type=int, default=2000)
-    parser.add_argument("--eval-prompts", type=int, default=32)
+    parser.add_argument("--eval-prompts", type=int, default=48)
     parser.add_argument("--eval-k", type=int, default=4)
     parser.add_argument("--eval-every", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)

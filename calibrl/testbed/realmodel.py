@@ -244,8 +244,11 @@ def plot_runs(runs: dict[str, list[dict]], path: str | Path) -> Path:
                 ylabel="AUROC of mean token log-prob (higher is better)", title="Calibration against accuracy")
     for ax in axes:
         ax.grid(alpha=0.3)
-    axes[0].legend(loc="upper center", bbox_to_anchor=(1.1, -0.18), ncol=4, frameon=False)
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    # one legend for both panels, in its own strip below them (inside the axes it hid points; anchored to one
+    # axes it pushed the panels apart)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), frameon=False)
     path = Path(path)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
