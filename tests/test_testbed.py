@@ -173,3 +173,29 @@ def test_decision_copy_task_copies_the_conclusion_and_rewards_the_decision():
     wrong_sum = f"{(int(ss) + 1) % 100:02d}:Y>Y"
     assert tb.true_success_probability("decision_copy", prompt, wrong_sum) == 0.0
     assert tb.bayes_auroc("decision_copy") == pytest.approx(tb.bayes_auroc("decision"))
+
+
+@pytest.mark.parametrize("task", sorted(tb._BY_NAME))
+def test_answer_keys_group_completions_of_equal_success_probability(task):
+    """Answer selection on the testbed votes over answer_keys: two completions of one prompt share a key exactly
+    when the world rewards them with the same probability, so a voted answer's drawn outcomes estimate its
+    success probability. Checked on sampled true completions plus corrupted ones (wrong sum, unparsable)."""
+    from calibrl.testbed.evaluate import answer_keys
+
+    rng = np.random.default_rng(0)
+    checked = 0
+    for row in tb.build_rows(task, 40, split="test", seed=0):
+        prompt = row["prompt"]
+        completions = [tb.sample_true_completion(task, row, rng) for _ in range(12)]
+        completions += [("9" + c[1:]) if c[:1] != "9" else ("8" + c[1:]) for c in completions[:4]]  # first digit off
+        completions += ["???"]
+        parsed = [tb.parse(task, prompt, c) for c in completions]
+        keys = answer_keys(task, parsed)
+        q = [tb.true_success_probability(task, prompt, c) for c in completions]
+        for i in range(len(keys)):
+            for j in range(len(keys)):
+                if keys[i] == keys[j]:
+                    assert q[i] == pytest.approx(q[j]), (task, completions[i], completions[j])
+                    checked += 1
+    assert checked > 40 * 16
+    assert answer_keys(task, [tb.parse(task, "0000?", "???")]) == ["-"]

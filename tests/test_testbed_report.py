@@ -191,3 +191,22 @@ def test_at_accuracy_reads_a_curve_where_it_first_reaches_the_accuracy():
     assert at_accuracy(history, "auroc", 0.3) == pytest.approx(0.9)
     assert math.isnan(at_accuracy(history, "auroc", 0.7))             # never reached
     assert at_accuracy([{"acc": 0.1, "x": 1.0}, {"acc": 0.3, "x": 3.0}], "x", 0.2, accuracy_key="acc") == pytest.approx(2.0)
+
+
+def test_downstream_selection_is_scored_by_the_chosen_answers_true_success_probability():
+    spec = importlib.util.spec_from_file_location("calibrl_bench_downstream", ROOT / "bench" / "downstream.py")
+    ds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ds)
+    # prompt 0: answer 1 (q 0.2) three times at low probability, answer 2 (q 0.8) twice at high probability;
+    # prompt 1: one answer (q 0.5). The drawn outcomes disagree with q on purpose: they must not be used.
+    samples = {"prompt_index": np.array([0, 0, 0, 0, 0, 1, 1]),
+               "answer_id": np.array([1, 1, 1, 2, 2, 3, 3]),
+               "q_true": np.array([0.2, 0.2, 0.2, 0.8, 0.8, 0.5, 0.5]),
+               "correct": np.array([True, True, True, False, False, True, False]),
+               "logprob_mean": np.log(np.array([0.1, 0.1, 0.1, 0.9, 0.8, 0.5, 0.5])),
+               "completion": np.array(["a", "b", "c", "d", "e", "f", "f"])}
+    assert ds.selection_accuracy(samples, "majority") == pytest.approx((0.2 + 0.5) / 2)
+    assert ds.selection_accuracy(samples, "weighted") == pytest.approx((0.8 + 0.5) / 2)  # 0.3 against 1.7
+    assert ds.selection_accuracy(samples, "best_of_n") == pytest.approx((0.8 + 0.5) / 2)
+    m = ds.run_metrics(samples)
+    assert m["mean@8"] == pytest.approx(samples["q_true"].mean()) and m["oracle@8"] == pytest.approx(0.65)

@@ -52,7 +52,11 @@ def evaluate(model, tokenizer, task: str, prompts: list[str], p_true: list[float
         # per-token entropy of the policy on its own samples, estimated by their mean negative log-prob
         "entropy": float(-(lpm * np.asarray(res["n_tokens"])).sum() / max(1, np.asarray(res["n_tokens"]).sum())),
     }
-    samples = {"prompt_index": pid, "logprob_mean": lpm, "seq_prob": seq_prob, "correct": correct, "q_true": q}
+    # answers for answer selection (majority, PC, RPC): one id per distinct answer_key within the evaluation
+    answer_id = np.unique(np.array(answer_keys(task, parsed), dtype=str), return_inverse=True)[1].reshape(-1)
+    samples = {"prompt_index": pid, "logprob_mean": lpm, "seq_prob": seq_prob, "correct": correct, "q_true": q,
+               "answer_id": answer_id.astype(np.int64), "completion": np.array(
+                   [tb._completion(c) for c in res["completion"]], dtype=str)}
     if spec.classes:
         cp = res["class_probs"]  # [M, 2]: (Y, N)
         has = ~np.isnan(cp[:, 0])
@@ -79,6 +83,26 @@ def evaluate(model, tokenizer, task: str, prompts: list[str], p_true: list[float
     return out, samples
 
 
+# tasks whose reward needs the reasoning (the digit sum) right as well as the choice
+_REASONING_GATED = ("decision", "decision_copy", "stochastic_reasoning", "verbalized")
+
+
+def answer_keys(task: str, parsed: list[dict]) -> list[str]:
+    """The answer of each parsed completion of ``task`` (:func:`calibrl.testbed.tasks.parse`), as a string that two
+    completions share when the world treats them alike: ``"<choice>"``; on the tasks that also need the reasoning
+    right, ``"x<choice>"`` when it is wrong (never rewarded, whatever it chose); ``"-"`` when nothing could be
+    parsed. Completions with equal keys have equal true success probabilities, so the drawn outcomes of a voted
+    answer's paths estimate that answer's success probability without bias."""
+    gated = task.split("/")[-1] in _REASONING_GATED
+    keys = []
+    for x in parsed:
+        if not x.get("format_ok") or x.get("choice") is None:
+            keys.append("-")
+        else:
+            keys.append(("x" if gated and not x.get("reasoning_ok") else "") + str(x["choice"]))
+    return keys
+
+
 def greedy_decision_accuracy(p_yes: np.ndarray, p_true_yes: np.ndarray, q_true: np.ndarray) -> float:
     """Expected accuracy when each sampled completion's decision is replaced by argmax q (Y iff q(Y) >= 0.5):
     samples with a wrong sum or no decision (q_true == 0) count as wrong."""
@@ -95,4 +119,4 @@ def eval_prompts_for(task: str, n: int, *, split: str = "test") -> list[str]:
     return [r["prompt"] for r in tb.build_rows(task, n, split=split, seed=0)]
 
 
-__all__ = ["eval_prompts_for", "evaluate", "greedy_decision_accuracy"]
+__all__ = ["answer_keys", "eval_prompts_for", "evaluate", "greedy_decision_accuracy"]
