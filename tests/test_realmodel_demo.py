@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from calibrl.cli import app
 from calibrl.testbed.realmodel import (REAL_MODEL_METHODS, RealModelRunConfig, auroc_standard_error,
-                                       demo_sentences, matched_accuracy_rows, matched_accuracy_table,
-                                       records_table, training_table)
+                                       demo_sentences, evaluation_auroc_standard_error, matched_accuracy_rows,
+                                       matched_accuracy_table, records_table, training_table)
 
 
 def test_hanley_mcneil_standard_error_by_hand_and_by_simulation():
@@ -20,6 +20,11 @@ def test_hanley_mcneil_standard_error_by_hand_and_by_simulation():
     assert auroc_standard_error(0.5, 10, 10) == pytest.approx(math.sqrt(0.0175))
     assert auroc_standard_error(0.8, 40, 88) < auroc_standard_error(0.8, 10, 22)
     assert math.isnan(auroc_standard_error(0.7, 0, 10))
+    # of an evaluation record: accuracy x n_samples right answers
+    record = {"auroc": 0.61, "accuracy": 40 / 128, "n_samples": 128}
+    assert evaluation_auroc_standard_error(record) == auroc_standard_error(0.61, 40, 88)
+    assert math.isnan(evaluation_auroc_standard_error({**record, "accuracy": float("nan")}))
+    assert math.isnan(evaluation_auroc_standard_error({"auroc": 0.61, "accuracy": 0.3}))
     # close to the spread of AUROCs of binormal scores with that true AUROC (0.76 for a shift of 1 sd)
     from sklearn.metrics import roc_auc_score
 

@@ -93,7 +93,9 @@ def answer_keys(task: str, parsed: list[dict]) -> list[str]:
     right, ``"x<choice>"`` when it is wrong (never rewarded, whatever it chose); ``"-"`` when nothing could be
     parsed. Completions with equal keys have equal true success probabilities, so the drawn outcomes of a voted
     answer's paths estimate that answer's success probability without bias."""
-    gated = task.split("/")[-1] in _REASONING_GATED
+    from calibrl.testbed import tasks as tb
+
+    gated = tb.get_task(task).name in _REASONING_GATED
     keys = []
     for x in parsed:
         if not x.get("format_ok") or x.get("choice") is None:

@@ -159,9 +159,7 @@ def matched_accuracy_rows(runs: dict[str, list[dict]], *, reference: str, tolera
             if abs(near["accuracy"] - r["accuracy"]) > tolerance:
                 continue
             auc, ref_auc = float(r.get("auroc", math.nan)), float(near.get("auroc", math.nan))
-            ses = [auroc_standard_error(a, round(x["accuracy"] * x["n_samples"]),
-                                        int(x["n_samples"]) - round(x["accuracy"] * x["n_samples"]))
-                   for a, x in ((auc, r), (ref_auc, near))]
+            ses = [evaluation_auroc_standard_error(x) for x in (r, near)]
             rows.append({"method": label, "step": r["step"], "accuracy": r["accuracy"],
                          "reference_step": near["step"], "reference_accuracy": near["accuracy"], "auroc": auc,
                          "reference_auroc": ref_auc, "difference": auc - ref_auc,
@@ -230,8 +228,7 @@ def plot_runs(runs: dict[str, list[dict]], path: str | Path) -> Path:
         n = np.array([r.get("n_samples") or 0 for r in records], dtype=float)
         # 95% error bars: binomial for accuracy (samples treated as independent), Hanley-McNeil for the AUROC
         acc_err = 1.96 * np.sqrt(acc * (1 - acc) / np.maximum(n, 1))
-        auc_err = 1.96 * np.array([auroc_standard_error(a, round(p * k), int(k) - round(p * k))
-                                   for a, p, k in zip(auc, acc, n)])
+        auc_err = 1.96 * np.array([evaluation_auroc_standard_error(r) for r in records])
         axes[0].errorbar([r["step"] for r in records], acc, yerr=acc_err, marker=marker, linestyle=style,
                          capsize=3, label=label)
         axes[1].errorbar(acc, auc, xerr=acc_err, yerr=auc_err, marker=marker, linestyle=style, capsize=3,
@@ -267,6 +264,18 @@ def auroc_standard_error(auroc: float, n_pos: int, n_neg: int) -> float:
     return math.sqrt(max(var, 0.0))
 
 
+def evaluation_auroc_standard_error(record: dict) -> float:
+    """:func:`auroc_standard_error` of one held-out evaluation record (``auroc``, ``accuracy`` x ``n_samples``
+    right answers); nan when a field is missing or undefined."""
+    import math
+
+    n, acc, auroc = int(record.get("n_samples") or 0), record.get("accuracy"), record.get("auroc")
+    if not n or not isinstance(acc, (int, float)) or not isinstance(auroc, (int, float)) or not math.isfinite(acc):
+        return float("nan")
+    n_pos = round(acc * n)
+    return auroc_standard_error(auroc, n_pos, n - n_pos)
+
+
 def demo_sentences(records: list[dict], *, label: str, steps: int) -> list[str]:
     """What a short run's held-out evaluations show, computed from the first and last record."""
     if len(records) < 2:
@@ -282,7 +291,7 @@ def demo_sentences(records: list[dict], *, label: str, steps: int) -> list[str]:
     acc, auroc = last.get("accuracy"), last.get("auroc")
     if n and isinstance(acc, (int, float)) and isinstance(auroc, (int, float)):
         n_pos = round(acc * n)
-        se = auroc_standard_error(auroc, n_pos, n - n_pos)
+        se = evaluation_auroc_standard_error(last)
         out.append(f"Resolution: {n} held-out samples ({n_pos} right), so an AUROC is known to about +-{1.96 * se:.2f} "
                    "(95%, Hanley-McNeil); changes smaller than that are noise. A few LoRA steps move a 135M model "
                    "little: the equal-budget study of four methods is docs/results/realmodel.md "
@@ -352,5 +361,6 @@ def run_real_model_demo(out: str | Path, *, model: str = BUILTIN_REAL_MODEL, met
 
 
 __all__ = ["BUILTIN_REAL_MODEL", "REAL_MODEL_LABELS", "REAL_MODEL_METHODS", "RealModelRunConfig",
-           "auroc_standard_error", "demo_sentences", "matched_accuracy_rows", "matched_accuracy_table", "plot_runs",
-           "records_table", "run_real_model_demo", "train_real_model", "training_table"]
+           "auroc_standard_error", "demo_sentences", "evaluation_auroc_standard_error", "matched_accuracy_rows",
+           "matched_accuracy_table", "plot_runs", "records_table", "run_real_model_demo", "train_real_model",
+           "training_table"]
