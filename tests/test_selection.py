@@ -106,6 +106,16 @@ def test_math_verify_merges_equivalent_answers():
     assert ids[4] != ids[0]  # never merged across prompts
 
 
+def test_group_answer_ids_cluster_by_the_graders_equivalence_within_groups():
+    import math_verify  # noqa: F401
+    ids = S.group_answer_ids(["12", "12.0", "\\frac{24}{2}", "13", None, None, "12"], [0, 0, 0, 0, 0, 0, 1])
+    assert ids[:4] == [0, 0, 0, 1]  # dense, in order of first appearance
+    assert ids[4] == ids[5] == -1  # no answer: the estimator makes each a singleton
+    assert ids[6] == 2  # the same answer in another group is another cluster
+    with pytest.raises(ValueError, match="group_ids"):
+        S.group_answer_ids(["1"], [0, 1])
+
+
 def _random_groups(n_prompts=30, n=8, seed=0):
     rng = np.random.default_rng(seed)
     pid = np.repeat(np.arange(n_prompts), n)

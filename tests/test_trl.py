@@ -748,6 +748,9 @@ def test_seed_answer_ids_put_unanswered_completions_in_singletons():
     ids = answer_ids_for(texts, group_ids=[0, 0, 0, 0, 1, 1, 1, 1], classes=["A", "B"])
     assert ids == [0, -1, 0, -1, 1, 2, 2, -1]
     assert extract_answer("x\n1") == "1"  # the public extraction keeps its last-line fallback
+    # one meaning, three spellings: the grader's equivalence (not string equality) makes SEED's clusters
+    texts = [r"\boxed{12}", r"\boxed{12.0}", r"\boxed{\frac{24}{2}}", r"\boxed{13}"]
+    assert answer_ids_for(texts, group_ids=[0, 0, 0, 0], classes=None) == [0, 0, 0, 1]
 
 
 def test_seed_grpo_trainer_passes_negative_ids_for_unanswered(tmp_path):

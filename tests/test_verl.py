@@ -639,3 +639,15 @@ def test_grpo_mask_reads_the_reference_and_freezes_the_first_batch_thresholds_in
         ray_trainer.compute_advantage(make_data(13, with_ref=False), adv_estimator="grpo_mask",
                                       config=algo_config(**params))
     reset_quantile_masks()
+
+
+def test_seed_grpo_clusters_the_reward_functions_answers_by_equivalence():
+    """``12`` and ``12.0`` are one meaning for SEED-GRPO's semantic entropy (the grader's equivalence, not string
+    equality); a missing answer (None, or NaN from an object array) is a cluster of its own."""
+    from calibrl.verl.advantage import rollout_batch_from_verl
+
+    mask = torch.ones(6, 3)
+    batch = rollout_batch_from_verl(token_level_rewards=torch.zeros(6, 3), response_mask=mask,
+                                    index=np.array(["u0"] * 4 + ["u1"] * 2, dtype=object),
+                                    answers=np.array(["12", "12.0", "13", None, "12", float("nan")], dtype=object))
+    assert batch.answer_ids.tolist() == [0, 0, 1, -1, 2, -1]

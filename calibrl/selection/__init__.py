@@ -16,7 +16,8 @@ correct among them) / k, i.e. the expected accuracy of a uniform tie-break.
 The package, in the order a selection runs:
 
 - :mod:`~calibrl.selection.answers`: :func:`answers_equivalent` (THE answer equivalence, shared with grading),
-  :func:`answer_clusters` (answers -> cluster ids) and :func:`normalize_answer`;
+  :func:`answer_clusters` (answers -> cluster ids), :func:`group_answer_ids` (the same for training-time
+  estimators: -1 for no answer) and :func:`normalize_answer`;
 - :mod:`~calibrl.selection.voting`: majority, weighted vote, PC, best-of-N, :class:`SelectionResult` and the
   vote they share;
 - :mod:`~calibrl.selection.pruning`: the Weibull mixture and RPC's pruning (:func:`rpc_keep_mask`);
@@ -27,7 +28,7 @@ The package, in the order a selection runs:
 
 from __future__ import annotations
 
-from calibrl.selection.answers import answer_clusters, answers_equivalent, normalize_answer
+from calibrl.selection.answers import answer_clusters, answers_equivalent, group_answer_ids, normalize_answer
 from calibrl.selection.registry import METHODS, select
 from calibrl.selection.pruning import rpc, rpc_keep_mask
 from calibrl.selection.scaling import ScalingCurve, maj_at_k, scaling_curve
@@ -38,6 +39,7 @@ __all__ = [
     "ScalingCurve",
     "SelectionResult",
     "answer_clusters",
+    "group_answer_ids",
     "answers_equivalent",
     "best_of_n",
     "maj_at_k",

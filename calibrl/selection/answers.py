@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MATH_TIMEOUT_SECONDS", "answer_clusters", "answers_equivalent", "normalize_answer"]
+__all__ = ["MATH_TIMEOUT_SECONDS", "answer_clusters", "answers_equivalent", "group_answer_ids", "normalize_answer"]
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{(.*)\}\s*$", re.S)
 _THOUSANDS = re.compile(r"^-?\d{1,3}(,\d{3})+(\.\d+)?$")
@@ -189,3 +189,19 @@ def answer_clusters(
             else:
                 reps.append(u)
     return parent[ids].astype(np.int64)
+
+
+def group_answer_ids(answers: Sequence[str | None], group_ids: Sequence[Any]) -> list[int]:
+    """Semantic clusters for training-time estimators (SEED-GRPO's semantic entropy): one id per answer [N], equal
+    ids <=> same group and equivalent answers (:func:`answer_clusters`, the grader's equivalence, so ``12`` and
+    ``12.0`` or ``0.5`` and ``\\frac{1}{2}`` are one meaning); -1 where the answer is None (no extractable answer:
+    the estimator makes each such row a cluster of its own). Ids are dense, numbered in order of first appearance
+    (0, 1, ...); the same answer in two groups gets two ids."""
+    answers = [None if a is None else str(a) for a in answers]
+    if len(answers) != len(group_ids):
+        raise ValueError(f"answers has {len(answers)} entries, group_ids {len(group_ids)}")
+    if not answers:
+        return []
+    clusters = answer_clusters(np.array(answers, dtype=object), np.asarray(group_ids))
+    dense: dict[int, int] = {}
+    return [-1 if a is None else dense.setdefault(int(c), len(dense)) for a, c in zip(answers, clusters.tolist())]

@@ -122,15 +122,17 @@ def completion_text(completion: Any) -> str:
 
 
 def answer_ids(answers: list[str | None], group_ids: list[int]) -> list[int]:
-    """Dense ids (0, 1, ...) of equal answer strings WITHIN a group (the same string in two groups gets two ids);
+    """Dense ids (0, 1, ...) of equivalent answers WITHIN a group (:func:`calibrl.selection.answers.group_answer_ids`:
+    the grader's equivalence, so ``12`` and ``12.0`` are one cluster; the same answer in two groups gets two ids);
     -1 where the answer is None (the estimator makes each such completion a cluster of its own)."""
-    table: dict[tuple[int, str], int] = {}
-    return [-1 if a is None else table.setdefault((g, a), len(table)) for g, a in zip(group_ids, answers)]
+    from calibrl.selection.answers import group_answer_ids
+
+    return group_answer_ids(answers, group_ids)
 
 
 def answer_ids_for(texts: list[str], *, group_ids: list[int], classes: list[str] | None,
                    last_line: bool = False) -> list[int]:
-    """SEED-GRPO's ``answer_ids`` [N] of completion ``texts``: equal extracted answers share an id within a group;
+    """SEED-GRPO's ``answer_ids`` [N] of completion ``texts``: equivalent extracted answers share an id within a group;
     a completion with no extractable answer (:func:`has_answer`) gets -1, a cluster of its own, rather than the
     cluster of its last line (two unanswered completions do not agree on an answer), unless ``last_line``
     (``CalibratedGRPOConfig.answer_last_line``) takes the last line as the answer."""

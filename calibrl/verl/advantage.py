@@ -19,7 +19,8 @@ How a verl batch becomes a :class:`calibrl.RolloutBatch` (our choices):
 - ``embeddings`` (gcpo): ``data.batch["embeddings"]`` [N, D] if some worker put it there; verl computes none.
   ``answer_ids`` (seed_grpo): the reward function's ``answer`` (it returns ``{"score": ..., "answer": ...}``):
   ``data.non_tensor_batch["answer"]`` (legacy trainer), else the V1 trainer's queue
-  (:func:`calibrl.verl.v1.queue_answers`); clustered per equal string.
+  (:func:`calibrl.verl.v1.queue_answers`); clustered within each group by the grader's equivalence
+  (:func:`calibrl.selection.answers.group_answer_ids`: ``12`` and ``12.0`` are one answer).
 - Advantages [N] are broadcast over the response (``A[:, None] * response_mask``) and returned as both
   advantages and returns, exactly as verl's GRPO does.
 - Estimator parameters: the mapping ``algorithm.calibrl`` (hydra: ``+algorithm.calibrl.tau=0.6``), passed as
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from typing import Any, Callable
 
@@ -56,6 +58,7 @@ import torch
 import calibrl
 from calibrl.advantages.capo import NOISE_MASK_ESTIMATORS, FrozenQuantileMask, frozen_quantile_params
 from calibrl.batch import RolloutBatch, RolloutBatchError, masked_row_mean
+from calibrl.selection.answers import group_answer_ids
 from calibrl.verl.hooks import RAY_TRAINER, current_data
 from calibrl.verl.v1 import queue_answers
 
@@ -123,6 +126,16 @@ def _dense_ids(labels: Any) -> torch.Tensor:
     return torch.as_tensor(inverse.reshape(-1), dtype=torch.long)
 
 
+def _answer_strings(answers: Any) -> list[str | None]:
+    """The reward function's answers [N] as strings; None (and NaN, how a missing value comes back from a
+    ``non_tensor_batch`` object array) stays None: no extractable answer."""
+    out = []
+    for a in np.asarray(answers, dtype=object).reshape(-1).tolist():
+        missing = a is None or (isinstance(a, float) and math.isnan(a))
+        out.append(None if missing else str(a))
+    return out
+
+
 def rollout_batch_from_verl(*, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None,
                             old_log_probs: torch.Tensor | None = None, ref_log_prob: torch.Tensor | None = None,
                             embeddings: torch.Tensor | None = None, answers: Any = None) -> RolloutBatch:
@@ -137,7 +150,8 @@ def rollout_batch_from_verl(*, token_level_rewards: torch.Tensor, response_mask:
         logprob_mean=None if old_log_probs is None else masked_row_mean(old_log_probs.detach().float(), mask),
         ref_logprob_mean=None if ref_log_prob is None else masked_row_mean(ref_log_prob.detach().float(), mask),
         embeddings=None if embeddings is None else embeddings.detach().float(),
-        answer_ids=None if answers is None else _dense_ids(answers).to(rewards.device),
+        answer_ids=None if answers is None else torch.as_tensor(
+            group_answer_ids(_answer_strings(answers), group_ids.tolist()), dtype=torch.long, device=rewards.device),
         lengths=mask.sum(-1),
     )
 
