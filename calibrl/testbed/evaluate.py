@@ -52,6 +52,10 @@ def evaluate(model, tokenizer, task: str, prompts: list[str], p_true: list[float
         # per-token entropy of the policy on its own samples, estimated by their mean negative log-prob
         "entropy": float(-(lpm * np.asarray(res["n_tokens"])).sum() / max(1, np.asarray(res["n_tokens"]).sum())),
     }
+    # tasks with prompt tiers (scratchpad, forms): the expected accuracy of each tier
+    tiers = np.array([tb.prompt_tier(task, p) or "" for p in res["prompt"]])
+    for tier in sorted(set(tiers.tolist()) - {""}):
+        out[f"expected_accuracy_{tier}"] = float(q[tiers == tier].mean())
     # answers for answer selection (majority, PC, RPC): one id per distinct answer_key within the evaluation
     answer_id = np.unique(np.array(answer_keys(task, parsed), dtype=str), return_inverse=True)[1].reshape(-1)
     samples = {"prompt_index": pid, "logprob_mean": lpm, "seq_prob": seq_prob, "correct": correct, "q_true": q,

@@ -83,6 +83,8 @@ def method_specs(*, capo_tau: float = 0.6, decision_coef: float = 1.0, seed_alph
         *PROTOCOL_ARMS,
         # the decision-token study (bench/decision_study.py): the decision copies the reasoning's conclusion
         *DECISION_STUDY_ARMS,
+        # the group-weighting study (bench/forms_study.py): where GCPO and SEED-GRPO can differ
+        *FORMS_ARMS,
     ]
     return {f"{s.task}/{s.name}": s for s in specs}
 
@@ -121,6 +123,23 @@ DECISION_STUDY_ARMS = (
                  {"advantage_estimator": "grpo", "decision_classes": ["Y", "N"], "decision_loss_coef": lam,
                   "decision_zero_advantage": True, **fields})
       for variant, label, fields in DECISION_VARIANTS for lam in DECISION_LAMBDAS),
+)
+
+FORMS_TASK = "forms"
+# Group weightings on testbed/forms (surface forms, near misses, far-wrong values, noise prompts). Dr.GRPO is
+# GRPO's advantage times the group's reward std (Bessel, up to GRPO's eps): GRPO weighted by reward dispersion,
+# the signal that tracked a group's gradient SNR in docs/results/gcpo.md.
+FORMS_ARMS = (
+    MethodSpec("grpo", FORMS_TASK, "GRPO", {"advantage_estimator": "grpo"}),
+    MethodSpec("dr_grpo", FORMS_TASK, "Dr.GRPO (GRPO x reward std)", {"advantage_estimator": "dr_grpo"}),
+    MethodSpec("gcpo", FORMS_TASK, "GCPO (default reading)", {"advantage_estimator": "gcpo"}),
+    MethodSpec("gcpo_std", FORMS_TASK, "GCPO (batch-centred, standardised)",
+               {"advantage_estimator": "gcpo", "advantage_params": {"center": "batch", "standardize": True}}),
+    MethodSpec("seed_grpo", FORMS_TASK, "SEED-GRPO (GRPO base, alpha 1)",
+               {"advantage_estimator": "seed_grpo", "advantage_params": {"base": "grpo", "alpha": 1.0},
+                "answer_last_line": True}),
+    MethodSpec("seed_grpo_paper", FORMS_TASK, "SEED-GRPO (paper: Dr.GRPO base, alpha 0.042)",
+               {"advantage_estimator": "seed_grpo", "answer_last_line": True}),
 )
 
 DEFAULT_METHODS = ("stochastic_reasoning/grpo", "stochastic_reasoning/capo", "stochastic_reasoning/capo_mask",
@@ -197,6 +216,6 @@ def stated_confidence_metrics(*, stated, correct, p_true) -> dict[str, float]:
     }
 
 
-__all__ = ["ADD_TASK", "DECISION_COPY_TASK", "DECISION_LAMBDAS", "DECISION_STUDY_ARMS", "DECISION_VARIANTS",
+__all__ = ["ADD_TASK", "DECISION_COPY_TASK", "FORMS_ARMS", "FORMS_TASK", "DECISION_LAMBDAS", "DECISION_STUDY_ARMS", "DECISION_VARIANTS",
            "PROTOCOL_ARMS", "PROTOCOL_TASK", "CONTROL_METHODS", "DEC_TASK", "DEFAULT_METHODS", "DemoConfig", "MethodSpec", "QUICK_METHODS",
            "RLCR_METHODS", "RLCR_TASK", "SEQ_TASK", "method_specs", "stated_confidence_metrics"]

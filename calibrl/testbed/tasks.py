@@ -1,4 +1,4 @@
-"""Built-in testbed: three small tasks generated in code, with known outcome probabilities.
+"""Built-in testbed: small tasks generated in code, with known outcome probabilities.
 
 Each task is a seeded ``datasets.Dataset`` (registered under ``testbed/<name>``), a TRL-style reward
 (registered under the same name), SFT texts sampled from the TRUE distribution (so the warm start is calibrated
@@ -57,6 +57,21 @@ the 0.2M-parameter char-level Llama of :mod:`calibrl.testbed.model` to learn on 
     Columns: ``prompt``, ``answer`` (the digit sum, two digits), ``p_true`` (the teacher's success probability
     (1 - e)^3: what the warm start is calibrated to), ``tier`` (easy / medium / hard), ``prompt_id``.
 
+``testbed/forms`` (where GCPO and SEED-GRPO can differ; not in the default demo)
+    prompt ``abcd~``, completion ``A``: the digit sum written in one of three SURFACE FORMS of one meaning,
+    ``12``, ``12.0`` or ``+12`` (:data:`FORMS`; calibrl's answer equivalence, the grader's, counts them as one
+    answer: :func:`calibrl.selection.answers.answers_equivalent`). The prompt's first digit a picks its tier
+    (:data:`FORMS_TIERS`): ``learnable`` (a in 0-3) deterministic reward, the teacher right with probability 0.5
+    and otherwise a NEAR MISS (the sum +-1); ``hard`` (a in 4-6) deterministic reward, the teacher right with
+    probability 0.2 and otherwise FAR WRONG (a value 0-36 at least 5 away from the sum, uniformly); ``noise``
+    (a in 7-9) the reward is a fresh coin flip (probability 0.5) for any well-formed answer, whatever it says, the
+    teacher as on learnable prompts. The teacher picks the surface form uniformly, independently of the value. So
+    semantic entropy (clusters of equivalent values) and geometric disagreement (hidden states of different
+    strings) part ways: surface forms are disagreement without a difference of meaning, near misses and far-wrong
+    values are the same entropy at different distances, and noise groups carry mixed rewards and no signal.
+    Columns: ``prompt``, ``answer`` (the digit sum), ``p_true`` (the teacher's success probability), ``tier``,
+    ``prompt_id``.
+
 Every reward returns ``None``-free floats; malformed completions get 0 (-1 for ``verbalized``, RLCR's floor).
 :func:`true_success_probability` gives, for any completion, the exact probability that the world rewards it (the
 noise-free correctness used for the ``oracle`` metrics), and :func:`bayes_auroc` the AUROC a perfectly calibrated
@@ -80,6 +95,12 @@ RLCR_TASK = "verbalized"  # kept out of TASKS (the default demo's tasks) until i
 SCRATCHPAD_TASK = "scratchpad"  # the papers' regime (docs/testbed.md's pre-registered study); not in TASKS either
 # scratchpad: the teacher's per-step slip probability by the prompt's first digit (easy / medium / hard tiers)
 SCRATCHPAD_TIERS = (("easy", range(0, 3), 0.05), ("medium", range(3, 7), 0.25), ("hard", range(7, 10), 0.6))
+FORMS_TASK = "forms"  # surface forms, near misses, far-wrong values and noise prompts; not in TASKS either
+FORMS = ("{v}", "{v}.0", "+{v}")  # three spellings of one value, equivalent for calibrl's grader
+# forms: (tier, the prompt's first digits, the teacher's probability of the right value, how it is wrong)
+FORMS_TIERS = (("learnable", range(0, 4), 0.5, "near"), ("hard", range(4, 7), 0.2, "far"),
+               ("noise", range(7, 10), 0.5, "near"))
+FORMS_NOISE_P = 0.5  # success probability of any well-formed answer on a noise prompt
 CONFIDENCE_DIGITS = 10  # stated confidence k / CONFIDENCE_DIGITS for the digit k: 0.0, 0.1, ..., 0.9
 # Disjoint prompt pools: train prompts come from one seeded stream, held-out eval prompts from another, and eval
 # prompts never appear in training (the generators reject them).
@@ -166,7 +187,9 @@ ADDITION = TaskSpec("addition", 11, None, False)
 VERBALIZED = TaskSpec(RLCR_TASK, 8, None, True)
 SCRATCHPAD = TaskSpec(SCRATCHPAD_TASK, 26, None, False)
 DECISION_COPY = TaskSpec("decision_copy", 8, ("Y", "N"), True)
-_BY_NAME = {t.name: t for t in (DECISION, STOCHASTIC, ADDITION, VERBALIZED, SCRATCHPAD, DECISION_COPY)}
+FORMS_SPEC = TaskSpec(FORMS_TASK, 6, None, True)  # stochastic: the noise tier's reward is a fresh draw
+_ALL_TASKS = (DECISION, STOCHASTIC, ADDITION, VERBALIZED, SCRATCHPAD, DECISION_COPY, FORMS_SPEC)
+_BY_NAME = {t.name: t for t in _ALL_TASKS}
 
 
 def scratchpad_tier(prompt: str) -> tuple[str, float]:
@@ -176,6 +199,25 @@ def scratchpad_tier(prompt: str) -> tuple[str, float]:
         if first in digits:
             return name, slip
     raise ValueError(f"not a scratchpad prompt: {prompt!r}")  # pragma: no cover
+
+
+def forms_tier(prompt: str) -> tuple[str, float, str]:
+    """(tier, the teacher's probability of the right value, "near" / "far" errors) of a ``forms`` prompt."""
+    first = int(prompt[0])
+    for name, digits, right, error in FORMS_TIERS:
+        if first in digits:
+            return name, right, error
+    raise ValueError(f"not a forms prompt: {prompt!r}")  # pragma: no cover
+
+
+def prompt_tier(task: str, prompt: str) -> str | None:
+    """The tier of ``prompt`` on the tasks that have tiers (``scratchpad``, ``forms``), else None."""
+    name = get_task(task).name
+    if name == SCRATCHPAD_TASK:
+        return scratchpad_tier(prompt)[0]
+    if name == FORMS_TASK:
+        return forms_tier(prompt)[0]
+    return None
 
 
 def get_task(name: str) -> TaskSpec:
@@ -212,6 +254,13 @@ def build_rows(task: str, n: int, *, split: str = "train", seed: int = 0) -> lis
             rows.append({"prompt": p, "answer": f"{_digit_sum(p):02d}", "p_true": (1.0 - slip) ** 3, "tier": tier,
                          "prompt_id": i})
         return rows
+    if t.name == FORMS_TASK:
+        rows = []
+        for i, p in enumerate(_four_digit_prompts(n, split, seed, "~")):
+            tier, right, _ = forms_tier(p)
+            p_true = FORMS_NOISE_P if tier == "noise" else right
+            rows.append({"prompt": p, "answer": str(_digit_sum(p)), "p_true": p_true, "tier": tier, "prompt_id": i})
+        return rows
     prompts = _addition_prompts(n, split, seed)
     rows = []
     for i, p in enumerate(prompts):
@@ -235,6 +284,7 @@ _STOCH_RE = re.compile(r"^(\d\d);(\d)")
 _ADD_RE = re.compile(r"^(\d+)\+(\d\d)=(\d+)")
 _VERBALIZED_RE = re.compile(r"^(\d\d);(\d)(?::(\d))?")
 _DECISION_COPY_RE = re.compile(r"^(\d\d):([YN])>([YN])")
+_FORMS_RE = re.compile(r"^(\+?)(\d{1,2})(\.0)?(?![\d.])")
 _SCRATCHPAD_RE = re.compile(r"^(\d)\+(\d)=(\d\d),(\d\d)\+(\d)=(\d\d),(\d\d)\+(\d)=(\d\d)\|(\d\d)")
 
 
@@ -279,6 +329,13 @@ def parse(task: str, prompt: str, completion: str) -> dict:
         if not m:
             return {"format_ok": False, "reasoning_ok": False, "choice": None}
         return {"format_ok": True, "reasoning_ok": int(m.group(1)) == _digit_sum(prompt), "choice": m.group(2)}
+    if t.name == FORMS_TASK:  # choice: the value in its canonical spelling; form: 0, 1, 2 (index in FORMS)
+        m = _FORMS_RE.match(completion)
+        if not m or (m.group(1) and m.group(3)) or (len(m.group(2)) == 2 and m.group(2)[0] == "0"):
+            return {"format_ok": False, "reasoning_ok": False, "choice": None, "form": None}
+        value = int(m.group(2))
+        return {"format_ok": True, "reasoning_ok": value == _digit_sum(prompt), "choice": str(value),
+                "form": 2 if m.group(1) else (1 if m.group(3) else 0)}
     if t.name == SCRATCHPAD_TASK:
         m = _SCRATCHPAD_RE.match(completion)
         if not m:
@@ -308,6 +365,10 @@ def true_success_probability(task: str, prompt: str, completion: str) -> float:
     ss = _digit_sum(prompt) if t.name != "addition" else None
     if t.name == SCRATCHPAD_TASK:
         return 1.0 if int(parsed["choice"]) == ss else 0.0
+    if t.name == FORMS_TASK:
+        if forms_tier(prompt)[0] == "noise":
+            return FORMS_NOISE_P
+        return 1.0 if parsed["reasoning_ok"] else 0.0
     if t.name in ("decision", "decision_copy"):
         if not parsed["reasoning_ok"]:
             return 0.0
@@ -385,6 +446,16 @@ def sample_true_completion(task: str, row: dict, rng: np.random.Generator) -> st
             parts.append(f"{running:02d}+{digit}={result:02d}" if parts else f"{running}+{digit}={result:02d}")
             running = result
         return ",".join(parts) + f"|{running:02d}"
+    if t.name == FORMS_TASK:  # the teacher of the module docstring: right, a near miss or far wrong; any form
+        ss = _digit_sum(row["prompt"])
+        _, right, error = forms_tier(row["prompt"])
+        if rng.random() < right:
+            value = ss
+        elif error == "near":
+            value = ss + 1 if (ss == 0 or rng.random() < 0.5) else ss - 1
+        else:
+            value = int(rng.choice([v for v in range(37) if abs(v - ss) >= 5]))
+        return FORMS[int(rng.integers(len(FORMS)))].format(v=value)
     a, b, c = (int(x) for x in row["prompt"][:-1].split("+"))
     return f"{a + b}+{c}={a + b + c}"
 
@@ -410,7 +481,7 @@ def bayes_auroc(task: str, *, policy: str = "true") -> float:
     only rank prompts then). ``nan`` for the deterministic addition task, where the optimum is always right.
     """
     t = get_task(task)
-    if not t.stochastic:
+    if not t.stochastic or t.name == FORMS_TASK:  # forms: the ceiling depends on the policy's values (evaluate's)
         return float("nan")
     sums = np.array([sum(int(c) for c in f"{code:04d}") for code in range(10_000)])
     scores, pos, neg = [], [], []
@@ -449,12 +520,13 @@ def _register(task: TaskSpec) -> None:
     register_reward(task.dataset_name, overwrite=True)(make_reward(task.name))
 
 
-for _task in (DECISION, STOCHASTIC, ADDITION, VERBALIZED, SCRATCHPAD, DECISION_COPY):
+for _task in _ALL_TASKS:
     _register(_task)
 
 __all__ = [
-    "ADDITION", "CONFIDENCE_DIGITS", "DECISION", "DECISION_COPY", "RLCR_TASK", "SCRATCHPAD", "SCRATCHPAD_TASK",
+    "ADDITION", "CONFIDENCE_DIGITS", "DECISION", "DECISION_COPY", "FORMS", "FORMS_NOISE_P", "FORMS_SPEC",
+    "FORMS_TASK", "FORMS_TIERS", "RLCR_TASK", "SCRATCHPAD", "SCRATCHPAD_TASK",
     "SCRATCHPAD_TIERS", "STOCHASTIC", "TASKS", "TaskSpec", "VERBALIZED", "bayes_auroc", "build_dataset", "build_rows", "scratchpad_steps",
-    "scratchpad_tier",
+    "scratchpad_tier", "forms_tier", "prompt_tier",
     "get_task", "make_reward", "parse", "sample_true_completion", "sft_dataset", "true_success_probability",
 ]

@@ -37,7 +37,9 @@ WARMSTART_VERSION = 1  # bump when the procedure changes so stale caches are not
 # Per task: (steps, target greedy accuracy). Found on the train/eval prompt pools of the testbed, seed 0.
 _DEFAULT_TARGET = {"decision": 0.97, "stochastic_reasoning": 0.97, "addition": 0.5, "verbalized": 0.97,
                    # scratchpad: the teacher's greedy answer is right on easy + medium prompts (70%)
-                   "scratchpad": 0.68, "decision_copy": 0.97}
+                   "scratchpad": 0.68, "decision_copy": 0.97,
+                   # forms: the teacher's right value is the most likely one on every tier
+                   "forms": 0.9}
 
 
 @dataclass(frozen=True)
