@@ -15,10 +15,11 @@ warm start (sampled at T = 1, G completions per prompt):
   D * (1 - rd), and the scale GCPO applies;
 
 and prints Spearman's rank correlation of each signal with ``noise`` and ``snr`` over the mixed groups (groups
-with both outcomes; the others have A = 0 and no update). A signal that should damp noisy groups must correlate
+with both outcomes; the others have A = 0 and no update), and on tasks with prompt tiers (``scratchpad``,
+``forms``) the median SNR and the mean signals of each tier. A signal that should damp noisy groups must correlate
 positively with ``noise`` (negatively with ``snr``); GCPO's scale must do the opposite.
 
-Usage: ``python bench/gcpo_gradients.py [--tasks stochastic_reasoning scratchpad] [--groups 128] [--seeds 0 1 2]``
+Usage: ``python bench/gcpo_gradients.py [--tasks stochastic_reasoning scratchpad forms] [--groups 128] [--seeds 0 1 2]``
 (warm starts from the cache, trained when missing; about a minute per task and seed once they exist). Writes
 ``--out`` (JSON) if given.
 """
@@ -85,6 +86,7 @@ def group_measures(task: str, *, groups: int, k: int, seed: int) -> dict[str, np
     ids = torch.tensor(answer_ids(answers, group_index.tolist()))
     se = semantic_entropy(group_index=group_index, n_groups=groups, answer_ids=ids, logprob_mean=lpm)
     out = {"noise": noise, "snr": snr, "semantic_entropy": se.numpy(),
+           "tier": np.array([tb.prompt_tier(task, p) or "" for p in prompts]),
            "mixed": np.array([0 < float(rewards[group_index == g].sum()) < k for g in range(groups)])}
     for suffix, center in (("", False), ("_centred", True)):
         _, info = gcpo_advantages(rewards=rewards, group_index=group_index, n_groups=groups, embeddings=emb,
@@ -112,6 +114,20 @@ def correlations(measures: dict[str, np.ndarray]) -> dict[str, dict[str, float]]
     return table
 
 
+def tier_summary(measures: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """Per prompt tier (tasks with tiers), over its mixed groups: their count, the median gradient SNR and noise,
+    and the mean of each signal. Empty for tasks without tiers."""
+    mixed = measures["mixed"] & np.isfinite(measures["snr"])
+    out = {}
+    for tier in sorted(set(measures["tier"].tolist()) - {""}):
+        sel = mixed & (measures["tier"] == tier)
+        row = {"n_groups": int(sel.sum()), "median_snr": float(np.median(measures["snr"][sel])) if sel.any() else np.nan,
+               "median_noise": float(np.median(measures["noise"][sel])) if sel.any() else np.nan}
+        row.update({name: float(measures[name][sel].mean()) if sel.any() else np.nan for name in SIGNALS})
+        out[tier] = row
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=["stochastic_reasoning", "scratchpad"])
@@ -126,8 +142,15 @@ def main() -> None:
     for task in options.tasks:
         results[task] = {}
         for seed in options.seeds:
-            table = correlations(group_measures(task, groups=options.groups, k=options.k, seed=seed))
+            measures = group_measures(task, groups=options.groups, k=options.k, seed=seed)
+            table = correlations(measures)
             results[task][seed] = table
+            tiers = tier_summary(measures)
+            if tiers:
+                results[task][f"{seed}_tiers"] = tiers
+                print(f"\n{task}, seed {seed}, by tier (mixed groups): count, median SNR, median noise, mean signals")
+                for tier, row in tiers.items():
+                    print(f"{tier:10s} " + " ".join(f"{k}={v:.3g}" for k, v in row.items()))
             n = next(iter(table.values()))["n_groups"]
             print(f"\n{task}, seed {seed}: {n} mixed groups of {options.k}; Spearman rho with the group's gradient "
                   "noise and SNR")

@@ -199,3 +199,77 @@ def test_answer_keys_group_completions_of_equal_success_probability(task):
                     checked += 1
     assert checked > 40 * 16
     assert answer_keys(task, [tb.parse(task, "0000?", "???")]) == ["-"]
+
+
+def test_forms_task_surface_forms_tiers_and_rewards():
+    """testbed/forms: three spellings of one value (one answer for calibrl's grader), near misses on learnable
+    prompts, far-wrong values on hard ones, a coin-flip reward on noise prompts."""
+    from calibrl.selection.answers import answers_equivalent
+    from calibrl.trl.rollout import answer_ids_for
+
+    prompt = "1234~"  # learnable, digit sum 10
+    for text, form in (("10", 0), ("10.0", 1), ("+10", 2)):
+        assert tb.parse("forms", prompt, text) == {"format_ok": True, "reasoning_ok": True, "choice": "10",
+                                                     "form": form}
+        assert tb.true_success_probability("forms", prompt, text) == 1.0
+        assert answers_equivalent(text, "10")  # the grader's equivalence agrees with the task's
+    for bad in ("+10.0", "010", "10.00", "100", "x", ""):
+        assert not tb.parse("forms", prompt, bad)["format_ok"], bad
+        assert tb.true_success_probability("forms", prompt, bad) == 0.0
+    assert tb.true_success_probability("forms", prompt, "11.0") == 0.0
+    assert tb.true_success_probability("forms", "8123~", "3") == tb.FORMS_NOISE_P  # noise: any value
+    assert tb.true_success_probability("forms", "8123~", "3.00") == 0.0  # but not a malformed one
+    assert [tb.prompt_tier("forms", p) for p in ("3999~", "4000~", "6999~", "7000~")] == [
+        "learnable", "hard", "hard", "noise"]
+    assert tb.prompt_tier("stochastic_reasoning", "1234?") is None
+    # SEED-GRPO's clusters in training merge the forms: one meaning, whatever the spelling
+    assert answer_ids_for(["10", "10.0", "+10", "11"], group_ids=[0] * 4, classes=None, last_line=True) == [0, 0, 0, 1]
+
+    # the noise tier's reward is a fresh draw at rate 0.5; the learnable tiers' rewards are deterministic
+    reward = tb.make_reward("forms", seed=0)
+    draws = reward(["8123~"] * 4000, ["14"] * 4000)
+    assert abs(np.mean(draws) - 0.5) < 0.03
+    assert reward(["1234~", "1234~"], ["10", "9"]) == [1.0, 0.0]
+
+
+def test_forms_teacher_follows_its_tiers():
+    """The SFT teacher: right with probability 0.5 / 0.2 / 0.5 (learnable / hard / noise); a learnable error is
+    the sum +-1, a hard error at least 5 away; the three forms equally often."""
+    rng = np.random.default_rng(0)
+    stats = {tier: [] for tier in ("learnable", "hard", "noise")}
+    forms = []
+    for row in tb.build_rows("forms", 300, split="train", seed=0):
+        ss = int(row["answer"])
+        for _ in range(20):
+            parsed = tb.parse("forms", row["prompt"], tb.sample_true_completion("forms", row, rng))
+            assert parsed["format_ok"]
+            value = int(parsed["choice"])
+            stats[row["tier"]].append(value - ss)
+            forms.append(parsed["form"])
+    for tier, right in (("learnable", 0.5), ("hard", 0.2), ("noise", 0.5)):
+        d = np.array(stats[tier])
+        assert abs((d == 0).mean() - right) < 0.04, tier
+        wrong = np.abs(d[d != 0])
+        assert (wrong == 1).all() if tier != "hard" else (wrong >= 5).all(), tier
+    assert np.allclose(np.bincount(forms) / len(forms), 1 / 3, atol=0.02)
+    assert np.isnan(tb.bayes_auroc("forms"))
+
+
+def test_evaluate_reports_each_tiers_expected_accuracy():
+    """On tasks with prompt tiers the evaluation adds expected_accuracy_<tier>: the mean true success probability
+    of that tier's samples (their prompt-count-weighted mean is the overall expected accuracy)."""
+    from calibrl.testbed.evaluate import evaluate
+    from calibrl.testbed.model import build_tiny_model
+
+    torch.manual_seed(0)
+    model, tok = build_tiny_model(seed=0)
+    model.train(False)
+    prompts = ["1234~", "4321~", "7777~", "0100~"]  # learnable, hard, noise, learnable
+    metrics, samples = evaluate(model, tok, "forms", prompts, n=4, seed=0)
+    tiers = np.array(["learnable", "hard", "noise", "learnable"])[samples["prompt_index"]]
+    for tier in ("learnable", "hard", "noise"):
+        assert metrics[f"expected_accuracy_{tier}"] == pytest.approx(samples["q_true"][tiers == tier].mean())
+    assert 2 / 4 * metrics["expected_accuracy_learnable"] + metrics["expected_accuracy_hard"] / 4 + \
+        metrics["expected_accuracy_noise"] / 4 == pytest.approx(metrics["expected_accuracy"])
+    untiered, _ = evaluate(model, tok, "stochastic_reasoning", ["1234?"], n=2, seed=0)
+    assert not any(k.startswith("expected_accuracy_") for k in untiered)

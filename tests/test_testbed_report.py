@@ -32,8 +32,11 @@ def test_kept_findings_takes_the_section_up_to_the_tuning_notes():
     assert tb.kept_findings("# Testbed study\n\n## Decisions\n") == ""
 
 
-def test_report_only_rebuild_keeps_findings_and_tables(tmp_path, capsys):
+def test_report_only_rebuild_keeps_findings_and_tables(tmp_path, capsys, monkeypatch):
     tb = _testbed_script()
+    # the results name their run folders relative to the working directory: from tmp_path none exists, whatever
+    # runs this checkout holds
+    monkeypatch.chdir(tmp_path)
     results = ROOT / "docs" / "results"
     original = (results / "testbed.md").read_text()
     findings = tb.kept_findings(original)
@@ -210,3 +213,55 @@ def test_downstream_selection_is_scored_by_the_chosen_answers_true_success_proba
     assert ds.selection_accuracy(samples, "best_of_n") == pytest.approx((0.8 + 0.5) / 2)
     m = ds.run_metrics(samples)
     assert m["mean@8"] == pytest.approx(samples["q_true"].mean()) and m["oracle@8"] == pytest.approx(0.65)
+
+
+def test_forms_study_endpoints_intervals_and_rule():
+    spec = importlib.util.spec_from_file_location("calibrl_bench_forms", ROOT / "bench" / "forms_study.py")
+    fs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fs)
+    weights = {"learnable": 0.75, "hard": 0.25}
+
+    def rec(learn, hard, entropy=0.5):
+        return {"expected_accuracy_learnable": learn, "expected_accuracy_hard": hard,
+                "expected_accuracy_noise": 0.5, "entropy": entropy, "auroc": 0.8}
+
+    # A = 0.75 learnable + 0.25 hard: 0.4, 0.7, 0.55 -> final 0.55, area 0.55, largest fall 0.15
+    history = [rec(0.4, 0.4), rec(0.8, 0.4), rec(0.6, 0.4, entropy=0.3)]
+    ends = fs.run_endpoints(history, weights)
+    assert ends["final"] == pytest.approx(0.55) and ends["area"] == pytest.approx(1.65 / 3)
+    assert ends["max_fall"] == pytest.approx(0.15) and ends["entropy"] == 0.3
+    assert fs.run_endpoints([rec(0.1, 0.1), rec(0.2, 0.3)], weights)["max_fall"] == 0.0  # never falls
+    # t-interval: differences 1, 2, 3 -> mean 2, sd 1, half-width t(0.975, 2) / sqrt(3) = 4.303 / 1.732
+    mean, low, high = fs.paired_t_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and high - mean == pytest.approx(4.302653 / 3 ** 0.5, rel=1e-5) and low < 0 < mean
+    assert fs.verdict({"final": (0.02, 0.01, 0.03), "area": (0.0, -0.01, 0.01)}).startswith("claim reproduced")
+    assert fs.verdict({"final": (0.02, 0.01, 0.03), "area": (-0.02, -0.03, -0.01)}).startswith("opposite")
+    assert fs.verdict({"final": (0.0, -0.01, 0.01), "area": (0.0, -0.01, 0.01)}).startswith("not reproduced")
+    # the learnable tiers' weights are their shares of the test prompts
+    w = fs.tier_weights(128)
+    assert set(w) == {"learnable", "hard"} and sum(w.values()) == pytest.approx(1.0) and w["learnable"] > w["hard"]
+
+
+def test_matched_accuracy_differences_read_each_method_on_the_references_path():
+    from calibrl.testbed.report import matched_accuracy_differences, paired_t_interval
+
+    def run(method, seed, points):
+        return {"task": "stochastic_reasoning", "method": method, "label": method.upper(), "seed": seed,
+                "history": [{"step": 25 * i, "expected_accuracy": a, "auroc": u, "auroc_ceiling": 0.9,
+                             "seq_ece": 0.1} for i, (a, u) in enumerate(points)]}
+
+    summary = {"config": {"methods": []}, "results": [
+        run("grpo", 0, [(0.3, 0.9), (0.5, 0.7)]), run("grpo", 1, [(0.3, 0.9), (0.5, 0.6)]),
+        # seed 0: GRPO at 0.4 has 0.8 -> +0.05; seed 1: GRPO at 0.4 has 0.75 -> +0.07
+        run("capo", 0, [(0.3, 0.9), (0.4, 0.85)]), run("capo", 1, [(0.3, 0.9), (0.4, 0.82)]),
+        # beyond GRPO's reach in seed 1: left out of the interval
+        run("fast", 0, [(0.3, 0.9), (0.45, 0.7)]), run("fast", 1, [(0.3, 0.9), (0.6, 0.7)]),
+    ]}
+    out = matched_accuracy_differences(summary, "stochastic_reasoning")
+    assert set(out) == {"capo", "fast"}
+    mean, low, high = out["capo"]["auroc"]
+    assert mean == pytest.approx(0.06) and low < 0.06 < high and out["capo"]["reached"] == 2
+    assert out["capo"]["auroc_gap"][0] == pytest.approx(-0.06)  # the gap moves opposite to the AUROC
+    assert out["fast"]["reached"] == 1 and out["fast"]["auroc"][0] == pytest.approx(0.7 - 0.75)
+    assert np.isnan(out["fast"]["auroc"][1])  # one seed: no interval
+    assert all(np.isnan(paired_t_interval([])))

@@ -423,5 +423,55 @@ def at_accuracy(history: list[dict], key: str, accuracy: float, *, accuracy_key:
     return math.nan
 
 
-__all__ = ["REGIME_NOTE", "aggregate", "at_accuracy", "final_samples_path", "findings", "markdown_table",
+def paired_t_interval(differences, level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high) of per-seed paired differences: the mean with its Student-t interval over seeds (the seed
+    is the unit: same warm start, prompts and outcome stream within a pair, training randomness between pairs);
+    low and high are nan with fewer than two finite differences."""
+    from scipy import stats
+
+    d = np.asarray(differences, dtype=float)
+    d = d[np.isfinite(d)]
+    if d.size == 0:
+        return math.nan, math.nan, math.nan
+    if d.size < 2:
+        return float(d.mean()), math.nan, math.nan
+    half = float(stats.t.ppf(0.5 + level / 2, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size))
+    return float(d.mean()), float(d.mean() - half), float(d.mean() + half)
+
+
+def matched_accuracy_differences(summary: dict, task: str, *, reference: str = "grpo",
+                                 keys: tuple[str, ...] = ("auroc", "auroc_gap", "seq_ece")) -> dict[str, dict]:
+    """Each method read against ``reference`` at matched accuracy, paired by seed: per seed, the method's final
+    evaluation minus the reference run's curve where it first reaches the method's final expected accuracy
+    (:func:`at_accuracy`, same seed). A method that only moves more slowly along the reference's path gets 0.
+
+    Returns ``{method: {"label", "accuracy" (mean final expected accuracy), "seeds", "reached" (seeds whose
+    reference curve reaches that accuracy), key: (mean, low, high) for each of keys}}`` (:func:`paired_t_interval`;
+    seeds whose reference never reaches the accuracy are left out of the interval)."""
+    runs = _runs_by_method(summary, task)
+    if reference not in runs:
+        return {}
+    ref = {r["seed"]: [_with_derived(h) for h in r["history"]] for r in runs[reference]}
+    out = {}
+    for method, records in runs.items():
+        if method == reference:
+            continue
+        pairs = [(r, ref[r["seed"]]) for r in records if r["seed"] in ref]
+        finals = [_with_derived(r["history"][-1]) for r, _ in pairs]
+        entry = {"label": records[0]["label"], "seeds": len(pairs),
+                 "accuracy": float(np.mean([f["expected_accuracy"] for f in finals])) if finals else math.nan}
+        reached = 0
+        diffs: dict[str, list[float]] = {k: [] for k in keys}
+        for final, ref_history in zip(finals, (h for _, h in pairs)):
+            at = {k: at_accuracy(ref_history, k, final["expected_accuracy"]) for k in keys}
+            reached += int(np.isfinite(at[keys[0]]))
+            for k in keys:
+                diffs[k].append(final.get(k, math.nan) - at[k])
+        entry["reached"] = reached
+        entry.update({k: paired_t_interval(v) for k, v in diffs.items()})
+        out[method] = entry
+    return out
+
+
+__all__ = ["REGIME_NOTE", "aggregate", "at_accuracy", "matched_accuracy_differences", "paired_t_interval", "final_samples_path", "findings", "markdown_table",
            "warm_start_sentence", "summary_table", "write_demo_report", "write_figures"]

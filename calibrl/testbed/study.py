@@ -26,7 +26,7 @@ import numpy as np
 from calibrl.testbed.demo import run_demo
 from calibrl.testbed.evaluate import greedy_decision_accuracy
 from calibrl.testbed.methods import DemoConfig
-from calibrl.testbed.report import aggregate, final_samples_path, write_demo_report
+from calibrl.testbed.report import aggregate, final_samples_path, matched_accuracy_differences, write_demo_report
 
 STUDY_TITLE = "Testbed study"
 
@@ -96,6 +96,21 @@ def headline(summary: dict, command: str) -> str:
         "",
     ]
     seq = aggregate(summary, "stochastic_reasoning")
+    matched = matched_accuracy_differences(summary, "stochastic_reasoning")
+    if matched and n > 1:
+        lines += [f"At matched accuracy: each method's final evaluation minus GRPO's curve (same seed) where it first "
+                  f"reaches that method's final expected accuracy; mean [95% t-interval over {n} seeds]:", "",
+                  "| sequence confidence | accuracy (expected) | Δ AUROC of mean log-prob ↑ | Δ ceiling − AUROC ↓ | "
+                  "Δ ECE seq. prob. ↓ |", "|---|---:|---:|---:|---:|"]
+        for e in matched.values():
+            cells = []
+            for key in ("auroc", "auroc_gap", "seq_ece"):
+                mean, low, high = e[key]
+                cells.append("not reached by GRPO" if not np.isfinite(mean) else
+                             f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]" if np.isfinite(low) else f"{mean:+.3f}")
+            note = "" if e["reached"] == e["seeds"] else f" ({e['reached']} of {e['seeds']} seeds reached)"
+            lines.append(f"| {e['label']}{note} | {e['accuracy']:.3f} | " + " | ".join(cells) + " |")
+        lines += ["", "At the end of training (unequal accuracy), mean ± std over seeds:", ""]
     if seq:
         ceiling = next(iter(seq.values()))["metrics"].get("auroc_ceiling", {}).get("start", float("nan"))
         lines += ["| sequence confidence | accuracy (expected) ↑ | AUROC of mean log-prob ↑ | ceiling − AUROC ↓ | "
