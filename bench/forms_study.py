@@ -59,7 +59,10 @@ def run_endpoints(history: list[dict], weights: dict[str, float]) -> dict[str, f
     return {"final": float(curve[-1]), "area": float(curve.mean()),
             "max_fall": float(max(0.0, np.max(curve[:-1] - curve[1:]))) if curve.size > 1 else 0.0,
             "entropy": float(history[-1]["entropy"]), "auroc": float(history[-1]["auroc"]),
-            **{f"tier_{t}": float(history[-1][f"expected_accuracy_{t}"]) for t in (*LEARNABLE_TIERS, "noise")}}
+            **{f"tier_{t}": float(history[-1][f"expected_accuracy_{t}"]) for t in (*LEARNABLE_TIERS, "noise")},
+            # exploratory (chosen after seeing the curves): how early the hard prompts are learned
+            "hard_area": float(np.mean([r["expected_accuracy_hard"] for r in history])),
+            "hard_at_75": next((float(r["expected_accuracy_hard"]) for r in history if r["step"] == 75), np.nan)}
 
 
 def verdict(rows: dict[str, tuple[float, float, float]]) -> str:
@@ -75,12 +78,16 @@ def verdict(rows: dict[str, tuple[float, float, float]]) -> str:
 
 def load(path: Path) -> tuple[dict[str, dict[int, list[dict]]], dict[str, str]]:
     """{method: {seed: history}} of the forms runs, and their labels."""
+    from calibrl.testbed.methods import FORMS_ARMS
+
     runs: dict[str, dict[int, list[dict]]] = {}
     labels: dict[str, str] = {}
     for run in json.loads(path.read_text())["results"]:
         if run["task"] == TASK:
             runs.setdefault(run["method"], {})[run["seed"]] = run["history"]
             labels[run["method"]] = run["label"]
+    order = [arm.name for arm in FORMS_ARMS]  # the protocol's order; other methods after
+    runs = dict(sorted(runs.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
     return runs, labels
 
 
@@ -108,6 +115,17 @@ def tables(runs: dict, labels: dict, weights: dict[str, float]) -> str:
             cells = [f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]" for m, lo, hi in (rows[k] for k, _ in ENDPOINTS[:4])]
             rule = verdict(rows) if judged else "(reported)"
             lines.append(f"| {labels[arm]} - {labels[ref]} | " + " | ".join(cells) + f" | {rule} |")
+    lines += ["", "Exploratory, chosen after seeing the curves (not pre-registered): the hard tier's expected accuracy "
+              "at step 75 and its mean over the curve, arm minus GRPO, paired by seed [95% t-interval]:", "",
+              "| arm - GRPO | hard tier at step 75 | hard tier, mean over the curve |", "|---|---:|---:|"]
+    for arm in ends:
+        if arm == "grpo" or "grpo" not in ends:
+            continue
+        seeds = sorted(set(ends[arm]) & set(ends["grpo"]))
+        cells = [paired_t_interval([ends[arm][s][k] - ends["grpo"][s][k] for s in seeds]) for k in
+                 ("hard_at_75", "hard_area")]
+        lines.append(f"| {labels[arm]} | " + " | ".join(f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]" for m, lo, hi in cells)
+                     + " |")
     return "\n".join(lines)
 
 

@@ -221,12 +221,15 @@ def test_forms_study_endpoints_intervals_and_rule():
     spec.loader.exec_module(fs)
     weights = {"learnable": 0.75, "hard": 0.25}
 
-    def rec(learn, hard, entropy=0.5):
-        return {"expected_accuracy_learnable": learn, "expected_accuracy_hard": hard,
+    def rec(learn, hard, entropy=0.5, step=0):
+        return {"step": step, "expected_accuracy_learnable": learn, "expected_accuracy_hard": hard,
                 "expected_accuracy_noise": 0.5, "entropy": entropy, "auroc": 0.8}
 
     # A = 0.75 learnable + 0.25 hard: 0.4, 0.7, 0.55 -> final 0.55, area 0.55, largest fall 0.15
-    history = [rec(0.4, 0.4), rec(0.8, 0.4), rec(0.6, 0.4, entropy=0.3)]
+    history = [rec(0.4, 0.4), rec(0.8, 0.1, step=75), rec(0.6, 0.4, entropy=0.3, step=150)]
+    ends = fs.run_endpoints(history, weights)
+    assert ends["hard_at_75"] == 0.1 and ends["hard_area"] == pytest.approx(0.3)
+    history[1] = rec(0.8, 0.4, step=75)
     ends = fs.run_endpoints(history, weights)
     assert ends["final"] == pytest.approx(0.55) and ends["area"] == pytest.approx(1.65 / 3)
     assert ends["max_fall"] == pytest.approx(0.15) and ends["entropy"] == 0.3
