@@ -21,6 +21,7 @@ from calibrl.trl.callbacks import (
     CalibrationEvalConfig,
     attach_calibration_eval,
     calibration_record,
+    higher_is_better,
     pareto_best,
     should_stop_early,
 )
@@ -71,7 +72,10 @@ def test_calibration_record_is_calibrl_metrics_of_the_rows():
     assert record["auroc_n_prompts"] == M.per_prompt_auroc(lpm, y, pid).n_prompts
     assert record["ece"] == pytest.approx(M.ece(np.exp(lpm), y, n_bins=5, strategy="uniform"))
     assert record["decision_ece"] == pytest.approx(M.ece(p, y, n_bins=5, strategy="quantile"))
+    assert record["aurc"] == pytest.approx(M.aurc(lpm, y))
     assert record["n_samples"] == 40
+    assert not higher_is_better("aurc") and not higher_is_better("eval_calibration/aurc")
+    assert higher_is_better("auroc") and not higher_is_better("decision_ece")
     one_class = calibration_record([{**r, "correct": True} for r in rows[:8]])
     assert one_class["accuracy"] == 1.0 and math.isnan(one_class["auroc"])
 
@@ -96,6 +100,10 @@ def test_pareto_best_calibration_within_a_margin_of_the_best_accuracy():
     ece = [{"step": s, "accuracy": a, "ece": e} for s, a, e in ((10, 0.60, 0.20), (20, 0.59, 0.05), (30, 0.60, 0.10))]
     assert pareto_best(ece, metric="ece", rule="calibration", margin=0.01)["step"] == 20
     assert pareto_best(ece, metric="ece", rule="accuracy", margin=0.0)["step"] == 30
+    # so is an AURC: the lowest risk-coverage area among the evaluations within 0.01 of the best accuracy
+    aurc = [{"step": s, "accuracy": a, "aurc": r} for s, a, r in ((10, 0.60, 0.40), (20, 0.59, 0.30), (30, 0.50, 0.2))]
+    assert pareto_best(aurc, metric="aurc", rule="calibration", margin=0.01)["step"] == 20
+    assert CalibrationEvalConfig(metric="aurc").metric == "aurc"
     assert pareto_best([], rule="calibration") is None
     with pytest.raises(ValueError, match="rule"):
         pareto_best(history, rule="both")

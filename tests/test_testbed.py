@@ -271,5 +271,10 @@ def test_evaluate_reports_each_tiers_expected_accuracy():
         assert metrics[f"expected_accuracy_{tier}"] == pytest.approx(samples["q_true"][tiers == tier].mean())
     assert 2 / 4 * metrics["expected_accuracy_learnable"] + metrics["expected_accuracy_hard"] / 4 + \
         metrics["expected_accuracy_noise"] / 4 == pytest.approx(metrics["expected_accuracy"])
+    from calibrl import metrics as M
+
+    assert metrics["aurc"] == pytest.approx(M.aurc(samples["logprob_mean"], samples["correct"]))
+    assert metrics["precision_at_50"] == pytest.approx(
+        M.precision_at_coverage(samples["logprob_mean"], samples["correct"], [0.5])[0.5])
     untiered, _ = evaluate(model, tok, "stochastic_reasoning", ["1234?"], n=2, seed=0)
     assert not any(k.startswith("expected_accuracy_") for k in untiered)

@@ -49,6 +49,10 @@ def evaluate(model, tokenizer, task: str, prompts: list[str], p_true: list[float
         "auroc_ceiling": float(M.auroc(q, correct)),
         "seq_ece": float(M.ece(seq_prob, correct, n_bins=10, strategy="uniform")),
         "mean_confidence": float(np.exp(lpm).mean()),
+        # selective answering by the same confidence (the CAPO paper's precision-coverage claim): area under the
+        # risk-coverage curve and the precision of the most confident half / quarter, on the drawn outcomes
+        "aurc": float(M.aurc(lpm, correct)),
+        **{f"precision_at_{int(c * 100)}": v for c, v in M.precision_at_coverage(lpm, correct, (0.25, 0.5)).items()},
         # per-token entropy of the policy on its own samples, estimated by their mean negative log-prob
         "entropy": float(-(lpm * np.asarray(res["n_tokens"])).sum() / max(1, np.asarray(res["n_tokens"]).sum())),
     }

@@ -10,6 +10,8 @@ sampler and log-prob reader of ``calibrl generate``), grades them with the train
     auroc                    pooled AUROC of the mean token log-prob vs correctness
     auroc_per_prompt         mean within-prompt AUROC over prompts with both outcomes (``auroc_n_prompts`` of them)
     ece                      ECE of exp(mean token log-prob) vs correctness (``n_bins`` equal-width bins)
+    aurc                     area under the risk-coverage curve of the mean token log-prob (selective answering:
+                             lower is better; :func:`calibrl.metrics.aurc`)
     confidence_mean          mean exp(mean token log-prob)
     decision_ece, decision_prob_mean, decision_frac_above_099
                              decision tasks (a ``classes`` column): :func:`calibrl.trl.telemetry.decision_metrics`
@@ -78,7 +80,7 @@ class CalibrationEvalConfig:
 
     Checkpoint choice and early stopping:
         metric: the calibration metric the Pareto rule and early stopping watch: ``auroc``, ``auroc_per_prompt``,
-            ``ece`` or ``decision_ece`` (the ECEs are better when lower). Default ``"auroc"``.
+            ``ece``, ``decision_ece`` or ``aurc`` (the ECEs and AURC are better when lower). Default ``"auroc"``.
         pareto: ``"accuracy"``: the best accuracy among the evaluations whose ``metric`` is within
             ``pareto_margin`` of the start; ``"calibration"``: the best ``metric`` among the evaluations whose
             accuracy is within ``pareto_margin`` of the best accuracy. Default ``"accuracy"``.
@@ -134,17 +136,20 @@ class CalibrationEvalConfig:
                              f"{', '.join(_CALIBRATION_KEYS)}; got {self.metric!r}")
 
 
-_RECORD_KEYS = ("accuracy", "auroc", "auroc_per_prompt", "auroc_n_prompts", "ece", "confidence_mean", "n_samples",
+_RECORD_KEYS = ("accuracy", "auroc", "auroc_per_prompt", "auroc_n_prompts", "ece", "aurc", "confidence_mean",
+                "n_samples",
                 "decision_ece", "decision_prob_mean", "decision_frac_above_099")
-_CALIBRATION_KEYS = ("auroc", "auroc_per_prompt", "ece", "decision_ece")  # what ``metric`` may watch
+_CALIBRATION_KEYS = ("auroc", "auroc_per_prompt", "ece", "decision_ece", "aurc")  # what ``metric`` may watch
+_LOWER_IS_BETTER = ("ece", "aurc")  # any key containing one of these
 
 
 # ---------------------------------------------------------------------------------------------------- pure rules
 
 
 def higher_is_better(metric: str) -> bool:
-    """Whether a larger value of ``metric`` is better calibration: False for ECEs (any key containing ``ece``)."""
-    return "ece" not in metric
+    """Whether a larger value of ``metric`` is better calibration: False for ECEs and AURC (any key containing
+    ``ece`` or ``aurc``)."""
+    return not any(part in metric for part in _LOWER_IS_BETTER)
 
 
 def _finite(value: Any) -> bool:
@@ -171,6 +176,7 @@ def calibration_record(rows: Sequence[dict], *, n_bins: int = 10) -> dict[str, f
         "auroc_per_prompt": float(per_prompt.mean),
         "auroc_n_prompts": float(per_prompt.n_prompts),
         "ece": float(M.ece(confidence, correct, n_bins=n_bins, strategy="uniform")),
+        "aurc": float(M.aurc(logprob_mean, correct)),
         "confidence_mean": float(confidence.mean()),
         "n_samples": float(len(rows)),
     }
@@ -357,9 +363,10 @@ def check_best_metric_settings(args, *, every: int) -> None:
             f"steps, but eval_strategy={str(getattr(args.eval_strategy, 'value', args.eval_strategy))!r} also runs "
             "the trainer's evaluation, which logs its own eval_calibration/ values under the same names: set "
             "eval_strategy 'no' (load_best_model_at_end works with save_strategy 'best')")
-    if args.greater_is_better == ("ece" in owned):
+    if args.greater_is_better != higher_is_better(owned):
         warnings.warn(f"metric_for_best_model={owned!r} with greater_is_better={args.greater_is_better}: "
-                      f"{'lower' if 'ece' in owned else 'higher'} is better calibration", UserWarning, stacklevel=3)
+                      f"{'higher' if higher_is_better(owned) else 'lower'} is better calibration", UserWarning,
+                      stacklevel=3)
 
 
 def _jsonable(value: Any) -> Any:

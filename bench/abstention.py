@@ -1,0 +1,115 @@
+"""CAPO's abstention claim at matched accuracy: is its precision-coverage trade-off better than GRPO's own?
+
+The CAPO paper (arXiv 2604.12632) reports that, allowed to abstain on low confidence, CAPO reaches a
+Pareto-optimal precision-coverage trade-off. Comparing end points confounds that with accuracy (a less accurate
+policy has a worse curve whatever its calibration; a slower one has a better ranking), so this reads each CAPO run
+against GRPO's training curve of the same seed where it reaches the CAPO run's final accuracy
+(:func:`calibrl.testbed.report.matched_accuracy_differences`), for the selective-answering metrics every evaluation
+records: AURC (area under the risk-coverage curve of the mean token log-prob, lower is better) and the precision of
+the most confident half and quarter of the answers. Outcomes are the drawn ones, as everywhere in the testbed::
+
+    python bench/testbed.py --seeds 3 --first-seed 0 --steps 200 --workers 2 \\
+        --methods stochastic_reasoning/grpo,stochastic_reasoning/capo,stochastic_reasoning/capo_mask,\\
+stochastic_reasoning/capo_frozen_mask,stochastic_reasoning/capo_tau0.2 --out runs/abstention --runs runs/bench_testbed
+    python bench/abstention.py runs/abstention/testbed_results.json --plot docs/results/abstention.png
+
+The first command takes about 5 minutes on 2 cores. This one prints the markdown tables of
+docs/results/abstention.md and, with ``--plot``, draws every arm's path in the (accuracy, AURC) and (accuracy,
+precision at 50% coverage) planes: at equal accuracy, lower AURC and higher precision is the better trade-off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from calibrl.testbed.report import aggregate, matched_accuracy_differences
+
+TASK = "stochastic_reasoning"
+KEYS = (("aurc", "AURC ↓"), ("precision_at_50", "precision at 50% coverage ↑"),
+        ("precision_at_25", "precision at 25% coverage ↑"), ("auroc", "AUROC ↑"))
+
+
+def _cell(interval: tuple[float, float, float]) -> str:
+    mean, low, high = interval
+    if not np.isfinite(mean):
+        return "not reached by GRPO"
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]" if np.isfinite(low) else f"{mean:+.3f}"
+
+
+def tables(summary: dict) -> str:
+    agg = aggregate(summary, TASK)
+    n = len({r["seed"] for r in summary["results"] if r["task"] == TASK})
+    lines = [f"At the end of training (step {next(iter(agg.values()))['steps']}), mean ± std over {n} seeds:", "",
+             "| arm | accuracy (expected) | " + " | ".join(name for _, name in KEYS) + " |",
+             "|---|---:|" + "---:|" * len(KEYS)]
+    for e in agg.values():
+        cells = []
+        for key in ("expected_accuracy", *(k for k, _ in KEYS)):
+            m = e["metrics"][key]
+            cells.append(f"{m['mean']:.3f} ± {m['std']:.3f}" if np.isfinite(m["std"]) else f"{m['mean']:.3f}")
+        lines.append(f"| {e['label']} | " + " | ".join(cells) + " |")
+    matched = matched_accuracy_differences(summary, TASK, keys=tuple(k for k, _ in KEYS))
+    lines += ["", f"At matched accuracy: each run's final evaluation minus GRPO's curve (same seed) where it first "
+              f"reaches that accuracy; mean [95% t-interval over {n} seeds]:", "",
+              "| arm - GRPO at its accuracy | accuracy | " + " | ".join(f"Δ {name}" for _, name in KEYS) + " |",
+              "|---|---:|" + "---:|" * len(KEYS)]
+    for e in matched.values():
+        note = "" if e["reached"] == e["seeds"] else f" ({e['reached']} of {e['seeds']} seeds reached)"
+        lines.append(f"| {e['label']}{note} | {e['accuracy']:.3f} | "
+                     + " | ".join(_cell(e[k]) for k, _ in KEYS) + " |")
+    return "\n".join(lines)
+
+
+def plot(summary: dict, path: Path) -> None:
+    """Each arm's path (mean over seeds of every evaluation) in the accuracy-AURC and accuracy-precision planes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_method: dict[str, list[dict]] = {}
+    labels = {}
+    for run in summary["results"]:
+        if run["task"] == TASK:
+            by_method.setdefault(run["method"], []).append(run)
+            labels[run["method"]] = run["label"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    for method, runs in by_method.items():
+        acc = np.mean([[r["expected_accuracy"] for r in run["history"]] for run in runs], axis=0)
+        for ax, key in zip(axes, ("aurc", "precision_at_50")):
+            values = np.mean([[r[key] for r in run["history"]] for run in runs], axis=0)
+            ax.plot(acc, values, marker=".", label=labels[method])
+            ax.plot(acc[-1:], values[-1:], marker="o", color=ax.lines[-1].get_color())
+    axes[0].set(xlabel="expected accuracy", ylabel="AURC (lower is better)", title="risk-coverage area")
+    axes[1].set(xlabel="expected accuracy", ylabel="precision of the most confident half",
+                title="precision at 50% coverage")
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    fig.suptitle("stochastic_reasoning: each arm's path over training (mean over seeds; circle = step 200)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", type=Path, help="testbed_results.json of the runs")
+    parser.add_argument("--plot", type=Path, help="write the paths here (PNG)")
+    options = parser.parse_args()
+    summary = json.loads(options.results.read_text())
+    missing = [r["key"] for r in summary["results"] if r["task"] == TASK and "aurc" not in r["history"][-1]]
+    if missing:
+        raise SystemExit(f"{options.results}: runs without selective-answering metrics ({', '.join(missing[:3])}): "
+                         "they were made before the evaluation recorded aurc; rerun the first command")
+    print(tables(summary))
+    if options.plot:
+        plot(summary, options.plot)
+        print(f"\nwrote {options.plot}")
+
+
+if __name__ == "__main__":
+    main()
