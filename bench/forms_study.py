@@ -130,29 +130,13 @@ def tables(runs: dict, labels: dict, weights: dict[str, float]) -> str:
 
 
 def plot(runs: dict, labels: dict, weights: dict[str, float], path: Path) -> None:
-    """A (learnable tiers) against step, mean over seeds with the seeds' range, one line per arm; hard tier
-    alone beside it."""
-    import matplotlib
+    """A (learnable + hard prompts) and the hard tier alone against step: mean over seeds with the seeds' range,
+    one line per arm (:func:`calibrl.evaluation.plots.plot_training_curves`)."""
+    from calibrl.evaluation.plots import plot_training_curves
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
-    for method, seeds in runs.items():
-        steps = np.array([r["step"] for r in next(iter(seeds.values()))])
-        for ax, value in ((axes[0], lambda r: learnable_accuracy(r, weights)),
-                          (axes[1], lambda r: r["expected_accuracy_hard"])):
-            curves = np.array([[value(r) for r in h] for h in seeds.values()])
-            line, = ax.plot(steps, curves.mean(0), label=labels[method])
-            ax.fill_between(steps, curves.min(0), curves.max(0), color=line.get_color(), alpha=0.12)
-    axes[0].set(xlabel="RL step", ylabel="expected accuracy", title="learnable + hard prompts (A)")
-    axes[1].set(xlabel="RL step", ylabel="expected accuracy", title="hard prompts (far-wrong errors)")
-    handles, names = axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
-    fig.suptitle("testbed/forms: mean over seeds, band = range over seeds")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    history = {labels[m]: [{**r, "accuracy on learnable + hard prompts (A)": learnable_accuracy(r, weights)}
+                           for h in seeds.values() for r in h] for m, seeds in runs.items()}
+    plot_training_curves(history, ("accuracy on learnable + hard prompts (A)", "expected_accuracy_hard"), path)
 
 
 def main() -> None:

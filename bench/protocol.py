@@ -3,6 +3,7 @@
     python bench/protocol.py pilot --out runs/protocol     # GRPO, 2 seeds, 400 steps; prints the pilot's verdict
     python bench/protocol.py arms --out runs/protocol      # every arm x 5 seeds (only after a positive pilot)
     python bench/protocol.py analyze --out runs/protocol   # targets, stopping points, endpoints, intervals, rule
+    python bench/protocol.py pilot --task scratchpad_unfixable --out runs/protocol_unfixable   # the second pilot
 
 Runs land in ``<out>/<arm>/seed<k>/`` (history.json with the eval-set curve, eval_set_samples.npz with the test
 samples of every evaluation); a run whose history.json exists is not run again. ``pilot`` writes
@@ -23,7 +24,7 @@ from calibrl.testbed import protocol as P
 def _warm_path(config: P.ProtocolConfig) -> str:
     from calibrl.testbed.warmstart import WarmStartConfig, warm_start
 
-    return str(warm_start(P.PROTOCOL_TASK, WarmStartConfig.for_task(P.PROTOCOL_TASK),
+    return str(warm_start(config.task, WarmStartConfig.for_task(config.task),
                           log=lambda m: print(m, flush=True)))
 
 
@@ -87,9 +88,9 @@ def tier_breakdown(config: P.ProtocolConfig, out: Path) -> list[dict]:
     from calibrl.testbed.warmstart import load_warm_start
 
     torch.set_num_threads(1)
-    rows = tb.build_rows(P.PROTOCOL_TASK, config.eval_prompts, split="eval", seed=0)
+    rows = tb.build_rows(config.task, config.eval_prompts, split="eval", seed=0)
     model, tokenizer = load_warm_start(_warm_path(config))
-    _, start = evaluate(model, tokenizer, P.PROTOCOL_TASK, [r["prompt"] for r in rows], n=config.eval_samples,
+    _, start = evaluate(model, tokenizer, config.task, [r["prompt"] for r in rows], n=config.eval_samples,
                         seed=10_000)  # the runner's evaluation seed: the runs' step-0 samples
     sources = [("warm start", start)] + [
         (f"GRPO seed {s}, step {config.steps}",
@@ -142,8 +143,10 @@ def main() -> None:
     parser.add_argument("phase", choices=["pilot", "arms", "analyze"])
     parser.add_argument("--out", type=Path, default=Path("runs/protocol"))
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--task", default=P.PROTOCOL_TASK, choices=[P.PROTOCOL_TASK, P.SECOND_PILOT_TASK],
+                        help="scratchpad (the first protocol) or scratchpad_unfixable (the second pilot)")
     options = parser.parse_args()
-    config = P.ProtocolConfig(workers=options.workers)
+    config = P.ProtocolConfig.for_task(options.task, workers=options.workers)
     options.out.mkdir(parents=True, exist_ok=True)
     if options.phase == "pilot":
         pilot(config, options.out)
@@ -152,7 +155,7 @@ def main() -> None:
     if not verdict_path.exists() or not json.loads(verdict_path.read_text())["reproduced"]:
         sys.exit("the protocol runs its arms only after a pilot that reproduces the premise "
                  f"(see {verdict_path}; run `python bench/protocol.py pilot` first)")
-    arms = [a.name for a in P.PROTOCOL_ARMS]
+    arms = list(config.arms)
     if options.phase == "arms":
         _run(config, arms, config.seeds, options.out)
     folders = {arm: {s: options.out / arm / f"seed{s}" for s in config.seeds} for arm in arms}

@@ -55,6 +55,37 @@ def test_scratchpad_tiers_and_teacher_success_rate():
         assert int(c[-2:]) >= int(row["answer"])
 
 
+def test_scratchpad_unfixable_is_never_right_on_hard_prompts_and_scratchpad_elsewhere():
+    rows = tb.build_rows("scratchpad_unfixable", 600, split="train", seed=0)
+    assert all(r["prompt"].endswith("%") for r in rows)
+    rng = np.random.default_rng(0)
+    for tier, _, slip in tb.SCRATCHPAD_UNFIXABLE_TIERS:
+        sel = [r for r in rows if r["tier"] == tier][:100]
+        assert all(r["p_true"] == pytest.approx((1 - slip) ** 3) for r in sel)
+        draws = [tb.true_success_probability("scratchpad_unfixable", r["prompt"],
+                                             tb.sample_true_completion("scratchpad_unfixable", r, rng))
+                 for r in sel for _ in range(10)]
+        if tier == "hard":  # a slip at every step: always the sum + 3, never right
+            assert draws == [0.0] * len(draws)
+            c = tb.sample_true_completion("scratchpad_unfixable", sel[0], rng)
+            assert int(c[-2:]) == int(sel[0]["answer"]) + 3
+        else:  # easy and medium: the scratchpad teacher's law
+            p = (1 - slip) ** 3
+            assert abs(np.mean(draws) - p) < 4 * np.sqrt(p * (1 - p) / len(draws)), tier
+    assert [t[2] for t in tb.SCRATCHPAD_UNFIXABLE_TIERS[:2]] == [t[2] for t in tb.SCRATCHPAD_TIERS[:2]]
+    assert tb.prompt_tier("scratchpad_unfixable", "8123%") == "hard"
+
+
+def test_second_pilot_config_and_jobs(tmp_path):
+    config = P.ProtocolConfig.for_task("scratchpad_unfixable")
+    assert config.arms == P.SECOND_PILOT_ARMS and config.seeds == (0, 1, 2) and config.steps == 400
+    assert P.ProtocolConfig.for_task("scratchpad").arms == tuple(a.name for a in P.PROTOCOL_ARMS)
+    jobs = P.build_jobs(config, arms=["grpo"], seeds=[0], runs_dir=tmp_path, warm_path="w")
+    assert jobs[0]["task"] == "scratchpad_unfixable" and jobs[0]["key"] == "scratchpad_unfixable/grpo"
+    with pytest.raises(ValueError, match="no pre-registered protocol"):
+        P.ProtocolConfig.for_task("forms")
+
+
 def test_scratchpad_splits_disjoint_and_registered():
     from calibrl.tasks.registry import available_datasets, available_rewards
 

@@ -47,6 +47,11 @@ METRIC_LABELS: dict[str, tuple[str, str, bool | None]] = {
     "dec_auroc": ("AUROC of decision confidence", "AUROC (right vs wrong)", True),
     "frac_conf_99": ("Decisions above p = 0.99", "share of decisions", False),
     "greedy_decision_accuracy": ("Accuracy, argmax decision", "expected accuracy", True),
+    "aurc": ("Area under the risk-coverage curve", "AURC", False),
+    "precision_at_50": ("Precision at 50% coverage", "precision of the most confident half", True),
+    # prompt tiers of testbed tasks that have them (calibrl.testbed.tasks.prompt_tier)
+    "expected_accuracy_hard": ("Accuracy on hard prompts", "mean true success probability", True),
+    "expected_accuracy_learnable": ("Accuracy on learnable prompts", "mean true success probability", True),
 }
 
 

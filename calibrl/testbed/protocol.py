@@ -37,12 +37,18 @@ from calibrl.testbed.methods import PROTOCOL_ARMS, PROTOCOL_TASK
 
 REFERENCE_ARM = "grpo"
 CONTROL_ARMS = ("grpo_lr3e-5", "grpo_kl")
+SECOND_PILOT_TASK = "scratchpad_unfixable"
+# the second pilot's arms and seeds if it is positive (docs/testbed.md, fixed before its runs: fewer than the first)
+SECOND_PILOT_ARMS = ("grpo", "grpo_lr3e-5", "grpo_kl", "capo_tau0.6", "capo_mask_tau0.6")
+SECOND_PILOT_SEEDS = (0, 1, 2)
 
 
 @dataclass(frozen=True)
 class ProtocolConfig:
-    """The study's fixed settings (docs/testbed.md)."""
+    """The study's fixed settings (docs/testbed.md). ``task``: ``scratchpad`` (the first protocol) or
+    ``scratchpad_unfixable`` (the second pilot: hard items out of reach)."""
 
+    task: str = PROTOCOL_TASK
     steps: int = 400
     eval_every: int = 25
     eval_prompts: int = 128
@@ -57,6 +63,17 @@ class ProtocolConfig:
     success_margin: float = 0.02  # the success rule's margin on the ceiling gap
     n_bootstrap: int = 10_000
     workers: int = 2
+    arms: tuple[str, ...] = tuple(a.name for a in PROTOCOL_ARMS)
+
+    @classmethod
+    def for_task(cls, task: str, **settings) -> "ProtocolConfig":
+        """The pre-registered settings of ``task``'s study: the first protocol's for ``scratchpad``; for
+        ``scratchpad_unfixable`` its smaller arm set and 3 seeds."""
+        if task == SECOND_PILOT_TASK:
+            settings = {"arms": SECOND_PILOT_ARMS, "seeds": SECOND_PILOT_SEEDS, **settings}
+        elif task != PROTOCOL_TASK:
+            raise ValueError(f"no pre-registered protocol for task {task!r}: {PROTOCOL_TASK} or {SECOND_PILOT_TASK}")
+        return cls(task=task, **settings)
 
 
 def build_jobs(config: ProtocolConfig, *, arms: Sequence[str], seeds: Sequence[int], runs_dir: Path,
@@ -71,7 +88,7 @@ def build_jobs(config: ProtocolConfig, *, arms: Sequence[str], seeds: Sequence[i
         for name in arms:
             arm = by_name[name]
             jobs.append({
-                "key": f"{PROTOCOL_TASK}/{name}", "task": PROTOCOL_TASK, "method": name, "label": arm.label,
+                "key": f"{config.task}/{name}", "task": config.task, "method": name, "label": arm.label,
                 "config": dict(arm.config), "train": True, "seed": seed, "steps": config.steps,
                 "eval_every": config.eval_every, "eval_prompts": config.eval_prompts, "eval_split": "eval",
                 "eval_sets": {"test": ("test", config.test_prompts)}, "eval_samples": config.eval_samples,
@@ -249,5 +266,6 @@ def _capo_minus_control(run_dirs, stops, capo: str, control: str, config: Protoc
     return paired_bootstrap(a, c, metric="ceiling_gap", n_bootstrap=config.n_bootstrap)
 
 
-__all__ = ["CONTROL_ARMS", "REFERENCE_ARM", "ProtocolConfig", "accuracy_targets", "build_jobs", "ceiling_gap",
+__all__ = ["CONTROL_ARMS", "REFERENCE_ARM", "SECOND_PILOT_ARMS", "SECOND_PILOT_SEEDS", "SECOND_PILOT_TASK",
+           "ProtocolConfig", "accuracy_targets", "build_jobs", "ceiling_gap",
            "analyze", "endpoints", "load_test_samples", "paired_bootstrap", "pilot_verdict", "stopping_step", "success"]

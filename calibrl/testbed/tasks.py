@@ -57,6 +57,11 @@ the 0.2M-parameter char-level Llama of :mod:`calibrl.testbed.model` to learn on 
     Columns: ``prompt``, ``answer`` (the digit sum, two digits), ``p_true`` (the teacher's success probability
     (1 - e)^3: what the warm start is calibrated to), ``tier`` (easy / medium / hard), ``prompt_id``.
 
+``testbed/scratchpad_unfixable`` (the papers' regime with hard items out of reach; a second pilot)
+    ``scratchpad`` with prompts ending in ``%`` and a teacher that slips at EVERY step on hard prompts (first
+    digit 7-9; easy and medium as ``scratchpad``), so it is never right there (answer = sum + 3) and a hard group
+    of its samples is all wrong: no GRPO gradient. Columns as ``scratchpad``.
+
 ``testbed/forms`` (where GCPO and SEED-GRPO can differ; not in the default demo)
     prompt ``abcd~``, completion ``A``: the digit sum written in one of three SURFACE FORMS of one meaning,
     ``12``, ``12.0`` or ``+12`` (:data:`FORMS`; calibrl's answer equivalence, the grader's, counts them as one
@@ -95,6 +100,12 @@ RLCR_TASK = "verbalized"  # kept out of TASKS (the default demo's tasks) until i
 SCRATCHPAD_TASK = "scratchpad"  # the papers' regime (docs/testbed.md's pre-registered study); not in TASKS either
 # scratchpad: the teacher's per-step slip probability by the prompt's first digit (easy / medium / hard tiers)
 SCRATCHPAD_TIERS = (("easy", range(0, 3), 0.05), ("medium", range(3, 7), 0.25), ("hard", range(7, 10), 0.6))
+# scratchpad_unfixable: the same task with hard items out of reach (the teacher slips at every step there)
+SCRATCHPAD_UNFIXABLE_TASK = "scratchpad_unfixable"
+SCRATCHPAD_UNFIXABLE_TIERS = (("easy", range(0, 3), 0.05), ("medium", range(3, 7), 0.25), ("hard", range(7, 10), 1.0))
+# task -> (prompt suffix, tiers)
+_SCRATCHPAD_FAMILY = {SCRATCHPAD_TASK: ("#", SCRATCHPAD_TIERS),
+                      SCRATCHPAD_UNFIXABLE_TASK: ("%", SCRATCHPAD_UNFIXABLE_TIERS)}
 FORMS_TASK = "forms"  # surface forms, near misses, far-wrong values and noise prompts; not in TASKS either
 FORMS = ("{v}", "{v}.0", "+{v}")  # three spellings of one value, equivalent for calibrl's grader
 # forms: (tier, the prompt's first digits, the teacher's probability of the right value, how it is wrong)
@@ -186,16 +197,19 @@ STOCHASTIC = TaskSpec("stochastic_reasoning", 6, None, True)
 ADDITION = TaskSpec("addition", 11, None, False)
 VERBALIZED = TaskSpec(RLCR_TASK, 8, None, True)
 SCRATCHPAD = TaskSpec(SCRATCHPAD_TASK, 26, None, False)
+SCRATCHPAD_UNFIXABLE = TaskSpec(SCRATCHPAD_UNFIXABLE_TASK, 26, None, False)
 DECISION_COPY = TaskSpec("decision_copy", 8, ("Y", "N"), True)
 FORMS_SPEC = TaskSpec(FORMS_TASK, 6, None, True)  # stochastic: the noise tier's reward is a fresh draw
-_ALL_TASKS = (DECISION, STOCHASTIC, ADDITION, VERBALIZED, SCRATCHPAD, DECISION_COPY, FORMS_SPEC)
+_ALL_TASKS = (DECISION, STOCHASTIC, ADDITION, VERBALIZED, SCRATCHPAD, DECISION_COPY, FORMS_SPEC,
+              SCRATCHPAD_UNFIXABLE)
 _BY_NAME = {t.name: t for t in _ALL_TASKS}
 
 
-def scratchpad_tier(prompt: str) -> tuple[str, float]:
-    """(tier name, the teacher's per-step slip probability) of a ``scratchpad`` prompt (its first digit)."""
+def scratchpad_tier(prompt: str, task: str = SCRATCHPAD_TASK) -> tuple[str, float]:
+    """(tier name, the teacher's per-step slip probability) of a ``scratchpad`` (or ``scratchpad_unfixable``)
+    prompt (its first digit)."""
     first = int(prompt[0])
-    for name, digits, slip in SCRATCHPAD_TIERS:
+    for name, digits, slip in _SCRATCHPAD_FAMILY[get_task(task).name][1]:
         if first in digits:
             return name, slip
     raise ValueError(f"not a scratchpad prompt: {prompt!r}")  # pragma: no cover
@@ -213,8 +227,8 @@ def forms_tier(prompt: str) -> tuple[str, float, str]:
 def prompt_tier(task: str, prompt: str) -> str | None:
     """The tier of ``prompt`` on the tasks that have tiers (``scratchpad``, ``forms``), else None."""
     name = get_task(task).name
-    if name == SCRATCHPAD_TASK:
-        return scratchpad_tier(prompt)[0]
+    if name in _SCRATCHPAD_FAMILY:
+        return scratchpad_tier(prompt, name)[0]
     if name == FORMS_TASK:
         return forms_tier(prompt)[0]
     return None
@@ -247,10 +261,10 @@ def build_rows(task: str, n: int, *, split: str = "train", seed: int = 0) -> lis
             rows.append({"prompt": p, "answer": f"{ss:02d}", "likely": str(ss % 10), "p_true": STOCHASTIC_C[ss % 8],
                          "prompt_id": i})
         return rows
-    if t.name == SCRATCHPAD_TASK:
+    if t.name in _SCRATCHPAD_FAMILY:
         rows = []
-        for i, p in enumerate(_four_digit_prompts(n, split, seed, "#")):
-            tier, slip = scratchpad_tier(p)
+        for i, p in enumerate(_four_digit_prompts(n, split, seed, _SCRATCHPAD_FAMILY[t.name][0])):
+            tier, slip = scratchpad_tier(p, t.name)
             rows.append({"prompt": p, "answer": f"{_digit_sum(p):02d}", "p_true": (1.0 - slip) ** 3, "tier": tier,
                          "prompt_id": i})
         return rows
@@ -336,7 +350,7 @@ def parse(task: str, prompt: str, completion: str) -> dict:
         value = int(m.group(2))
         return {"format_ok": True, "reasoning_ok": value == _digit_sum(prompt), "choice": str(value),
                 "form": 2 if m.group(1) else (1 if m.group(3) else 0)}
-    if t.name == SCRATCHPAD_TASK:
+    if t.name in _SCRATCHPAD_FAMILY:
         m = _SCRATCHPAD_RE.match(completion)
         if not m:
             return {"format_ok": False, "reasoning_ok": False, "choice": None}
@@ -363,7 +377,7 @@ def true_success_probability(task: str, prompt: str, completion: str) -> float:
     if not parsed["format_ok"]:
         return 0.0
     ss = _digit_sum(prompt) if t.name != "addition" else None
-    if t.name == SCRATCHPAD_TASK:
+    if t.name in _SCRATCHPAD_FAMILY:
         return 1.0 if int(parsed["choice"]) == ss else 0.0
     if t.name == FORMS_TASK:
         if forms_tier(prompt)[0] == "noise":
@@ -437,9 +451,9 @@ def sample_true_completion(task: str, row: dict, rng: np.random.Generator) -> st
         if t.name == RLCR_TASK:  # an uninformed stated confidence: RL has to learn a calibrated one
             return f"{row['answer']};{a}:{int(rng.integers(CONFIDENCE_DIGITS))}"
         return f"{row['answer']};{a}"
-    if t.name == SCRATCHPAD_TASK:  # the teacher with systematic +1 slips (module docstring), not the truth
+    if t.name in _SCRATCHPAD_FAMILY:  # the teacher with systematic +1 slips (module docstring), not the truth
         digits = [int(ch) for ch in row["prompt"][:4]]
-        _, slip = scratchpad_tier(row["prompt"])
+        _, slip = scratchpad_tier(row["prompt"], t.name)
         running, parts = digits[0], []
         for digit in digits[1:]:
             result = running + digit + int(rng.random() < slip)
@@ -526,7 +540,7 @@ for _task in _ALL_TASKS:
 __all__ = [
     "ADDITION", "CONFIDENCE_DIGITS", "DECISION", "DECISION_COPY", "FORMS", "FORMS_NOISE_P", "FORMS_SPEC",
     "FORMS_TASK", "FORMS_TIERS", "RLCR_TASK", "SCRATCHPAD", "SCRATCHPAD_TASK",
-    "SCRATCHPAD_TIERS", "STOCHASTIC", "TASKS", "TaskSpec", "VERBALIZED", "bayes_auroc", "build_dataset", "build_rows", "scratchpad_steps",
+    "SCRATCHPAD_TIERS", "SCRATCHPAD_UNFIXABLE", "SCRATCHPAD_UNFIXABLE_TASK", "SCRATCHPAD_UNFIXABLE_TIERS", "STOCHASTIC", "TASKS", "TaskSpec", "VERBALIZED", "bayes_auroc", "build_dataset", "build_rows", "scratchpad_steps",
     "scratchpad_tier", "forms_tier", "prompt_tier",
     "get_task", "make_reward", "parse", "sample_true_completion", "sft_dataset", "true_success_probability",
 ]

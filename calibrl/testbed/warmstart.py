@@ -38,6 +38,8 @@ WARMSTART_VERSION = 1  # bump when the procedure changes so stale caches are not
 _DEFAULT_TARGET = {"decision": 0.97, "stochastic_reasoning": 0.97, "addition": 0.5, "verbalized": 0.97,
                    # scratchpad: the teacher's greedy answer is right on easy + medium prompts (70%)
                    "scratchpad": 0.68, "decision_copy": 0.97,
+                   # scratchpad_unfixable: greedy right on easy + medium (70%), never on hard
+                   "scratchpad_unfixable": 0.68,
                    # forms: the teacher's right value is the most likely one on every tier
                    "forms": 0.9}
 
