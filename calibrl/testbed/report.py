@@ -76,9 +76,10 @@ REGIME_NOTE = (
     "calibration trade off structurally (even an ideal sampler loses AUROC as it sharpens, and the AUROC ceiling "
     "falls); that is where GRPO's loss of calibration is established on this testbed. In the papers' own regime "
     "(deterministic reward, a worked scratchpad, easy and hard prompts: `--methods "
-    "scratchpad/grpo,scratchpad/capo_tau0.6`) the pre-registered pilot found the opposite: GRPO raised the AUROC "
-    "to its ceiling while raising accuracy, so the papers' premise was not reproduced at this scale "
-    "(docs/results/protocol.md in the calibrl repository).")
+    "scratchpad/grpo,scratchpad/capo_tau0.6`) the pre-registered pilots found the opposite: GRPO raised the AUROC "
+    "to its ceiling while raising accuracy, also when the hard prompts' confidently wrong answers were out of its "
+    "reach, so the papers' premise was not reproduced at this scale (docs/results/protocol.md in the calibrl "
+    "repository).")
 # Final expected accuracies further apart than this are "not matched" (about one seed std of the study's runs)
 MATCHED_ACCURACY_TOL = 0.01
 # Calibration differences below this are not read as differences, even with seeds to compare them with (the

@@ -24,7 +24,8 @@ TRL 1.16's ``GRPOTrainer._generate_and_score_completions`` returns, for THIS pro
 * ``ref_logprob_mean`` (CAPO's noise mask, ``capo`` and ``grpo_mask``): TRL's ``ref_per_token_logps`` when
   ``beta > 0``, else the frozen reference run here (:func:`ref_per_token_logps`; :mod:`calibrl.trl.reference` loads it).
 * ``embeddings`` (GCPO): the completion-mean of the policy's last hidden states, captured during the same forward.
-* ``answer_ids`` (SEED-GRPO): :func:`extract_answer` of each completion, equal strings clustered within a prompt;
+* ``answer_ids`` (SEED-GRPO): :func:`extract_answer` of each completion, equivalent answers clustered within a prompt
+  (:func:`calibrl.selection.answers.group_answer_ids`, the grader's equivalence);
   -1 (a cluster of its own) for a completion with no extractable answer (:func:`has_answer`).
 * gathering: every per-row field is gathered over processes, so a group split over ranks is handled;
   ``process_slice`` is this process's rows, taken exactly as TRL takes them. Whether the extra forward runs is
