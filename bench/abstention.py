@@ -65,34 +65,16 @@ def tables(summary: dict) -> str:
 
 
 def plot(summary: dict, path: Path) -> None:
-    """Each arm's path (mean over seeds of every evaluation) in the accuracy-AURC and accuracy-precision planes."""
-    import matplotlib
+    """Each arm's path (mean over seeds of every evaluation) in the accuracy-AURC and accuracy-precision planes
+    (:func:`calibrl.evaluation.plots.plot_metric_paths`)."""
+    from calibrl.evaluation.plots import plot_metric_paths
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    by_method: dict[str, list[dict]] = {}
-    labels = {}
+    history: dict[str, list[dict]] = {}
     for run in summary["results"]:
         if run["task"] == TASK:
-            by_method.setdefault(run["method"], []).append(run)
-            labels[run["method"]] = run["label"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
-    for method, runs in by_method.items():
-        acc = np.mean([[r["expected_accuracy"] for r in run["history"]] for run in runs], axis=0)
-        for ax, key in zip(axes, ("aurc", "precision_at_50")):
-            values = np.mean([[r[key] for r in run["history"]] for run in runs], axis=0)
-            ax.plot(acc, values, marker=".", label=labels[method])
-            ax.plot(acc[-1:], values[-1:], marker="o", color=ax.lines[-1].get_color())
-    axes[0].set(xlabel="expected accuracy", ylabel="AURC (lower is better)", title="risk-coverage area")
-    axes[1].set(xlabel="expected accuracy", ylabel="precision of the most confident half",
-                title="precision at 50% coverage")
-    handles, names = axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
-    fig.suptitle("stochastic_reasoning: each arm's path over training (mean over seeds; circle = step 200)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+            history.setdefault(run["label"], []).extend(run["history"])
+    plot_metric_paths(history, x="expected_accuracy", y=("aurc", "precision_at_50"), path=path,
+                      title="stochastic_reasoning: each arm's path over training (mean over seeds; circle = last step)")
 
 
 def main() -> None:

@@ -136,6 +136,28 @@ def test_plot_training_curves_writes_png(tmp_path):
         plot_training_curves(history)
 
 
+def test_plot_metric_paths_draws_each_methods_mean_path_in_step_order(tmp_path, monkeypatch):
+    from calibrl.evaluation import plots
+
+    drawn = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.setdefault("fig", fig) and path)
+    history = {  # two seeds of one method, records out of step order; a record without the y metric is skipped
+        "grpo": [{"step": 10, "acc": 0.5, "auroc": 0.7}, {"step": 0, "acc": 0.3, "auroc": 0.9},
+                 {"step": 10, "acc": 0.6, "auroc": 0.6}, {"step": 0, "acc": 0.3, "auroc": 0.8},
+                 {"step": 20, "acc": 0.7}],
+    }
+    plots.plot_metric_paths(history, x="acc", y=("auroc", "acc"), path=tmp_path / "p.png",
+                            references={"auroc": ([0.2, 0.8], [0.95, 0.7], "frontier")})
+    fig = drawn["fig"]
+    left, right = fig.axes[:2]
+    path_line = left.lines[0]
+    assert path_line.get_xdata().tolist() == pytest.approx([0.3, 0.55])  # step 0 then step 10, seeds averaged
+    assert path_line.get_ydata().tolist() == pytest.approx([0.85, 0.65])
+    assert left.lines[1].get_xdata().tolist() == pytest.approx([0.55])  # the last evaluation, circled
+    assert [line.get_label() for line in left.lines][-1] == "frontier" and len(right.lines) == 2  # no frontier
+    assert right.lines[0].get_xdata().tolist() == pytest.approx([0.3, 0.55, 0.7])
+
+
 def _two_benchmark_rows(seed=3, n_prompts=20, n=4):
     # prompt ids 0..19 in BOTH aime and math500: 40 different prompts
     rng = np.random.default_rng(seed)

@@ -19,6 +19,30 @@ def test_registered_names():
     assert ds[0]["classes"] == ["Y", "N"]
 
 
+def test_ideal_sampler_frontier_matches_monte_carlo_at_a_temperature():
+    """The ideal sampler at T = 0.5 (answers drawn with probability proportional to q^2, reasoning always right),
+    simulated on every code: its mean q and the AUROC of q against drawn outcomes match ideal_sampler; sharpening
+    raises accuracy and lowers the AUROC (the structural trade-off of the stochastic tasks)."""
+    from calibrl.metrics import auroc
+
+    rng = np.random.default_rng(0)
+    codes = np.repeat(np.arange(10_000), 4)
+    ss = np.array([sum(int(c) for c in f"{code:04d}") for code in codes])
+    likely_c = np.array(tb.STOCHASTIC_C)[ss % 8]
+    w_likely, w_other = likely_c ** 2, ((1 - likely_c) / 9) ** 2
+    p_likely = w_likely / (w_likely + 9 * w_other)
+    q = np.where(rng.random(codes.size) < p_likely, likely_c, (1 - likely_c) / 9)
+    drawn = rng.random(q.size) < q
+    accuracy, frontier_auroc = tb.ideal_sampler("stochastic_reasoning", 0.5)
+    assert q.mean() == pytest.approx(accuracy, abs=0.005)
+    assert auroc(q, drawn) == pytest.approx(frontier_auroc, abs=0.01)
+    curve = [tb.ideal_sampler("stochastic_reasoning", t) for t in (1.0, 0.7, 0.5, 0.3, 0.0)]
+    assert all(a1 < a2 and u1 > u2 for (a1, u1), (a2, u2) in zip(curve, curve[1:]))
+    assert curve[0][1] == tb.bayes_auroc("stochastic_reasoning") and curve[-1][1] == pytest.approx(
+        tb.bayes_auroc("stochastic_reasoning", policy="greedy"))
+    assert all(np.isnan(tb.ideal_sampler(t, 1.0)).all() for t in ("addition", "scratchpad", "forms"))
+
+
 @pytest.mark.parametrize("task", tb.TASKS)
 def test_rows_are_seeded_distinct_and_splits_disjoint(task):
     a = tb.build_rows(task, 500, split="train", seed=0)

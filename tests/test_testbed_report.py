@@ -268,3 +268,13 @@ def test_matched_accuracy_differences_read_each_method_on_the_references_path():
     assert out["fast"]["reached"] == 1 and out["fast"]["auroc"][0] == pytest.approx(0.7 - 0.75)
     assert np.isnan(out["fast"]["auroc"][1])  # one seed: no interval
     assert all(np.isnan(paired_t_interval([])))
+
+
+def test_write_figures_adds_the_tradeoff_plane_where_the_frontier_is_known(tmp_path):
+    from calibrl.testbed.report import write_figures
+
+    summary = _summary({"expected_accuracy": 0.48, "auroc": 0.73}, {"expected_accuracy": 0.46, "auroc": 0.79})
+    names = [p.name for p in write_figures(summary, tmp_path, "stochastic_reasoning")]
+    assert names == ["curves_stochastic_reasoning.png", "tradeoff_stochastic_reasoning.png"]  # no samples: no diagram
+    addition = {**summary, "results": [{**r, "task": "addition"} for r in summary["results"]]}
+    assert [p.name for p in write_figures(addition, tmp_path, "addition")] == ["curves_addition.png"]

@@ -22,6 +22,7 @@ __all__ = [
     "plot_reliability",
     "plot_roc",
     "plot_scaling_curves",
+    "plot_metric_paths",
     "plot_training_curves",
 ]
 
@@ -301,4 +302,63 @@ def plot_training_curves(
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="outside lower center",
                    ncols=min(len(handles), 5), fontsize="small", frameon=False)
+    return _save(fig, path)
+
+
+def plot_metric_paths(
+    history: Mapping[str, Sequence[Mapping[str, Any]]],
+    *,
+    x: str,
+    y: str | Sequence[str],
+    path: str | Path,
+    references: Mapping[str, tuple[Sequence[float], Sequence[float], str]] | None = None,
+    title: str | None = None,
+) -> Path:
+    """Each method's path over training in the plane of two metrics (e.g. accuracy and AUROC), one panel per ``y``.
+
+    ``history`` as :func:`plot_training_curves` (``{method: records}``, records with ``step``; records sharing a
+    step, e.g. several seeds, are averaged); each method is one line through its evaluations in step order, its
+    last evaluation circled. ``references``: ``{y_key: (xs, ys, label)}``, a reference curve drawn dashed in the
+    panel of ``y_key`` (e.g. the ideal sampler's frontier). Reading: at equal ``x``, the better ``y`` is the better
+    trade-off, whatever step each method stopped at.
+    """
+    ys = [y] if isinstance(y, str) else list(y)
+    fig = Figure(figsize=(5.2 * len(ys), 4.6), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(ys)))
+    handles: dict[str, Any] = {}
+    for ax, key in zip(axes, ys):
+        for i, (method, records) in enumerate(history.items()):
+            by_step: dict[float, list[tuple[float, float]]] = {}
+            for rec in records:
+                if rec.get("step") is None or rec.get(x) is None or rec.get(key) is None:
+                    continue
+                point = (float(rec[x]), float(rec[key]))
+                if all(np.isfinite(point)):
+                    by_step.setdefault(float(rec["step"]), []).append(point)
+            if not by_step:
+                continue
+            pts = np.array([np.mean(by_step[s], axis=0) for s in sorted(by_step)])
+            color = f"C{i % 10}"
+            (line,) = ax.plot(pts[:, 0], pts[:, 1], color=color, marker=_MARKERS[i % len(_MARKERS)], markersize=4,
+                              markerfacecolor="none", linestyle=_SERIES_STYLES[i % len(_SERIES_STYLES)],
+                              label=method)
+            ax.plot(pts[-1:, 0], pts[-1:, 1], "o", color=color, markersize=9, markerfacecolor="none")
+            handles.setdefault(method, line)
+        if references and key in references:
+            ref_x, ref_y, label = references[key]
+            (line,) = ax.plot(ref_x, ref_y, color="black", linestyle="--", linewidth=1.2, label=label)
+            handles.setdefault(label, line)
+        x_title = METRIC_LABELS.get(x, (x, x, None))[0]
+        y_title, y_label, higher = METRIC_LABELS.get(key, (key, key, None))
+        x_short = x_title.split(" (")[0].lower()
+        hint = "" if higher is None else f"\n({'higher' if higher else 'lower'} is better at equal {x_short})"
+        ax.set_title(f"{y_title} against {x_title.lower()}{hint}", fontsize="medium")
+        ax.set_xlabel(x_title)
+        ax.set_ylabel(y_label)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=min(len(handles), 3),
+                   fontsize="small", frameon=False)
     return _save(fig, path)

@@ -80,6 +80,9 @@ REGIME_NOTE = (
     "to its ceiling while raising accuracy, also when the hard prompts' confidently wrong answers were out of its "
     "reach, so the papers' premise was not reproduced at this scale (docs/results/protocol.md in the calibrl "
     "repository).")
+# Temperatures of the ideal sampler drawn as the frontier in the (accuracy, AUROC) plane (T > 1 flatter than the
+# true distribution, T = 0 always the likeliest answer)
+FRONTIER_TEMPERATURES = (2.0, 1.5, 1.25, 1.0, 0.85, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)
 # Final expected accuracies further apart than this are "not matched" (about one seed std of the study's runs)
 MATCHED_ACCURACY_TOL = 0.01
 # Calibration differences below this are not read as differences, even with seeds to compare them with (the
@@ -340,8 +343,10 @@ def _final_samples(out: Path, summary: dict, task: str) -> dict[str, dict[str, n
 
 
 def write_figures(summary: dict, out: str | Path, task: str) -> list[Path]:
-    """Training curves and final reliability diagrams for ``task`` into ``out``; returns the PNG paths."""
-    from calibrl.evaluation.plots import plot_reliability, plot_training_curves
+    """Training curves, the (accuracy, AUROC) paths with the ideal sampler's frontier (tasks where it is known)
+    and final reliability diagrams for ``task`` into ``out``; returns the PNG paths."""
+    from calibrl.evaluation.plots import plot_metric_paths, plot_reliability, plot_training_curves
+    from calibrl.testbed.tasks import ideal_sampler
 
     out = Path(out)
     paths = []
@@ -349,6 +354,11 @@ def write_figures(summary: dict, out: str | Path, task: str) -> list[Path]:
     if hist:
         paths.append(plot_training_curves(hist, metrics=CURVE_METRICS.get(task, ("auroc", "ece", "accuracy")),
                                           path=out / f"curves_{task}.png"))
+        frontier = np.array([ideal_sampler(task, t) for t in FRONTIER_TEMPERATURES])
+        if np.isfinite(frontier).all():
+            paths.append(plot_metric_paths(
+                hist, x="expected_accuracy", y="auroc", path=out / f"tradeoff_{task}.png",
+                references={"auroc": (frontier[:, 0], frontier[:, 1], "ideal sampler at temperature T")}))
     samples = _final_samples(out, summary, task)
     if samples:
         if task == "decision":

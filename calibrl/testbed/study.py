@@ -7,7 +7,7 @@
 * ``testbed.md``: the report (:func:`calibrl.testbed.report.write_demo_report`: tables per task with mean ± std over
   seeds, the warm start, curves and reliability diagrams), with the hand-written ``## Findings`` section of the
   ``testbed.md`` already there (:func:`kept_findings`) and what was tuned, on what (:data:`TUNING_NOTES`);
-* ``testbed_curves_*.png`` / ``testbed_reliability_*.png``: its figures;
+* ``testbed_curves_*.png`` / ``testbed_tradeoff_*.png`` / ``testbed_reliability_*.png``: its figures;
 * ``testbed_results.json``: every evaluation of every run (without TRL's training logs), reloadable by a later
   ``report_only`` study;
 * ``headline.md``: the README's table (:func:`headline`), with the exact commands.

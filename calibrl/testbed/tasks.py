@@ -486,6 +486,54 @@ def sft_dataset(task: str, n_prompts: int = 5000, *, samples_per_prompt: int = 1
     return Dataset.from_list(data)
 
 
+def _answer_options(task: str) -> list[tuple[float, list[float]]]:
+    """Per prompt class of a stochastic task: (its share of the 10,000 4-digit codes, the success probability of
+    each answer the true sampler can give)."""
+    t = get_task(task)
+    sums = np.array([sum(int(c) for c in f"{code:04d}") for code in range(10_000)])
+    out = []
+    for ss in range(37):
+        share = float((sums == ss).sum()) / sums.size
+        if t.name in ("decision", "decision_copy"):
+            p = DECISION_P[ss % 8]
+            out.append((share, [p, 1 - p]))
+        else:
+            c = STOCHASTIC_C[ss % 8]
+            out.append((share, [c] + [(1 - c) / 9] * 9))
+    return out
+
+
+def ideal_sampler(task: str, temperature: float) -> tuple[float, float]:
+    """(expected accuracy, AUROC of the true success probability) of the ideal sampler at ``temperature``: the
+    reasoning always right, answer a drawn with probability proportional to q(a|x)^(1/T), q the true success
+    probability (T = 1: the true distribution, the calibrated warm start's target; T -> 0: always the likeliest
+    answer). Sharpening raises accuracy and lowers this AUROC: the frontier an RL-sharpened policy is read against
+    in the (accuracy, AUROC) plane. ``nan, nan`` for the tasks without it (deterministic, forms)."""
+    t = get_task(task)
+    if not t.stochastic or t.name == FORMS_TASK:
+        return float("nan"), float("nan")
+    scores, pos, neg = [], [], []
+    accuracy = 0.0
+    for share, qs in _answer_options(task):
+        q = np.asarray(qs)
+        if temperature <= 0:
+            freq = (q == q.max()) / (q == q.max()).sum()
+        else:
+            w = q ** (1.0 / temperature)
+            freq = w / w.sum()
+        accuracy += share * float((freq * q).sum())
+        scores += q.tolist()
+        pos += (share * freq * q).tolist()
+        neg += (share * freq * (1 - q)).tolist()
+    from calibrl.metrics import weighted_auroc
+
+    # every (prompt class, answer) item once as a positive (weight pos) and once as a negative (weight neg)
+    scores = np.array(scores)
+    auroc = weighted_auroc(np.r_[scores, scores], np.r_[np.ones(scores.size, bool), np.zeros(scores.size, bool)],
+                           np.r_[pos, neg])
+    return accuracy, float(auroc)
+
+
 def bayes_auroc(task: str, *, policy: str = "true") -> float:
     """AUROC ceiling: the AUROC of the true success probability itself, over every prompt (uniform over the 10,000
     4-digit codes) and every answer, weighted by how often ``policy`` gives it.
@@ -493,33 +541,11 @@ def bayes_auroc(task: str, *, policy: str = "true") -> float:
     ``policy="true"``: answers drawn from the true distribution (the calibrated SFT warm start);
     ``policy="greedy"``: the majority answer always (what reward maximisation converges to; the confidence can
     only rank prompts then). ``nan`` for the deterministic addition task, where the optimum is always right.
+    (:func:`ideal_sampler` at T = 1 and T = 0.)
     """
-    t = get_task(task)
-    if not t.stochastic or t.name == FORMS_TASK:  # forms: the ceiling depends on the policy's values (evaluate's)
-        return float("nan")
-    sums = np.array([sum(int(c) for c in f"{code:04d}") for code in range(10_000)])
-    scores, pos, neg = [], [], []
-    for ss in range(37):
-        weight = float((sums == ss).sum())
-        if t.name in ("decision", "decision_copy"):
-            p = DECISION_P[ss % 8]
-            options = [(p, p), (1 - p, 1 - p)]  # (probability of answering it, success probability)
-        else:
-            c = STOCHASTIC_C[ss % 8]
-            options = [(c, c)] + [((1 - c) / 9, (1 - c) / 9)] * 9
-        if policy == "greedy":
-            best = max(q for _, q in options)
-            options = [(1.0, best)]
-        for freq, q in options:
-            scores.append(q)
-            pos.append(weight * freq * q)
-            neg.append(weight * freq * (1 - q))
-    from calibrl.metrics import weighted_auroc
-
-    # every (prompt class, answer) item once as a positive (weight pos) and once as a negative (weight neg)
-    scores = np.array(scores)
-    return weighted_auroc(np.r_[scores, scores], np.r_[np.ones(scores.size, bool), np.zeros(scores.size, bool)],
-                          np.r_[pos, neg])
+    if policy not in ("true", "greedy"):
+        raise ValueError(f"policy must be 'true' or 'greedy', got {policy!r}")
+    return ideal_sampler(task, 1.0 if policy == "true" else 0.0)[1]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -540,7 +566,7 @@ for _task in _ALL_TASKS:
 __all__ = [
     "ADDITION", "CONFIDENCE_DIGITS", "DECISION", "DECISION_COPY", "FORMS", "FORMS_NOISE_P", "FORMS_SPEC",
     "FORMS_TASK", "FORMS_TIERS", "RLCR_TASK", "SCRATCHPAD", "SCRATCHPAD_TASK",
-    "SCRATCHPAD_TIERS", "SCRATCHPAD_UNFIXABLE", "SCRATCHPAD_UNFIXABLE_TASK", "SCRATCHPAD_UNFIXABLE_TIERS", "STOCHASTIC", "TASKS", "TaskSpec", "VERBALIZED", "bayes_auroc", "build_dataset", "build_rows", "scratchpad_steps",
+    "SCRATCHPAD_TIERS", "SCRATCHPAD_UNFIXABLE", "SCRATCHPAD_UNFIXABLE_TASK", "SCRATCHPAD_UNFIXABLE_TIERS", "STOCHASTIC", "TASKS", "TaskSpec", "VERBALIZED", "bayes_auroc", "ideal_sampler", "build_dataset", "build_rows", "scratchpad_steps",
     "scratchpad_tier", "forms_tier", "prompt_tier",
     "get_task", "make_reward", "parse", "sample_true_completion", "sft_dataset", "true_success_probability",
 ]
