@@ -13,7 +13,7 @@ the most confident half and quarter of the answers. Outcomes are the drawn ones,
 stochastic_reasoning/capo_frozen_mask,stochastic_reasoning/capo_tau0.2 --out runs/abstention --runs runs/bench_testbed
     python bench/abstention.py runs/abstention/testbed_results.json --plot docs/results/abstention.png
 
-The first command takes about 5 minutes on 2 cores. This one prints the markdown tables of
+The first command takes about 3 minutes on 2 cores. This one prints the markdown tables of
 docs/results/abstention.md and, with ``--plot``, draws every arm's path in the (accuracy, AURC) and (accuracy,
 precision at 50% coverage) planes: at equal accuracy, lower AURC and higher precision is the better trade-off.
 """

@@ -8,7 +8,7 @@ The protocol (arms, endpoints, statistics, success rules) was written in docs/te
         --out runs/forms_study --runs runs/bench_testbed
     python bench/forms_study.py runs/forms_study/testbed_results.json --plot docs/results/forms_study.png
 
-The first command takes about 15 minutes on 2 cores; this one prints the markdown tables of
+The first command takes about 10 minutes on 2 cores; this one prints the markdown tables of
 docs/results/forms.md and, with ``--plot``, draws the accuracy curves.
 
 Endpoints, per run: ``A`` = expected accuracy on the test prompts whose reward can be learned (learnable + hard
