@@ -26,18 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from calibrl.testbed.report import aggregate, matched_accuracy_differences
+from calibrl.testbed.report import aggregate, format_interval, matched_accuracy_differences
 
 TASK = "stochastic_reasoning"
 KEYS = (("aurc", "AURC ↓"), ("precision_at_50", "precision at 50% coverage ↑"),
         ("precision_at_25", "precision at 25% coverage ↑"), ("auroc", "AUROC ↑"))
-
-
-def _cell(interval: tuple[float, float, float]) -> str:
-    mean, low, high = interval
-    if not np.isfinite(mean):
-        return "not reached by GRPO"
-    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]" if np.isfinite(low) else f"{mean:+.3f}"
 
 
 def tables(summary: dict) -> str:
@@ -60,7 +53,7 @@ def tables(summary: dict) -> str:
     for e in matched.values():
         note = "" if e["reached"] == e["seeds"] else f" ({e['reached']} of {e['seeds']} seeds reached)"
         lines.append(f"| {e['label']}{note} | {e['accuracy']:.3f} | "
-                     + " | ".join(_cell(e[k]) for k, _ in KEYS) + " |")
+                     + " | ".join(format_interval(e[k], missing="not reached by GRPO") for k, _ in KEYS) + " |")
     return "\n".join(lines)
 
 

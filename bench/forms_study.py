@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibrl.testbed.report import paired_t_interval
+from calibrl.testbed.report import format_interval, paired_t_interval
 
 TASK = "forms"
 LEARNABLE_TIERS = ("learnable", "hard")
@@ -112,7 +112,7 @@ def tables(runs: dict, labels: dict, weights: dict[str, float]) -> str:
                 continue
             seeds = sorted(set(ends[arm]) & set(ends[ref]))
             rows = {k: paired_t_interval([ends[arm][s][k] - ends[ref][s][k] for s in seeds]) for k, _ in ENDPOINTS}
-            cells = [f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]" for m, lo, hi in (rows[k] for k, _ in ENDPOINTS[:4])]
+            cells = [format_interval(rows[k]) for k, _ in ENDPOINTS[:4]]
             rule = verdict(rows) if judged else "(reported)"
             lines.append(f"| {labels[arm]} - {labels[ref]} | " + " | ".join(cells) + f" | {rule} |")
     lines += ["", "Exploratory, chosen after seeing the curves (not pre-registered): the hard tier's expected accuracy "
@@ -124,8 +124,7 @@ def tables(runs: dict, labels: dict, weights: dict[str, float]) -> str:
         seeds = sorted(set(ends[arm]) & set(ends["grpo"]))
         cells = [paired_t_interval([ends[arm][s][k] - ends["grpo"][s][k] for s in seeds]) for k in
                  ("hard_at_75", "hard_area")]
-        lines.append(f"| {labels[arm]} | " + " | ".join(f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]" for m, lo, hi in cells)
-                     + " |")
+        lines.append(f"| {labels[arm]} | " + " | ".join(format_interval(c) for c in cells) + " |")
     return "\n".join(lines)
 
 

@@ -121,8 +121,8 @@ def tier_summary(measures: dict[str, np.ndarray]) -> dict[str, dict[str, float]]
     out = {}
     for tier in sorted(set(measures["tier"].tolist()) - {""}):
         sel = mixed & (measures["tier"] == tier)
-        row = {"n_groups": int(sel.sum()), "median_snr": float(np.median(measures["snr"][sel])) if sel.any() else np.nan,
-               "median_noise": float(np.median(measures["noise"][sel])) if sel.any() else np.nan}
+        median = (lambda key: float(np.median(measures[key][sel])) if sel.any() else np.nan)  # noqa: E731
+        row = {"n_groups": int(sel.sum()), "median_snr": median("snr"), "median_noise": median("noise")}
         row.update({name: float(measures[name][sel].mean()) if sel.any() else np.nan for name in SIGNALS})
         out[tier] = row
     return out

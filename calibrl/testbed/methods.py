@@ -216,6 +216,7 @@ def stated_confidence_metrics(*, stated, correct, p_true) -> dict[str, float]:
     }
 
 
-__all__ = ["ADD_TASK", "DECISION_COPY_TASK", "FORMS_ARMS", "FORMS_TASK", "DECISION_LAMBDAS", "DECISION_STUDY_ARMS", "DECISION_VARIANTS",
-           "PROTOCOL_ARMS", "PROTOCOL_TASK", "CONTROL_METHODS", "DEC_TASK", "DEFAULT_METHODS", "DemoConfig", "MethodSpec", "QUICK_METHODS",
-           "RLCR_METHODS", "RLCR_TASK", "SEQ_TASK", "method_specs", "stated_confidence_metrics"]
+__all__ = ["ADD_TASK", "CONTROL_METHODS", "DECISION_COPY_TASK", "DECISION_LAMBDAS", "DECISION_STUDY_ARMS",
+           "DECISION_VARIANTS", "DEC_TASK", "DEFAULT_METHODS", "DemoConfig", "FORMS_ARMS", "FORMS_TASK", "MethodSpec",
+           "PROTOCOL_ARMS", "PROTOCOL_TASK", "QUICK_METHODS", "RLCR_METHODS", "RLCR_TASK", "SEQ_TASK", "method_specs",
+           "stated_confidence_metrics"]

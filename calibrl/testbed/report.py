@@ -450,6 +450,15 @@ def paired_t_interval(differences, level: float = 0.95) -> tuple[float, float, f
     return float(d.mean()), float(d.mean() - half), float(d.mean() + half)
 
 
+def format_interval(interval: tuple[float, float, float], *, missing: str = "n/a") -> str:
+    """``+0.014 [+0.002, +0.026]`` for a (mean, low, high) of :func:`paired_t_interval`; the mean alone when there
+    is no interval (one seed); ``missing`` when there is no mean."""
+    mean, low, high = interval
+    if not np.isfinite(mean):
+        return missing
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]" if np.isfinite(low) else f"{mean:+.3f}"
+
+
 def matched_accuracy_differences(summary: dict, task: str, *, reference: str = "grpo",
                                  keys: tuple[str, ...] = ("auroc", "auroc_gap", "seq_ece")) -> dict[str, dict]:
     """Each method read against ``reference`` at matched accuracy, paired by seed: per seed, the method's final
@@ -484,5 +493,6 @@ def matched_accuracy_differences(summary: dict, task: str, *, reference: str = "
     return out
 
 
-__all__ = ["REGIME_NOTE", "aggregate", "at_accuracy", "matched_accuracy_differences", "paired_t_interval", "final_samples_path", "findings", "markdown_table",
-           "warm_start_sentence", "summary_table", "write_demo_report", "write_figures"]
+__all__ = ["REGIME_NOTE", "aggregate", "at_accuracy", "final_samples_path", "findings", "format_interval",
+           "markdown_table", "matched_accuracy_differences", "paired_t_interval", "warm_start_sentence",
+           "summary_table", "write_demo_report", "write_figures"]

@@ -26,7 +26,8 @@ import numpy as np
 from calibrl.testbed.demo import run_demo
 from calibrl.testbed.evaluate import greedy_decision_accuracy
 from calibrl.testbed.methods import DemoConfig
-from calibrl.testbed.report import aggregate, final_samples_path, matched_accuracy_differences, write_demo_report
+from calibrl.testbed.report import (aggregate, final_samples_path, format_interval, matched_accuracy_differences,
+                                   write_demo_report)
 
 STUDY_TITLE = "Testbed study"
 
@@ -100,14 +101,10 @@ def headline(summary: dict, command: str) -> str:
     if matched and n > 1:
         lines += [f"At matched accuracy: each method's final evaluation minus GRPO's curve (same seed) where it first "
                   f"reaches that method's final expected accuracy; mean [95% t-interval over {n} seeds]:", "",
-                  "| sequence confidence | accuracy (expected) | Δ AUROC of mean log-prob ↑ | Δ ceiling − AUROC ↓ | "
-                  "Δ ECE seq. prob. ↓ |", "|---|---:|---:|---:|---:|"]
+                  "| sequence confidence | accuracy (expected) | Δ AUROC of mean log-prob ↑ | "
+                  "Δ ceiling − AUROC ↓ | Δ ECE seq. prob. ↓ |", "|---|---:|---:|---:|---:|"]
         for e in matched.values():
-            cells = []
-            for key in ("auroc", "auroc_gap", "seq_ece"):
-                mean, low, high = e[key]
-                cells.append("not reached by GRPO" if not np.isfinite(mean) else
-                             f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]" if np.isfinite(low) else f"{mean:+.3f}")
+            cells = [format_interval(e[key], missing="not reached by GRPO") for key in ("auroc", "auroc_gap", "seq_ece")]
             note = "" if e["reached"] == e["seeds"] else f" ({e['reached']} of {e['seeds']} seeds reached)"
             lines.append(f"| {e['label']}{note} | {e['accuracy']:.3f} | " + " | ".join(cells) + " |")
         lines += ["", "At the end of training (unequal accuracy), mean ± std over seeds:", ""]

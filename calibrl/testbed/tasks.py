@@ -565,8 +565,9 @@ for _task in _ALL_TASKS:
 
 __all__ = [
     "ADDITION", "CONFIDENCE_DIGITS", "DECISION", "DECISION_COPY", "FORMS", "FORMS_NOISE_P", "FORMS_SPEC",
-    "FORMS_TASK", "FORMS_TIERS", "RLCR_TASK", "SCRATCHPAD", "SCRATCHPAD_TASK",
-    "SCRATCHPAD_TIERS", "SCRATCHPAD_UNFIXABLE", "SCRATCHPAD_UNFIXABLE_TASK", "SCRATCHPAD_UNFIXABLE_TIERS", "STOCHASTIC", "TASKS", "TaskSpec", "VERBALIZED", "bayes_auroc", "ideal_sampler", "build_dataset", "build_rows", "scratchpad_steps",
-    "scratchpad_tier", "forms_tier", "prompt_tier",
-    "get_task", "make_reward", "parse", "sample_true_completion", "sft_dataset", "true_success_probability",
+    "FORMS_TASK", "FORMS_TIERS", "RLCR_TASK", "SCRATCHPAD", "SCRATCHPAD_TASK", "SCRATCHPAD_TIERS",
+    "SCRATCHPAD_UNFIXABLE", "SCRATCHPAD_UNFIXABLE_TASK", "SCRATCHPAD_UNFIXABLE_TIERS", "STOCHASTIC", "TASKS",
+    "TaskSpec", "VERBALIZED", "bayes_auroc", "build_dataset", "build_rows", "forms_tier", "get_task",
+    "ideal_sampler", "make_reward", "parse", "prompt_tier", "sample_true_completion", "scratchpad_steps",
+    "scratchpad_tier", "sft_dataset", "true_success_probability",
 ]
