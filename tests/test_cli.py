@@ -74,3 +74,34 @@ def test_demo_checks_its_methods_before_printing_or_writing(tmp_path):
     assert "nope/grpo" in result.output and "decision/sft," not in result.output.split("nope/grpo")[0]
     assert "calibrl demo:" not in result.output
     assert not out.exists()
+
+
+def test_train_list_and_recipe_errors_load_no_torch():
+    """``calibrl train --list``, a missing recipe and a mistyped ``--set`` value answer without TRL or torch."""
+    for argv in (["train", "--list"], ["train", "no_such_recipe"], ["train", "tiny_cpu", "--set", "learning_rate=abc"],
+                 ["train", "tiny_cpu", "--set", "no_such_field=1"]):
+        code = ("from calibrl.cli import app\n"
+                f"try:\n    app({argv!r}, standalone_mode=False)\nexcept BaseException:\n    pass")
+        assert _modules_loaded_after(code) == dict.fromkeys(HEAVY_MODULES, False), argv
+
+
+def test_train_list_shows_each_recipes_first_sentence_whole():
+    from calibrl.trl.recipes import shipped_recipes
+
+    result = CliRunner().invoke(app, ["train", "--list"])
+    assert result.exit_code == 0
+    listed = " ".join(result.output.split())
+    assert set(shipped_recipes()) <= set(result.output.split())
+    # the GRPO twin's first sentence runs over two comment lines and ends at "advantage's."
+    assert ("GRPO baseline twin of capo_qwen2.5-math-1.5b_deepscaler.yaml: identical except the advantage "
+            "(group-normalised reward, no confidence term, no mask), so any calibration difference is the "
+            "advantage's.") in listed
+    assert "calibrl train grpo" not in listed  # the usage lines after the first paragraph are not shown
+
+
+def test_bad_set_value_is_one_line_exit_2():
+    result = CliRunner().invoke(app, ["train", "tiny_cpu", "--set", "learning_rate=abc"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        f"error: {__import__('calibrl.trl.recipes', fromlist=['x']).resolve_recipe_path('tiny_cpu')}: "
+        "overrides.learning_rate: expected float, got 'abc' (str)"]

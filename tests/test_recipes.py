@@ -140,3 +140,32 @@ def test_dataset_section_typos_are_errors(tmp_path):
         else:
             with pytest.raises(training.RecipeError, match=rf"{name}\.yaml.*'tempalte'.*'dataset'.*'template'"):
                 build()
+
+
+def test_shipped_trainer_field_types_equal_the_installed_config():
+    """The field types shipped for fast recipe checks equal CalibratedGRPOConfig's under the versions they name;
+    under other versions the check reads the installed config instead."""
+    from importlib.metadata import version
+
+    from calibrl.trl import trainer_fields
+    from calibrl.trl.recipes import _trainer_specs, live_trainer_specs
+
+    live = live_trainer_specs()
+    if {name: version(name) for name in trainer_fields.VERSIONS} == trainer_fields.VERSIONS:
+        assert trainer_fields.FIELDS == live  # else: python -m calibrl.trl.trainer_fields
+    assert _trainer_specs() == live
+    assert live["learning_rate"] == "float" and live["capo_tau"] == "float"
+
+
+def test_type_specs_accept_and_name_what_the_annotations_do():
+    from typing import Literal, Optional
+
+    from calibrl.trl.recipes import spec_matches, spec_name, type_spec
+
+    spec = type_spec(Optional[list[int]])
+    assert spec_name(spec) == "list of int or null"
+    assert spec_matches(None, spec) and spec_matches([1, 2], spec)
+    assert not spec_matches([1, True], spec) and not spec_matches("1", spec)
+    assert spec_matches(3, type_spec(float)) and not spec_matches(True, type_spec(float))
+    lit = type_spec(Literal["a", "b"])
+    assert spec_matches("a", lit) and not spec_matches("c", lit) and spec_name(lit) == "'a' or 'b'"

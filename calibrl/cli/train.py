@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+import textwrap
 from pathlib import Path
 from typing import Optional
 
@@ -27,13 +29,29 @@ def _parse_sets(items: list[str]) -> dict:
     return out
 
 
-def _list_recipes(console) -> None:
-    """Print the recipes shipped in the package with the first line of each one's header comment."""
+def _first_sentence(path: Path) -> str:
+    """The first sentence of a recipe's header comment (its first paragraph, joined across lines)."""
+    paragraph: list[str] = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        text = line.lstrip("#").strip()
+        if not text:
+            if paragraph:
+                break
+            continue
+        paragraph.append(text)
+    return re.split(r"(?<=\.)\s", " ".join(paragraph), maxsplit=1)[0]
+
+
+def _list_recipes() -> None:
+    """Print the recipes shipped in the package, each with the first sentence of its header comment."""
     from calibrl.trl.recipes import shipped_recipes
 
     for name, path in shipped_recipes().items():
-        first = next((line.lstrip("# ").strip() for line in path.read_text().splitlines() if line.startswith("#")), "")
-        console.print(f"{name:<42} {first}", markup=False, soft_wrap=True, highlight=False)
+        typer.echo(name)
+        typer.echo(textwrap.fill(_first_sentence(path), width=78, initial_indent="    ", subsequent_indent="    ",
+                                 break_on_hyphens=False))
 
 
 @app.command("train", short_help="Train with calibration-aware RL through TRL, from a YAML recipe.")
@@ -55,21 +73,25 @@ def train_command(
     from rich.console import Console
 
     if list_:
-        _list_recipes(Console(soft_wrap=True))
+        _list_recipes()
         return
     console = Console(stderr=True)
     if config is None:
         console.print("error: give a recipe file or a shipped recipe name (calibrl train --list)", markup=False)
         raise typer.Exit(2)
-    from calibrl.trl.train import RecipeError, load_recipe, train
+    from calibrl.trl.recipes import RecipeError, check_trainer_fields, load_recipe
 
     try:
+        # checked before TRL, transformers and torch load (seconds), so a typo answers at once
         recipe = load_recipe(config)
         overrides = _parse_sets(set_)
         if max_steps is not None:
             overrides["max_steps"] = max_steps
         if output_dir is not None:
             overrides["output_dir"] = str(output_dir)
+        check_trainer_fields(overrides, recipe.source, "overrides")
+        from calibrl.trl.train import train
+
         train(recipe, resume=resume, overrides=overrides, console=console)
     except RecipeError as exc:
         console.print(f"error: {' '.join(str(exc).split())}", markup=False, soft_wrap=True, highlight=False)

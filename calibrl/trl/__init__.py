@@ -51,10 +51,26 @@ def _check_trl_version() -> None:
 
 _check_trl_version()
 
-from calibrl.trl.callbacks import CalibrationEvalCallback, CalibrationEvalConfig  # noqa: E402
-from calibrl.trl.config import CalibratedGRPOConfig  # noqa: E402
-from calibrl.trl.rollout import estimator_inputs, extract_answer, has_answer  # noqa: E402
-from calibrl.trl.trainer import CalibratedGRPOTrainer  # noqa: E402
+# The public names load on first use (PEP 562), so the light modules of this package (recipes, their field
+# types, the calibration-eval settings) import without TRL, transformers or torch: ``calibrl train --list`` and
+# a recipe's checks answer as fast as ``--help``.
+_LAZY = {
+    "CalibrationEvalCallback": "calibrl.trl.callbacks", "CalibrationEvalConfig": "calibrl.trl.calibration_config",
+    "CalibratedGRPOConfig": "calibrl.trl.config", "CalibratedGRPOTrainer": "calibrl.trl.trainer",
+    "estimator_inputs": "calibrl.trl.rollout", "extract_answer": "calibrl.trl.rollout",
+    "has_answer": "calibrl.trl.rollout",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'calibrl.trl' has no attribute {name!r}")
+
 
 __all__ = [
     "TRL_TESTED", "CalibratedGRPOConfig", "CalibratedGRPOTrainer", "CalibrationEvalCallback", "CalibrationEvalConfig",

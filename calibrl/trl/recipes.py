@@ -121,9 +121,7 @@ _TOP_KEYS = ("model", "dataset", "eval_dataset", "rewards", "trainer", "calibrat
 
 def trainer_fields() -> set[str]:
     """Names accepted in the ``trainer`` section: every init field of CalibratedGRPOConfig."""
-    from calibrl.trl.config import CalibratedGRPOConfig
-
-    return {f.name for f in dataclasses.fields(CalibratedGRPOConfig) if f.init}
+    return set(_trainer_specs())
 
 
 def unknown_key_error(key: str, section: str, valid, source: str) -> RecipeError:
@@ -211,59 +209,102 @@ def _parse_rewards(raw: Any, source: str) -> list[RewardSpec]:
     return out
 
 
-@functools.lru_cache(maxsize=1)
-def _trainer_types() -> dict[str, Any]:
-    """The annotated type of every CalibratedGRPOConfig field (TRL's and transformers' included)."""
+def type_spec(tp: Any) -> Any:
+    """A JSON-able form of the annotation ``tp`` holding what :func:`spec_matches` and :func:`spec_name` need:
+    ``"any"``, ``"null"``, ``"bool"``, ``"int"``, ``"float"``, ``"str"``, ``"dict"``, ``{"list": spec or None}``,
+    ``{"literal": [values]}``, ``{"union": [specs]}``, ``{"enum": name}`` or ``{"type": "module.qualname"}``; an
+    annotation it does not know (``Callable``, a string that did not resolve) is ``"any"``. The trainer fields'
+    forms are shipped in :mod:`calibrl.trl.trainer_fields`, so a recipe is checked without importing TRL."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return "any"
+    if origin is typing.Union or origin is types.UnionType:
+        return {"union": [type_spec(a) for a in args]}
+    if tp is type(None):
+        return "null"
+    if origin is typing.Literal:
+        return {"literal": list(args)}
+    if tp in (bool, int, float, str):
+        return tp.__name__
+    if tp in (list, tuple) or origin in (list, tuple):
+        return {"list": type_spec(args[0]) if args else None}
+    if tp is dict or origin is dict:
+        return "dict"
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return {"enum": tp.__name__}
+    return {"type": f"{tp.__module__}.{tp.__qualname__}"} if isinstance(tp, type) else "any"
+
+
+def spec_matches(value: Any, spec: Any) -> bool:
+    """Whether ``value`` (as YAML gives it) fits the annotation whose :func:`type_spec` is ``spec``."""
+    if spec == "any":
+        return True
+    if spec == "null":
+        return value is None
+    if spec == "bool":
+        return isinstance(value, bool)
+    if spec == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if spec == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if spec == "str":
+        return isinstance(value, str)
+    if spec == "dict":
+        return isinstance(value, dict)
+    kind, arg = next(iter(spec.items()))
+    if kind == "union":
+        return any(spec_matches(value, a) for a in arg)
+    if kind == "literal":
+        return value in arg
+    if kind == "list":
+        return isinstance(value, (list, tuple)) and (arg is None or all(spec_matches(v, arg) for v in value))
+    if kind == "enum":
+        return isinstance(value, enum.Enum) and type(value).__name__ == arg
+    return any(f"{c.__module__}.{c.__qualname__}" == arg for c in type(value).__mro__)  # "type"
+
+
+def spec_name(spec: Any) -> str:
+    """A reader's name for an annotation's :func:`type_spec`: ``float``, ``int or null``, ``list of str``."""
+    if isinstance(spec, str):
+        return spec
+    kind, arg = next(iter(spec.items()))
+    if kind == "union":
+        return " or ".join(dict.fromkeys(spec_name(a) for a in arg))
+    if kind == "literal":
+        return " or ".join(repr(a) for a in arg)
+    if kind == "list":
+        return f"list of {spec_name(arg)}" if arg is not None else "list"
+    if kind == "enum":
+        return "str"
+    return arg.rsplit(".", 1)[-1]
+
+
+def live_trainer_specs() -> dict[str, Any]:
+    """``{field: type_spec}`` of every init field of CalibratedGRPOConfig, read from the installed TRL and
+    transformers (imports both: about 5 s); what :mod:`calibrl.trl.trainer_fields` ships."""
     from calibrl.trl.config import CalibratedGRPOConfig
 
     try:
-        return typing.get_type_hints(CalibratedGRPOConfig)
-    except Exception:  # an annotation that does not resolve in this version: skip type checks, keep the rest
-        return {}
+        hints = typing.get_type_hints(CalibratedGRPOConfig)
+    except Exception:  # an annotation that does not resolve in this version: skip type checks, keep the names
+        hints = {}
+    return {f.name: type_spec(hints[f.name]) if f.name in hints else "any"
+            for f in dataclasses.fields(CalibratedGRPOConfig) if f.init}
 
 
-def _matches(value: Any, tp: Any) -> bool:
-    """Whether ``value`` (as YAML gives it) fits the annotation ``tp``; unknown annotations accept anything."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return True
-    if origin is typing.Union or origin is types.UnionType:
-        return any(_matches(value, a) for a in args)
-    if tp is type(None):
-        return value is None
-    if origin is typing.Literal:
-        return value in args
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is str:
-        return isinstance(value, str)
-    if tp in (list, tuple) or origin in (list, tuple):
-        return isinstance(value, (list, tuple)) and (not args or all(_matches(v, args[0]) for v in value))
-    if tp is dict or origin is dict:
-        return isinstance(value, dict)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return isinstance(value, tp)
-    return isinstance(value, tp) if isinstance(tp, type) else True
+@functools.lru_cache(maxsize=1)
+def _trainer_specs() -> dict[str, Any]:
+    """The trainer fields' specs: the shipped ones when the installed TRL and transformers are the versions
+    they were read from (no import of either), else read from the installed ones."""
+    from importlib.metadata import PackageNotFoundError, version
 
+    from calibrl.trl import trainer_fields as shipped
 
-def _type_name(tp: Any) -> str:
-    """A reader's name for an annotation: ``float``, ``int or null``, ``list of str``."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Union or origin is types.UnionType:
-        return " or ".join(dict.fromkeys(_type_name(a) for a in args))
-    if tp is type(None):
-        return "null"
-    if origin in (list, tuple) and args:
-        return f"list of {_type_name(args[0])}"
-    if origin is typing.Literal:
-        return " or ".join(repr(a) for a in args)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return "str"
-    return getattr(origin or tp, "__name__", str(tp))
+    try:
+        installed = {name: version(name) for name in shipped.VERSIONS}
+    except PackageNotFoundError:
+        installed = None
+    return dict(shipped.FIELDS) if installed == shipped.VERSIONS else live_trainer_specs()
 
 
 def check_trainer_fields(raw: dict, source: str, section: str = "trainer") -> dict:
@@ -271,13 +312,12 @@ def check_trainer_fields(raw: dict, source: str, section: str = "trainer") -> di
     naming the file, the section and the key (unknown keys with the closest valid name)."""
     if not isinstance(raw, dict):
         raise RecipeError(f"{source}: section {section!r} must be a mapping of CalibratedGRPOConfig fields")
-    valid = trainer_fields()
-    annotations = _trainer_types()
+    specs = _trainer_specs()
     for key, value in raw.items():
-        if key not in valid:
-            raise unknown_key_error(key, section, valid, source)
-        if key in annotations and not _matches(value, annotations[key]):
-            raise RecipeError(f"{source}: {section}.{key}: expected {_type_name(annotations[key])}, "
+        if key not in specs:
+            raise unknown_key_error(key, section, specs, source)
+        if not spec_matches(value, specs[key]):
+            raise RecipeError(f"{source}: {section}.{key}: expected {spec_name(specs[key])}, "
                               f"got {value!r} ({type(value).__name__})")
     return dict(raw)
 
@@ -285,7 +325,7 @@ def check_trainer_fields(raw: dict, source: str, section: str = "trainer") -> di
 def _parse_calibration_eval(raw: Any, has_eval_dataset: bool, source: str):
     """(CalibrationEvalConfig, its own held-out dataset or None) from the ``calibration_eval`` section: ``true``
     or a mapping of CalibrationEvalConfig fields plus an optional ``dataset`` section (default: ``eval_dataset``)."""
-    from calibrl.trl.callbacks import CalibrationEvalConfig
+    from calibrl.trl.calibration_config import CalibrationEvalConfig
 
     if raw is True:
         raw = {}
@@ -302,8 +342,8 @@ def _parse_calibration_eval(raw: Any, has_eval_dataset: bool, source: str):
     for key, value in raw.items():
         if key not in hints:
             raise unknown_key_error(key, "calibration_eval", [*hints, "dataset"], source)
-        if not _matches(value, hints[key]):
-            raise RecipeError(f"{source}: calibration_eval.{key}: expected {_type_name(hints[key])}, "
+        if not spec_matches(value, type_spec(hints[key])):
+            raise RecipeError(f"{source}: calibration_eval.{key}: expected {spec_name(type_spec(hints[key]))}, "
                               f"got {value!r} ({type(value).__name__})")
     try:
         config = CalibrationEvalConfig(**raw)
