@@ -47,7 +47,8 @@ def report(out: Path, methods: list[str]) -> str:
         log = out / method / "trainer_log.json"
         if log.exists():
             logs[REAL_MODEL_LABELS[method]] = json.loads(log.read_text())["log_history"]
-    plot_runs(runs, out / "trajectories.png")
+    plot_runs(runs, out / "trajectories.png",
+              title="SmolLM2-135M-Instruct with LoRA: multiple-choice, held-out prompts")
     sections = ["## Held-out evaluations", "", records_table(runs)]
     if REAL_MODEL_LABELS["grpo"] in runs:
         sections += ["", "## At matched held-out accuracy (against GRPO's own path)", "",

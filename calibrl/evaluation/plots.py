@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from calibrl.evaluation.styles import SELECTION_NAMES, series_style
+
 __all__ = [
     "METRIC_LABELS",
     "plot_precision_coverage",
@@ -27,10 +29,10 @@ __all__ = [
 ]
 
 _DPI = 110
+THIN_BIN = 20  # reliability points from fewer samples are drawn hollow: a bin's accuracy is then +-0.2 or worse
 _LINESTYLES = ("-", "--", ":", "-.")
-# per series: a distinct marker and line style as well as a colour, so lines lying on top of each other stay visible
-_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-_SERIES_STYLES = ("-", "--", "-.", ":")
+# per series (calibrl.evaluation.styles): a marker and line style as well as a colour, so lines lying on top of
+# each other stay visible, and the same ones for the same method in every figure
 
 # Known metric keys: (panel title, y-axis label, higher is better? None: neither)
 METRIC_LABELS: dict[str, tuple[str, str, bool | None]] = {
@@ -44,7 +46,7 @@ METRIC_LABELS: dict[str, tuple[str, str, bool | None]] = {
     "ece": ("Expected calibration error", "ECE", False),
     "seq_ece": ("ECE of sequence probability", "ECE (10 equal-width bins)", False),
     "dec_ece": ("ECE of decision token", "ECE (10 equal-count bins)", False),
-    "calib_err": ("Decision calibration error", "mean |q(Y|x) - p(x)|", False),
+    "calib_err": ("Decision calibration error", "mean gap: decision probability vs true probability", False),
     "dec_auroc": ("AUROC of decision confidence", "AUROC (right vs wrong)", True),
     "frac_conf_99": ("Decisions above p = 0.99", "share of decisions", False),
     "greedy_decision_accuracy": ("Accuracy, argmax decision", "expected accuracy", True),
@@ -107,9 +109,9 @@ def plot_reliability(
     ax, hist_ax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     ax.plot([0, 1], [0, 1], color="0.5", linestyle="--", linewidth=1, label="perfect calibration")
     single = len(series) == 1
-    colors = [f"C{i}" for i in range(10)]
     for i, (label, (conf, correct)) in enumerate(series.items()):
-        color = colors[i % len(colors)]
+        style = series_style(label, i)
+        color = style.color
         bins = reliability_bins(conf, correct, n_bins=n_bins, strategy=strategy)
         edges = np.asarray(bins.edges, dtype=np.float64)
         counts = np.asarray(bins.counts)
@@ -121,21 +123,27 @@ def plot_reliability(
         if single:
             left, width = edges[:-1][filled], np.diff(edges)[filled]
             ax.bar(left, acc[filled], width=width, align="edge", color=color, alpha=0.75, edgecolor="white",
-                   label=f"accuracy ({name})")
+                   label=f"accuracy in the bin: {name}")
             gap_low = np.minimum(acc[filled], mean_conf[filled])
             ax.bar(left, np.abs(mean_conf[filled] - acc[filled]), bottom=gap_low, width=width, align="edge",
                    color="tab:red", alpha=0.35, hatch="//", edgecolor="tab:red", label="gap to mean confidence")
         else:
-            ax.plot(mean_conf[filled], acc[filled], marker=_MARKERS[i % len(_MARKERS)], markerfacecolor="none",
-                    markeredgewidth=1.3, linestyle=_SERIES_STYLES[i % len(_SERIES_STYLES)], color=color, label=name)
+            ax.plot(mean_conf[filled], acc[filled], color=color, linestyle=style.linestyle, label=name)
+            # a bin's accuracy is resolved to about +-0.2 with fewer than THIN_BIN samples: its point is hollow
+            for thin in (False, True):
+                keep = filled & ((counts < THIN_BIN) == thin)
+                ax.plot(mean_conf[keep], acc[keep], linestyle="none", marker=style.marker, color=color,
+                        markeredgewidth=1.3, markerfacecolor="none" if thin else color)
         hist_ax.hist(conf, bins=edges if strategy == "uniform" else np.linspace(0, 1, n_bins + 1),
                      histtype="stepfilled" if single else "step", color=color, alpha=0.6 if single else 1.0,
-                     linewidth=1.5, linestyle="-" if single else _SERIES_STYLES[i % len(_SERIES_STYLES)])
+                     linewidth=1.5, linestyle="-" if single else style.linestyle)
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_ylabel("accuracy in the bin")
-    ax.set_title((title or f"Reliability ({n_bins} {strategy} bins)") + "\n(closer to the diagonal is better)",
-                 fontsize="medium")
+    note = "closer to the diagonal is better"
+    if not single:
+        note += f"; hollow: bins of fewer than {THIN_BIN} samples"
+    ax.set_title((title or f"Reliability ({n_bins} {strategy} bins)") + f"\n({note})", fontsize="medium")
     ax.grid(alpha=0.3)
     _legend(ax)
     hist_ax.set_xlabel("confidence")
@@ -143,8 +151,13 @@ def plot_reliability(
     return _save(fig, path)
 
 
-def plot_precision_coverage(data: Any, path: str | Path, *, title: str | None = None) -> Path:
-    """Precision of the answers kept vs coverage when abstaining on the least confident (one line per series)."""
+def plot_precision_coverage(data: Any, path: str | Path, *, title: str | None = None,
+                            certified: Mapping[str, Mapping[str, Any]] | None = None) -> Path:
+    """Precision of the answers kept vs coverage when abstaining on the least confident (one line per series).
+
+    ``certified``: ``{label: abstention dict}`` (the ``abstention`` entry of ``calibrl eval``'s metrics: threshold,
+    target_precision, delta); each certified threshold t is marked with an x on its series' curve, at the coverage
+    and precision of ``confidence >= t`` on the plotted samples, with its target as a dashed line."""
     from calibrl.metrics import aurc, precision_coverage
 
     series = _series(data)
@@ -153,9 +166,18 @@ def plot_precision_coverage(data: Any, path: str | Path, *, title: str | None = 
     for i, (label, (conf, correct)) in enumerate(series.items()):
         coverage, precision = precision_coverage(conf, correct)
         name = f"{label} (AURC {aurc(conf, correct):.3f})" if label else f"AURC {aurc(conf, correct):.3f}"
-        ax.plot(coverage, precision, color=f"C{i % 10}", linestyle=_SERIES_STYLES[i % len(_SERIES_STYLES)],
-                label=name)
-        ax.axhline(float(np.mean(correct)), color=f"C{i % 10}", linestyle=":", linewidth=0.8)
+        style = series_style(label, i)
+        ax.plot(coverage, precision, color=style.color, linestyle=style.linestyle, label=name)
+        ax.axhline(float(np.mean(correct)), color=style.color, linestyle=":", linewidth=0.8)
+        a = (certified or {}).get(label)
+        if a and a.get("threshold") is not None:
+            kept = conf >= a["threshold"]
+            if kept.any():
+                ax.plot([kept.mean()], [correct[kept].mean()], marker="x", markersize=10, markeredgewidth=2,
+                        color=style.color, linestyle="none",
+                        label=f"{label + ': ' if label else ''}certified t = {a['threshold']:g} (precision >= "
+                              f"{a['target_precision']:g} w.p. >= {1 - a['delta']:g})")
+            ax.axhline(a["target_precision"], color=style.color, linestyle="--", linewidth=0.8)
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("coverage (fraction answered)")
@@ -180,7 +202,7 @@ def plot_roc(data: Any, path: str | Path, *, title: str | None = None) -> Path:
             continue  # ROC undefined with one class
         fpr, tpr, _ = roc_curve(conf, correct)
         value = auroc(conf, correct)
-        ax.plot(fpr, tpr, color=f"C{i % 10}", linestyle=_SERIES_STYLES[i % len(_SERIES_STYLES)],
+        ax.plot(fpr, tpr, color=series_style(label, i).color, linestyle=series_style(label, i).linestyle,
                 label=f"{label} (AUROC {value:.3f})" if label else f"AUROC {value:.3f}")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
@@ -221,11 +243,14 @@ def plot_scaling_curves(
     for g, (label, group) in enumerate(groups.items()):
         for method, curve in group.items():
             ns, acc, std = fields(curve)
-            color = f"C{methods.index(method) % 10}"
-            name = f"{method} [{label}]" if label else method
+            style = series_style(method, methods.index(method))
+            color = style.color
+            readable = SELECTION_NAMES.get(method, method)
+            name = f"{readable} [{label}]" if label else readable
             # colour and marker = method (methods often coincide at small N), line style = input
-            ax.plot(ns, acc, marker=_MARKERS[methods.index(method) % len(_MARKERS)], markersize=5,
-                    markerfacecolor="none", color=color, linestyle=_LINESTYLES[g % len(_LINESTYLES)], label=name)
+            ax.plot(ns, acc, marker=style.marker, markersize=5, markerfacecolor="none", color=color,
+                    linestyle=style.linestyle if len(groups) == 1 else _LINESTYLES[g % len(_LINESTYLES)],
+                    label=name)
             if std is not None and len(groups) == 1:
                 std = np.asarray(std, dtype=np.float64)
                 ax.fill_between(ns, acc - std, acc + std, color=color, alpha=0.12, linewidth=0)
@@ -275,7 +300,8 @@ def plot_training_curves(
             steps = np.array(sorted(by_step))
             vals = [np.asarray(by_step[s]) for s in steps]
             mean = np.array([v.mean() for v in vals])
-            color, marker = f"C{i % 10}", _MARKERS[i % len(_MARKERS)]
+            style = series_style(method, i)
+            color, marker = style.color, style.marker
             if len(steps) == 1:
                 # one evaluation (a baseline): a reference line across the panel, marked where it was measured
                 ax.axhline(mean[0], color=color, linestyle=":", linewidth=1.2, zorder=1)
@@ -284,7 +310,7 @@ def plot_training_curves(
             else:
                 (line,) = ax.plot(steps, mean, color=color, marker=marker if len(steps) < 30 else None,
                                   markersize=5, markerfacecolor="none", markeredgewidth=1.3,
-                                  linestyle=_SERIES_STYLES[i % len(_SERIES_STYLES)], linewidth=1.6, label=method)
+                                  linestyle=style.linestyle, linewidth=1.6, label=method)
             handles.setdefault(method, line)
             if any(len(v) > 1 for v in vals):
                 ax.fill_between(steps, [v.min() for v in vals], [v.max() for v in vals], color=color, alpha=0.15,
@@ -338,10 +364,10 @@ def plot_metric_paths(
             if not by_step:
                 continue
             pts = np.array([np.mean(by_step[s], axis=0) for s in sorted(by_step)])
-            color = f"C{i % 10}"
-            (line,) = ax.plot(pts[:, 0], pts[:, 1], color=color, marker=_MARKERS[i % len(_MARKERS)], markersize=4,
-                              markerfacecolor="none", linestyle=_SERIES_STYLES[i % len(_SERIES_STYLES)],
-                              label=method)
+            style = series_style(method, i)
+            color = style.color
+            (line,) = ax.plot(pts[:, 0], pts[:, 1], markersize=4, markerfacecolor="none", label=method,
+                              **style.kwargs())
             ax.plot(pts[-1:, 0], pts[-1:, 1], "o", color=color, markersize=9, markerfacecolor="none")
             handles.setdefault(method, line)
         if references and key in references:
@@ -359,6 +385,10 @@ def plot_metric_paths(
     if title:
         fig.suptitle(title)
     if handles:
+        from matplotlib.lines import Line2D
+
+        handles["each method's last evaluation"] = Line2D([], [], marker="o", color="black", markersize=9,
+                                                          markerfacecolor="none", linestyle="none")
         fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=min(len(handles), 3),
                    fontsize="small", frameon=False)
     return _save(fig, path)

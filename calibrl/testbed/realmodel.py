@@ -211,34 +211,43 @@ def training_table(logs: dict[str, list[dict]], *, window: int = 6) -> str:
     return "\n".join(lines)
 
 
-def plot_runs(runs: dict[str, list[dict]], path: str | Path) -> Path:
-    """Held-out accuracy over steps, and AUROC against accuracy (each run's trajectory from its start)."""
+def plot_runs(runs: dict[str, list[dict]], path: str | Path, *, title: str | None = None) -> Path:
+    """Held-out accuracy over steps, and AUROC against accuracy (each run's trajectory from its start); ``title``
+    names the model and task above both panels."""
     import matplotlib
     import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    from calibrl.evaluation.styles import series_style
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for (label, records), marker, style in zip(runs.items(), "osD^v", ("-", "--", "-.", ":", "-")):
+    for i, (label, records) in enumerate(runs.items()):
         if not records:
             continue
+        style = series_style(label, i)
+        marker, style = style.marker, dict(linestyle=style.linestyle, color=style.color)
         acc = np.array([r.get("accuracy", np.nan) for r in records], dtype=float)
         auc = np.array([r.get("auroc", np.nan) for r in records], dtype=float)
         n = np.array([r.get("n_samples") or 0 for r in records], dtype=float)
         # 95% error bars: binomial for accuracy (samples treated as independent), Hanley-McNeil for the AUROC
         acc_err = 1.96 * np.sqrt(acc * (1 - acc) / np.maximum(n, 1))
         auc_err = 1.96 * np.array([evaluation_auroc_standard_error(r) for r in records])
-        axes[0].errorbar([r["step"] for r in records], acc, yerr=acc_err, marker=marker, linestyle=style,
-                         capsize=3, label=label)
-        axes[1].errorbar(acc, auc, xerr=acc_err, yerr=auc_err, marker=marker, linestyle=style, capsize=3,
-                         label=label)
+        axes[0].errorbar([r["step"] for r in records], acc, yerr=acc_err, marker=marker, capsize=3, label=label,
+                         **style)
+        axes[1].errorbar(acc, auc, xerr=acc_err, yerr=auc_err, marker=marker, capsize=3, label=label, **style)
         axes[1].annotate("start", (acc[0], records[0].get("auroc")), textcoords="offset points", xytext=(4, 4),
                          fontsize=8)
     axes[0].set(xlabel="training step", ylabel="held-out accuracy (higher is better)",
-                title="Accuracy (bars: 95% intervals)")
+                title="Accuracy over training (bars: 95% intervals)")
+    axes[0].xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     axes[1].set(xlabel="held-out accuracy (higher is better)",
-                ylabel="AUROC of mean token log-prob (higher is better)", title="Calibration against accuracy")
+                ylabel="AUROC of mean token log-prob (higher is better)",
+                title="AUROC of sequence confidence against accuracy")
+    if title:
+        fig.suptitle(title)
     for ax in axes:
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
@@ -334,7 +343,8 @@ def run_real_model_demo(out: str | Path, *, model: str = BUILTIN_REAL_MODEL, met
     result = train_real_model(config, out / "run", on_log=on_log)
     label = REAL_MODEL_LABELS[method]
     runs = {label: result["records"]}
-    figure = plot_runs(runs, out / "trajectories.png")
+    figure = plot_runs(runs, out / "trajectories.png",
+                       title=f"{model}: multiple-choice (held-out {eval_prompts} prompts x {eval_k} samples)")
     train_rows = ["| step | reward | rollout AUROC | entropy | loss |", "|---:|---:|---:|---:|---:|"]
     for log in result["log_history"]:
         if "reward" in log:
