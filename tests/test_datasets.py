@@ -164,3 +164,15 @@ def test_load_file_tells_the_task_from_the_fields(tmp_path):
     odd.write_text(json.dumps({"text": "hello"}) + "\n")
     with pytest.raises(ValueError, match="odd.jsonl: cannot tell the task from the fields \\(text\\)"):
         load_file(odd)
+
+
+def test_export_command_refuses_an_unknown_dataset_in_one_line(capsys):
+    import pytest
+
+    from calibrl.tasks.datasets import _main
+
+    with pytest.raises(SystemExit) as exc:
+        _main(["no_such_dataset", "out.parquet"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: unknown dataset 'no_such_dataset'")

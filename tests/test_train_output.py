@@ -70,3 +70,21 @@ def test_train_prints_a_line_per_logging_step_when_output_is_not_a_terminal(tmp_
     assert all("loss " in line and "reward " in line and "accuracy " in line for line in steps)
     assert result["summary"]["loss"]["last_count"] == 2
     assert any("last (mean of 2 logged steps)" in line for line in lines)
+
+
+def test_heldout_calibration_and_trl_eval_are_named_apart():
+    """The held-out calibration callback logs only eval_calibration/* keys; TRL's own evaluation logs the same
+    telemetry keys beside eval_loss / eval_runtime. Lines and summary keep them apart."""
+    heldout = {"eval_calibration/accuracy": 0.4, "eval_calibration/auroc": 0.7, "step": 2}
+    trl_eval = {"eval_loss": 0.5, "eval_runtime": 1.0, "eval_calibration/accuracy": 0.9,
+                "eval_calibration/auroc": 0.55, "step": 2}
+    assert format_step_line(heldout, 2, 2) == "held-out calibration at step 2: accuracy 0.400  auroc 0.700"
+    assert format_step_line(trl_eval, 2, 2).startswith("eval at step 2: loss 0.5000")
+    history = [{"loss": 0.1, "reward": 0.5, "calibration/auroc": 0.6, "step": 1}, heldout, trl_eval]
+    for order in (history, [history[0], trl_eval, heldout]):
+        summary = summarize(order)
+        assert summary["AUROC (pooled)"]["held-out"] == 0.7 and summary["AUROC (pooled)"]["eval"] == 0.55
+    console, buffer = _console()
+    print_summary(console, summarize(history), _trainer(history))
+    header = next(line for line in buffer.getvalue().splitlines() if "metric" in line)
+    assert "eval" in header and "held-out" in header

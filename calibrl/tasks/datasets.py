@@ -453,12 +453,16 @@ def to_verl_parquet(dataset, path: str | Path) -> Path:
 
 def _main(argv: list[str] | None = None) -> None:
     """``python -m calibrl.tasks.datasets NAME OUT.parquet [--split S] [--path FILE] [--limit N] [--template T]``:
-    export a registered dataset in verl's format."""
+    export a registered dataset in verl's format. A dataset that cannot be loaded (offline, a missing file) is one
+    ``error:`` line and exit status 2."""
     import argparse
 
     from calibrl.tasks.registry import get_dataset_loader
 
-    parser = argparse.ArgumentParser(prog="python -m calibrl.tasks.datasets", description=_main.__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m calibrl.tasks.datasets",
+        description="Export a registered dataset (deepscaler, math500, aime24, ..., or a local file with --path) "
+                    "as a parquet file in verl's format.")
     parser.add_argument("name")
     parser.add_argument("out")
     parser.add_argument("--split")
@@ -468,8 +472,11 @@ def _main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     kwargs = {k: v for k, v in (("split", args.split), ("path", args.path), ("limit", args.limit),
                                 ("template", args.template)) if v is not None}
-    dataset = get_dataset_loader(args.name)(**kwargs)
-    out = to_verl_parquet(dataset, args.out)
+    try:
+        dataset = get_dataset_loader(args.name)(**kwargs)
+        out = to_verl_parquet(dataset, args.out)
+    except (RuntimeError, ValueError, KeyError, OSError) as exc:  # the loaders' messages say what to do
+        parser.exit(2, f"error: {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}\n")
     print(f"wrote {len(dataset)} rows to {out}")
 
 

@@ -267,7 +267,7 @@ def _train_sft(config: WarmStartConfig, out_dir: Path, log: Callable[[str], None
                 # total is the step limit: the run stops earlier when an evaluation reaches the target
                 progress({"task": task.name, "step": state.global_step,
                           "total": state.global_step if control.should_training_stop else config.max_steps,
-                          "note": f"greedy accuracy {acc:.2f} (target {target:.2f})"})
+                          "note": f"greedy accuracy {acc:.2f} (stops early at {target:.2f})"})
 
     with tempfile.TemporaryDirectory() as tmp:
         args = SFTConfig(

@@ -97,9 +97,20 @@ _STEP_LINE_KEYS = (
 )
 
 
+_HELDOUT_PREFIX = "eval_calibration/"  # calibrl.trl.callbacks.LOG_PREFIX, kept here without its imports
+
+
+def is_heldout_log(logs: dict) -> bool:
+    """Whether a log is the held-out calibration callback's (only ``eval_calibration/*`` keys), not TRL's own
+    evaluation (``eval_loss``, ``eval_runtime``, ... beside its ``eval_calibration/*`` telemetry)."""
+    keys = [k for k in logs if k.startswith("eval_")]
+    return bool(keys) and all(k.startswith(_HELDOUT_PREFIX) for k in keys)
+
+
 def format_step_line(logs: dict, step: int, max_steps: int) -> str | None:
-    """One line for a training log (``step 3/10  loss 0.0123  reward 0.500  accuracy 0.500  auroc 0.625``), or for
-    an evaluation log (``eval`` and its metrics); None for other logs (the end-of-training totals)."""
+    """One line for a training log (``step 3/10  loss 0.0123  reward 0.500  accuracy 0.500  auroc 0.625``), for
+    TRL's evaluation (``eval at step 4: ...``) or for the held-out calibration callback (``held-out calibration at
+    step 4: ...``, sampled on the callback's own prompts); None for other logs (the end-of-training totals)."""
     evaluation = any(k.startswith("eval_") for k in logs)
     prefix = "eval_" if evaluation else ""
     parts = [f"{label} {logs[prefix + key]:{fmt}}" for label, key, fmt in _STEP_LINE_KEYS
@@ -107,7 +118,8 @@ def format_step_line(logs: dict, step: int, max_steps: int) -> str | None:
     if evaluation:
         if isinstance(logs.get("eval_loss"), (int, float)) and not any(p.startswith("loss ") for p in parts):
             parts.insert(0, f"loss {logs['eval_loss']:.4f}")
-        return f"eval at step {step}: " + "  ".join(parts) if parts else None
+        name = "held-out calibration" if is_heldout_log(logs) else "eval"
+        return f"{name} at step {step}: " + "  ".join(parts) if parts else None
     if "loss" not in logs and "reward" not in logs:
         return None
     width = len(str(max_steps)) if max_steps and max_steps > 0 else 1
@@ -168,13 +180,18 @@ def progress_callback(console):
 
 def summarize(log_history: list[dict], *, last_n: int = 5) -> dict[str, dict[str, float]]:
     """First and last (mean of the last ``last_n`` logged values, ``last_count`` of them) of the summary metrics,
-    and final eval values."""
+    the last value of TRL's evaluation (``eval``) and of the held-out calibration callback (``held-out``)."""
+
+    def last_value(key: str, heldout: bool) -> float | None:
+        found = [h[key] for h in log_history if isinstance(h.get(key), (int, float)) and not math.isnan(h[key])
+                 and is_heldout_log(h) == heldout]
+        return float(found[-1]) if found else None
+
     out: dict[str, dict[str, float]] = {}
     for label, key in _SUMMARY_KEYS:
         values = [h[key] for h in log_history if isinstance(h.get(key), (int, float)) and not math.isnan(h[key])]
-        evals = [h[f"eval_{key}"] for h in log_history
-                 if isinstance(h.get(f"eval_{key}"), (int, float)) and not math.isnan(h[f"eval_{key}"])]
-        if not values and not evals:
+        finals = {"eval": last_value(f"eval_{key}", False), "held-out": last_value(f"eval_{key}", True)}
+        if not values and all(v is None for v in finals.values()):
             continue
         row = {}
         if values:
@@ -182,8 +199,7 @@ def summarize(log_history: list[dict], *, last_n: int = 5) -> dict[str, dict[str
             tail = values[-last_n:]
             row["last"] = float(sum(tail) / len(tail))
             row["last_count"] = len(tail)  # how many logged values "last" averages (fewer than last_n in short runs)
-        if evals:
-            row["eval"] = float(evals[-1])
+        row.update({name: value for name, value in finals.items() if value is not None})
         out[label] = row
     return out
 
@@ -195,14 +211,16 @@ def print_summary(console, summary: dict, trainer) -> None:
     table.add_column("metric")
     table.add_column("first", justify="right")
     table.add_column(_last_column_label(summary), justify="right")
-    table.add_column("eval", justify="right")
+    finals = [name for name in ("eval", "held-out") if any(name in row for row in summary.values())]
+    for name in finals:  # TRL's evaluation; the held-out calibration callback's last evaluation
+        table.add_column(name, justify="right")
     widest = max((row.get("last_count", 0) for row in summary.values()), default=0)
     fmt = lambda row, k: f"{row[k]:.4f}" if k in row else "-"  # noqa: E731
     for label, row in summary.items():
         last = fmt(row, "last")
         if "last_count" in row and row["last_count"] < widest:  # a metric some steps did not log (AUROC)
             last += f" ({row['last_count']})"
-        table.add_row(label, fmt(row, "first"), last, fmt(row, "eval"))
+        table.add_row(label, fmt(row, "first"), last, *(fmt(row, name) for name in finals))
     console.print(table)
     _print_no_signal_note(console, trainer.state.log_history)
     console.print(f"output: {trainer.args.output_dir}")
