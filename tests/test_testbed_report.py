@@ -278,3 +278,22 @@ def test_write_figures_adds_the_tradeoff_plane_where_the_frontier_is_known(tmp_p
     assert names == ["curves_stochastic_reasoning.png", "tradeoff_stochastic_reasoning.png"]  # no samples: no diagram
     addition = {**summary, "results": [{**r, "task": "addition"} for r in summary["results"]]}
     assert [p.name for p in write_figures(addition, tmp_path, "addition")] == ["curves_addition.png"]
+
+
+def test_wall_time_says_what_a_merged_study_timed(tmp_path):
+    import json
+
+    from calibrl.testbed.report import wall_time_sentence
+    from calibrl.testbed.study import merge_results
+
+    assert wall_time_sentence({"seconds": 12.4, "command": "python bench/testbed.py --seeds 1"}) == "Wall time: 12 s."
+    old = {"seconds": 100.0, "command": "python bench/testbed.py --seeds 1\npython bench/testbed.py --seeds 2\n"
+                                        "python bench/testbed.py --report-only --merge a b"}
+    assert wall_time_sentence(old) == ("Wall time: 100 s for one of the 2 training invocations above (the others' "
+                                       "times were not recorded).")
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"seconds": 50.0, "command": "python bench/testbed.py --first-seed 3",
+                                 "results": [], "config": {}}))
+    summary = {"seconds": 100.0, "command": "python bench/testbed.py --seeds 1", "results": [], "config": {}}
+    merge_results(summary, [other])
+    assert wall_time_sentence(summary) == "Wall time: 150 s over 2 training invocations."

@@ -416,10 +416,24 @@ def write_demo_report(summary: dict, out: str | Path, *, title: str = "calibrl d
             lines += [f"![{path.stem}]({path.name})", ""]
     if extra:
         lines += [extra, ""]
-    lines += [f"Wall time: {summary.get('seconds', 0):.0f} s.", ""]
+    lines += [wall_time_sentence(summary), ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def wall_time_sentence(summary: dict) -> str:
+    """The run's wall time; for a study merged from several training invocations (``seconds_by_invocation``, or
+    only the last one's ``seconds`` where older files did not record the others), what the figure covers."""
+    timed = summary.get("seconds_by_invocation")
+    if timed and len(timed) > 1:
+        return f"Wall time: {sum(timed):.0f} s over {len(timed)} training invocations."
+    trainings = [line for line in str(summary.get("command", "")).splitlines()
+                 if line.strip() and "--report-only" not in line]
+    if len(trainings) > 1:
+        return (f"Wall time: {summary.get('seconds', 0):.0f} s for one of the {len(trainings)} training "
+                "invocations above (the others' times were not recorded).")
+    return f"Wall time: {summary.get('seconds', 0):.0f} s."
 
 
 def at_accuracy(history: list[dict], key: str, accuracy: float, *, accuracy_key: str = "expected_accuracy") -> float:
@@ -494,5 +508,6 @@ def matched_accuracy_differences(summary: dict, task: str, *, reference: str = "
 
 
 __all__ = ["REGIME_NOTE", "aggregate", "at_accuracy", "final_samples_path", "findings", "format_interval",
+           "wall_time_sentence",
            "markdown_table", "matched_accuracy_differences", "paired_t_interval", "warm_start_sentence",
            "summary_table", "write_demo_report", "write_figures"]

@@ -165,6 +165,9 @@ def merge_results(summary: dict, paths: Sequence[str | Path]) -> str:
     commands = ""
     for extra in paths:
         old = json.loads(Path(extra).read_text())
+        if "seconds" in summary and "seconds" in old:  # every training invocation's time, for the report
+            mine = summary.get("seconds_by_invocation") or [summary["seconds"]]
+            summary["seconds_by_invocation"] = mine + (old.get("seconds_by_invocation") or [old["seconds"]])
         seen = {(r["key"], r["seed"]) for r in summary["results"]}
         summary["results"] += [r for r in old["results"] if (r["key"], r["seed"]) not in seen]
         summary["config"]["seeds"] = sorted({r["seed"] for r in summary["results"]})
