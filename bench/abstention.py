@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibrl.testbed.report import aggregate, format_interval, matched_accuracy_differences
+from calibrl.testbed.report import aggregate, format_interval, matched_accuracy_differences, matched_note
 
 TASK = "stochastic_reasoning"
 KEYS = (("aurc", "AURC ↓"), ("precision_at_50", "precision at 50% coverage ↑"),
@@ -47,11 +47,12 @@ def tables(summary: dict) -> str:
         lines.append(f"| {e['label']} | " + " | ".join(cells) + " |")
     matched = matched_accuracy_differences(summary, TASK, keys=tuple(k for k, _ in KEYS))
     lines += ["", f"At matched accuracy: each run's final evaluation minus GRPO's curve (same seed) where it first "
-              f"reaches that accuracy; mean [95% t-interval over {n} seeds]:", "",
+              f"reaches that accuracy (where GRPO never gets there, the method's curve "
+              f"at GRPO's final accuracy minus GRPO's final evaluation); mean [95% t-interval over {n} seeds]:", "",
               "| arm - GRPO at its accuracy | accuracy | " + " | ".join(f"Δ {name}" for _, name in KEYS) + " |",
               "|---|---:|" + "---:|" * len(KEYS)]
     for e in matched.values():
-        note = "" if e["reached"] == e["seeds"] else f" ({e['reached']} of {e['seeds']} seeds reached)"
+        note = matched_note(e)
         lines.append(f"| {e['label']}{note} | {e['accuracy']:.3f} | "
                      + " | ".join(format_interval(e[k], missing="not reached by GRPO") for k, _ in KEYS) + " |")
     return "\n".join(lines)

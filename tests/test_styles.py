@@ -18,7 +18,7 @@ def test_a_method_has_one_style_whatever_its_label_or_position():
 def test_methods_that_contain_each_others_names_stay_apart():
     colors = {label: series_style(label).color for label in (
         "GRPO", "SEED-GRPO", "Dr.GRPO (GRPO x reward std)", "GRPO + frozen mask", "CAPO (tau 0.6)",
-        "CAPO + mask (tau 0.6)", "GCPO", "GRPO + decision CE (lambda 1)", "SFT (warm start)", "RLCR")}
+        "CAPO + mask (tau 0.6)", "CAPO + frozen mask (tau 0.6)", "GCPO", "GRPO + decision CE (lambda 1)", "SFT (warm start)", "RLCR")}
     assert len(set(colors.values())) == len(colors), colors
 
 

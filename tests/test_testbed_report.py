@@ -257,7 +257,8 @@ def test_matched_accuracy_differences_read_each_method_on_the_references_path():
         run("grpo", 0, [(0.3, 0.9), (0.5, 0.7)]), run("grpo", 1, [(0.3, 0.9), (0.5, 0.6)]),
         # seed 0: GRPO at 0.4 has 0.8 -> +0.05; seed 1: GRPO at 0.4 has 0.75 -> +0.07
         run("capo", 0, [(0.3, 0.9), (0.4, 0.85)]), run("capo", 1, [(0.3, 0.9), (0.4, 0.82)]),
-        # beyond GRPO's reach in seed 1: left out of the interval
+        # beyond GRPO's reach in seed 1: read on its own curve at GRPO's final accuracy 0.5 (0.9 - 0.2 * 2/3)
+        # against GRPO's final evaluation (0.6): +0.1667, not dropped
         run("fast", 0, [(0.3, 0.9), (0.45, 0.7)]), run("fast", 1, [(0.3, 0.9), (0.6, 0.7)]),
     ]}
     out = matched_accuracy_differences(summary, "stochastic_reasoning")
@@ -265,8 +266,14 @@ def test_matched_accuracy_differences_read_each_method_on_the_references_path():
     mean, low, high = out["capo"]["auroc"]
     assert mean == pytest.approx(0.06) and low < 0.06 < high and out["capo"]["reached"] == 2
     assert out["capo"]["auroc_gap"][0] == pytest.approx(-0.06)  # the gap moves opposite to the AUROC
-    assert out["fast"]["reached"] == 1 and out["fast"]["auroc"][0] == pytest.approx(0.7 - 0.75)
-    assert np.isnan(out["fast"]["auroc"][1])  # one seed: no interval
+    assert out["fast"]["reached"] == 1 and out["fast"]["at_reference_end"] == 1
+    assert out["fast"]["auroc"][0] == pytest.approx(((0.7 - 0.75) + (0.9 - 0.2 * 2 / 3 - 0.6)) / 2)
+    assert out["fast"]["accuracy"] == pytest.approx((0.45 + 0.5) / 2)  # the accuracies read at
+    assert out["capo"]["at_reference_end"] == 0
+    from calibrl.testbed.report import matched_note
+
+    assert matched_note(out["fast"]) == " (1 of 2 seeds read at GRPO's final accuracy)"
+    assert matched_note(out["capo"]) == ""
     assert all(np.isnan(paired_t_interval([])))
 
 

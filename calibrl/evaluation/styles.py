@@ -37,6 +37,7 @@ _METHODS: tuple[tuple[str, str, str, str], ...] = (
     (r"\bgcpo\b", "#2ca02c", "^", "--"),
     (r"\brlcr\b", "#e377c2", "h", "-"),
     (r"decision", "#9467bd", "X", "-"),
+    (r"\bcapo\b.*frozen mask", "#e7969c", "d", "--"),  # the paper's frozen reading beside the per-batch one
     (r"\bcapo\b.*mask", "#d62728", "D", "-."),
     (r"\bcapo\b", "#ff7f0e", "s", "-"),
     (r"\bcodapo\b", "#17becf", "<", "--"),

@@ -475,13 +475,16 @@ def format_interval(interval: tuple[float, float, float], *, missing: str = "n/a
 
 def matched_accuracy_differences(summary: dict, task: str, *, reference: str = "grpo",
                                  keys: tuple[str, ...] = ("auroc", "auroc_gap", "seq_ece")) -> dict[str, dict]:
-    """Each method read against ``reference`` at matched accuracy, paired by seed: per seed, the method's final
-    evaluation minus the reference run's curve where it first reaches the method's final expected accuracy
-    (:func:`at_accuracy`, same seed). A method that only moves more slowly along the reference's path gets 0.
+    """Each method read against ``reference`` at matched accuracy, paired by seed: per seed, both runs are read at
+    the lower of their two final expected accuracies, the run that went further on its own curve there
+    (:func:`at_accuracy`) and the other at its final evaluation. So a method that only moves more slowly along the
+    reference's path gets 0, and a seed where the method ends above anything the reference reached is read at the
+    reference's end instead of being dropped (dropping exactly the seeds that went furthest biases the mean).
 
-    Returns ``{method: {"label", "accuracy" (mean final expected accuracy), "seeds", "reached" (seeds whose
-    reference curve reaches that accuracy), key: (mean, low, high) for each of keys}}`` (:func:`paired_t_interval`;
-    seeds whose reference never reaches the accuracy are left out of the interval)."""
+    Returns ``{method: {"label", "accuracy" (mean matched accuracy), "seeds", "reached" (seeds read at the
+    method's final accuracy, the reference's curve reaching it), "at_reference_end" (seeds read at the
+    reference's final accuracy instead), key: (mean, low, high) for each of keys}}`` (:func:`paired_t_interval`
+    over seeds, the method minus the reference)."""
     runs = _runs_by_method(summary, task)
     if reference not in runs:
         return {}
@@ -490,24 +493,81 @@ def matched_accuracy_differences(summary: dict, task: str, *, reference: str = "
     for method, records in runs.items():
         if method == reference:
             continue
-        pairs = [(r, ref[r["seed"]]) for r in records if r["seed"] in ref]
-        finals = [_with_derived(r["history"][-1]) for r, _ in pairs]
-        entry = {"label": records[0]["label"], "seeds": len(pairs),
-                 "accuracy": float(np.mean([f["expected_accuracy"] for f in finals])) if finals else math.nan}
-        reached = 0
+        pairs = [([_with_derived(h) for h in r["history"]], ref[r["seed"]]) for r in records if r["seed"] in ref]
         diffs: dict[str, list[float]] = {k: [] for k in keys}
-        for final, ref_history in zip(finals, (h for _, h in pairs)):
-            at = {k: at_accuracy(ref_history, k, final["expected_accuracy"]) for k in keys}
-            reached += int(np.isfinite(at[keys[0]]))
+        matched, reached, at_end = [], 0, 0
+        for history, ref_history in pairs:
+            final, ref_final = history[-1], ref_history[-1]
+            ref_at = {k: at_accuracy(ref_history, k, final["expected_accuracy"]) for k in keys}
+            if np.isfinite(ref_at[keys[0]]):  # the reference's curve reaches the method's final accuracy
+                reached += 1
+                matched.append(final["expected_accuracy"])
+                values = {k: final.get(k, math.nan) - ref_at[k] for k in keys}
+            else:  # the method went further: read its own curve at the reference's final accuracy
+                own_at = {k: at_accuracy(history, k, ref_final["expected_accuracy"]) for k in keys}
+                at_end += int(np.isfinite(own_at[keys[0]]))
+                matched.append(ref_final["expected_accuracy"] if np.isfinite(own_at[keys[0]]) else math.nan)
+                values = {k: own_at[k] - ref_final.get(k, math.nan) for k in keys}
             for k in keys:
-                diffs[k].append(final.get(k, math.nan) - at[k])
-        entry["reached"] = reached
+                diffs[k].append(values[k])
+        finite = [a for a in matched if np.isfinite(a)]
+        entry = {"label": records[0]["label"], "seeds": len(pairs), "reached": reached, "at_reference_end": at_end,
+                 "accuracy": float(np.mean(finite)) if finite else math.nan}
         entry.update({k: paired_t_interval(v) for k, v in diffs.items()})
+        entry["p_values"] = {k: paired_t_p_value(v) for k, v in diffs.items()}
         out[method] = entry
     return out
 
 
+def paired_t_p_value(differences) -> float:
+    """Two-sided p-value of the one-sample t-test of mean 0 over the finite per-seed differences (nan below two)."""
+    from scipy import stats
+
+    d = np.asarray(differences, dtype=float)
+    d = d[np.isfinite(d)]
+    return float(stats.ttest_1samp(d, 0.0).pvalue) if d.size >= 2 else math.nan
+
+
+def holm_sentence(matched: dict, *, level: float = 0.05) -> str:
+    """How many of the matched-accuracy intervals of a table survive Holm's correction over all of them (no
+    endpoint of the testbed study was named before its runs, so every interval is one of many tests)."""
+    tests = [(p, e["label"], k) for e in matched.values() for k, p in e.get("p_values", {}).items() if np.isfinite(p)]
+    if not tests:
+        return ""
+    from calibrl.evaluation.plots import METRIC_LABELS
+
+    def name(label: str, key: str) -> str:
+        return f"{label}, {METRIC_LABELS.get(key, (key,))[0]}"
+
+    ordered = sorted(tests)
+    survivors = []
+    for rank, (p, label, key) in enumerate(ordered):  # Holm: the i-th smallest p against level / (m - i)
+        if p > level / (len(ordered) - rank):
+            break
+        survivors.append(name(label, key))
+    p, label, key = ordered[0]
+    head = f"No endpoint was named before these runs, so the table is {len(tests)} tests, Holm-corrected at {level:g}: "
+    if survivors:
+        return head + f"{len(survivors)} survive ({'; '.join(survivors)})."
+    return head + (f"none survives (the smallest p-value, {p:.3f} for {name(label, key)}, would need to be at most "
+                   f"{level / len(tests):.4f}).")
+
+
+def matched_note(entry: dict, reference: str = "GRPO") -> str:
+    """`` (k of n seeds read at GRPO's final accuracy)`` for a method some of whose seeds went further than the
+    reference, and how many could be read at all."""
+    read = entry["reached"] + entry.get("at_reference_end", 0)
+    notes = []
+    if entry.get("at_reference_end"):
+        notes.append(f"{entry['at_reference_end']} of {entry['seeds']} seeds read at {reference}'s final accuracy")
+    if read < entry["seeds"]:
+        notes.append(f"{entry['seeds'] - read} of {entry['seeds']} seeds not matched")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
 __all__ = ["REGIME_NOTE", "aggregate", "at_accuracy", "final_samples_path", "findings", "format_interval",
            "wall_time_sentence",
-           "markdown_table", "matched_accuracy_differences", "paired_t_interval", "warm_start_sentence",
+           "holm_sentence", "markdown_table", "matched_accuracy_differences", "matched_note",
+           "paired_t_interval", "paired_t_p_value",
+           "warm_start_sentence",
            "summary_table", "write_demo_report", "write_figures"]

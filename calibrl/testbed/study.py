@@ -27,7 +27,7 @@ from calibrl.testbed.demo import run_demo
 from calibrl.testbed.evaluate import greedy_decision_accuracy
 from calibrl.testbed.methods import DemoConfig
 from calibrl.testbed.report import (aggregate, final_samples_path, format_interval, matched_accuracy_differences,
-                                   write_demo_report)
+                                   holm_sentence, matched_note, write_demo_report)
 
 STUDY_TITLE = "Testbed study"
 
@@ -100,14 +100,16 @@ def headline(summary: dict, command: str) -> str:
     matched = matched_accuracy_differences(summary, "stochastic_reasoning")
     if matched and n > 1:
         lines += [f"At matched accuracy: each method's final evaluation minus GRPO's curve (same seed) where it first "
-                  f"reaches that method's final expected accuracy; mean [95% t-interval over {n} seeds]:", "",
-                  "| sequence confidence | accuracy (expected) | Δ AUROC of mean log-prob ↑ | "
+                  f"reaches that method's final expected accuracy (where GRPO never gets there, the method's curve "
+                  f"at GRPO's final accuracy minus GRPO's final evaluation); mean [95% t-interval over {n} seeds]:", "",
+                  "| sequence confidence | matched accuracy (expected) | Δ AUROC of mean log-prob ↑ | "
                   "Δ ceiling − AUROC ↓ | Δ ECE seq. prob. ↓ |", "|---|---:|---:|---:|---:|"]
         for e in matched.values():
             cells = [format_interval(e[key], missing="not reached by GRPO") for key in ("auroc", "auroc_gap", "seq_ece")]
-            note = "" if e["reached"] == e["seeds"] else f" ({e['reached']} of {e['seeds']} seeds reached)"
+            note = matched_note(e)
             lines.append(f"| {e['label']}{note} | {e['accuracy']:.3f} | " + " | ".join(cells) + " |")
-        lines += ["", "At the end of training (unequal accuracy), mean ± std over seeds:", ""]
+        lines += ["", holm_sentence(matched), "", "At the end of training (unequal accuracy), mean ± std over seeds:",
+                  ""]
     if seq:
         ceiling = next(iter(seq.values()))["metrics"].get("auroc_ceiling", {}).get("start", float("nan"))
         lines += ["| sequence confidence | accuracy (expected) ↑ | AUROC of mean log-prob ↑ | ceiling − AUROC ↓ | "
