@@ -182,8 +182,9 @@ def plot_precision_coverage(data: Any, path: str | Path, *, title: str | None = 
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("coverage (fraction answered)")
     ax.set_ylabel("precision of answered")
+    marked = any(a and a.get("threshold") is not None for a in (certified or {}).values())
     ax.set_title((title or "Precision vs coverage") + "\n(higher is better; dotted: accuracy at full coverage; "
-                 "AURC: lower is better)", fontsize="medium")
+                 + ("dashed: certified target; " if marked else "") + "AURC: lower is better)", fontsize="medium")
     ax.grid(alpha=0.3)
     _legend(ax)
     return _save(fig, path)
@@ -327,7 +328,8 @@ def plot_training_curves(
             ax.text(0.5, 0.5, f"no '{metric}' values", ha="center", va="center", transform=ax.transAxes)
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="outside lower center",
-                   ncols=min(len(handles), 5), fontsize="small", frameon=False)
+                   ncols=min(len(handles), 3 if max(map(len, handles)) > 24 else 5), fontsize="small",
+                   frameon=False)  # long labels in fewer columns, so the legend is no wider than the panels
     return _save(fig, path)
 
 

@@ -54,7 +54,7 @@ _METHODS: tuple[tuple[str, str, str, str], ...] = (
 _OTHERS = ("#000000", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
 _OTHER_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _OTHER_STYLES = ("-", "--", "-.", ":")
-_VARIANT_SHADES = (0.55, 0.75, 1.3)  # <1 darker, >1 lighter than the method's colour
+_VARIANT_SHADES = (0.5, 0.7, 1.25, 1.45, 0.85)  # <1 darker, >1 lighter than the method's colour
 
 SELECTION_NAMES = {
     "majority": "majority vote",

@@ -1,0 +1,165 @@
+"""Rebuild the tables and figures of docs/results/*.md and the README's results table from the committed data alone
+(no training): ``python bench/reproduce.py [--check] [--only testbed,forms,...] [--no-figures]``.
+
+Each study with committed data is rebuilt by the same code that wrote it, from its data file in docs/results/:
+
+- ``testbed``: ``testbed_results.json`` -> the tables of ``testbed.md`` and ``headline.md`` (the README's table is
+  ``headline.md``'s first one), ``testbed_curves_*.png`` and ``testbed_tradeoff_*.png`` (``bench/testbed.py
+  --report-only``; the reliability diagrams need the runs' per-sample files, which are not committed);
+- ``abstention``: ``abstention_results.json`` -> ``abstention.md``'s tables and ``abstention.png``;
+- ``forms``: ``forms_results.json`` -> ``forms.md``'s tables and ``forms_study.png``.
+
+Without ``--check`` the figures are redrawn into docs/results/ and every table row that is not in its document is
+printed. With ``--check`` nothing is written and the exit status is 1 when a rebuilt table row is missing from its
+document, or the README's results table differs from ``headline.md``'s. The studies whose raw data were never
+committed are listed with the command that makes their data again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import io
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+
+# documents whose data is not in the repository: the command that makes it again
+NOT_COMMITTED = {
+    "protocol.md": "python bench/protocol.py pilot --out runs/protocol (and --task scratchpad_unfixable)",
+    "mask.md": "the GRPO + frozen mask runs: see mask.md's first command",
+    "decision.md": "python bench/decision_study.py (about 25 minutes on one core)",
+    "downstream.md": "the selection columns: python bench/downstream.py runs/downstream/testbed_results.json",
+    "gcpo.md": "python bench/gcpo_gradients.py (about 6 minutes)",
+    "realmodel.md": "python bench/realmodel_study.py (about 40 minutes per pair of methods)",
+    "rlcr.md": "python bench/rlcr.py (about 20 minutes)",
+}
+
+
+def _script(name: str):
+    """A bench/ script as a module (they are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def table_rows(text: str) -> list[str]:
+    """The rows of every markdown table in ``text`` (header rows included, separator rows not)."""
+    return [line.rstrip() for line in text.splitlines() if line.startswith("| ")]
+
+
+@dataclass
+class Rebuilt:
+    """What a study's rebuild produced: ``{document: rebuilt markdown}`` and ``{figure file: rebuilt path}``."""
+
+    texts: dict[str, str]
+    figures: dict[str, Path]
+
+
+def rebuild_testbed(scratch: Path) -> Rebuilt:
+    testbed = _script("testbed")
+    out = scratch / "testbed"
+    with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):  # its report and its missing-samples note
+        testbed.main(["--report-only", "--merge", str(RESULTS / "testbed_results.json"), "--out", str(out),
+                      "--runs", str(scratch / "testbed_runs")])
+    figures = {p.name: p for p in out.glob("testbed_*.png")}
+    return Rebuilt({"testbed.md": (out / "testbed.md").read_text(), "headline.md": (out / "headline.md").read_text()},
+                   figures)
+
+
+def rebuild_abstention(scratch: Path) -> Rebuilt:
+    abstention = _script("abstention")
+    summary = json.loads((RESULTS / "abstention_results.json").read_text())
+    figure = scratch / "abstention.png"
+    abstention.plot(summary, figure)
+    return Rebuilt({"abstention.md": abstention.tables(summary)}, {"abstention.png": figure})
+
+
+def rebuild_forms(scratch: Path) -> Rebuilt:
+    forms = _script("forms_study")
+    path = RESULTS / "forms_results.json"
+    runs, labels = forms.load(path)
+    weights = forms.tier_weights(int(json.loads(path.read_text())["config"]["eval_prompts"]))
+    figure = scratch / "forms_study.png"
+    forms.plot(runs, labels, weights, figure)
+    return Rebuilt({"forms.md": forms.tables(runs, labels, weights)}, {"forms_study.png": figure})
+
+
+DATA = {"testbed": "testbed_results.json", "abstention": "abstention_results.json", "forms": "forms_results.json"}
+STUDIES: dict[str, Callable[[Path], Rebuilt]] = {
+    "testbed": rebuild_testbed, "abstention": rebuild_abstention, "forms": rebuild_forms,
+}
+
+
+def missing_rows(rebuilt: Rebuilt) -> dict[str, list[str]]:
+    """``{document: rebuilt table rows it lacks}`` (empty lists dropped)."""
+    out = {}
+    for doc, text in rebuilt.texts.items():
+        have = set(table_rows((RESULTS / doc).read_text()))
+        lacking = [row for row in table_rows(text) if row not in have]
+        if lacking:
+            out[doc] = lacking
+    return out
+
+
+def readme_differences() -> list[str]:
+    """Rows of headline.md's first table (the README's results table) that the README lacks."""
+    headline = (RESULTS / "headline.md").read_text().splitlines()
+    first: list[str] = []
+    for line in headline:
+        if line.startswith("|"):
+            first.append(line)
+        elif first:
+            break
+    readme = set(table_rows((ROOT / "README.md").read_text()))
+    return [row for row in table_rows("\n".join(first)) if row not in readme]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 on any difference")
+    parser.add_argument("--only", default=",".join(STUDIES), help=f"studies to rebuild (default: {','.join(STUDIES)})")
+    parser.add_argument("--no-figures", action="store_true", help="rebuild the tables only")
+    args = parser.parse_args(argv)
+    names = [n for n in args.only.split(",") if n]
+    unknown = [n for n in names if n not in STUDIES]
+    if unknown:
+        parser.error(f"unknown study {unknown[0]!r}; choose from {', '.join(STUDIES)}")
+    failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            rebuilt = STUDIES[name](Path(tmp))
+            lacking = missing_rows(rebuilt)
+            for doc, rows in lacking.items():
+                failures += len(rows)
+                print(f"{name}: docs/results/{doc} lacks {len(rows)} rebuilt row(s), e.g.\n  {rows[0]}")
+            rows = sum(len(table_rows(t)) for t in rebuilt.texts.values())
+            print(f"{name}: {rows} table rows rebuilt from docs/results/{DATA[name]}: "
+                  f"{'differs' if lacking else 'same as ' + ', '.join(sorted(rebuilt.texts))}")
+            if not args.check and not args.no_figures:
+                for figure, path in rebuilt.figures.items():
+                    shutil.copyfile(path, RESULTS / figure)
+                print(f"{name}: redrew {', '.join(sorted(rebuilt.figures))}")
+    readme = readme_differences()
+    failures += len(readme)
+    print(f"README.md results table: {'same as headline.md' if not readme else f'{len(readme)} row(s) differ'}")
+    for doc, how in NOT_COMMITTED.items():
+        print(f"not rebuildable ({doc}: raw data not committed): {how}")
+    if failures and args.check:
+        print(f"{failures} difference(s)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
