@@ -1,7 +1,9 @@
 # Two commands on a fresh machine:
 #   make demo   -> creates .venv, installs calibrl, runs the built-in demo (report in runs/demo)
 #   make test   -> creates .venv, installs calibrl with test extras, runs the whole test suite;
-#                  then builds .venv-verl (verl 0.9.1, kept apart from TRL's pins) and runs the verl plugin tests
+#                  then builds .venv-verl (verl 0.9.1, kept apart from TRL's pins) and runs the verl plugin tests,
+#                  among them verl's own main_ppo under Ray on the CPU for one case (capo, legacy trainer)
+#   make verl-e2e -> the same for all six cases (capo, grpo_mask, seed_grpo x legacy, V1 trainer; tests/verl_e2e)
 # torch: the CPU build (torch==2.13.0+cpu) unless `nvidia-smi` exists, then the default CUDA build from PyPI;
 # override with TORCH_SPEC=... and/or TORCH_INDEX=<index url> (scripts/install_torch.sh).
 PYTHON ?= python3
@@ -9,7 +11,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export TORCH_SPEC TORCH_INDEX
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test verl-e2e bench clean
 
 $(BIN)/calibrl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +29,13 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest
 	PYTHON=$(PYTHON) bash scripts/setup_verl_env.sh .venv-verl
-	.venv-verl/bin/python -m pytest tests/test_verl.py
+	.venv-verl/bin/python -m pytest tests/test_verl.py tests/verl_e2e/test_verl_cpu_runtime.py
+	CALIBRL_VERL_E2E=1 CALIBRL_VERL_E2E_CASES=capo_legacy .venv-verl/bin/python -m pytest tests/verl_e2e/test_verl_e2e.py
+
+# verl 0.9.1's own main_ppo on the CPU under Ray, 2 steps per case, calibrl's estimators (docs/verl.md)
+verl-e2e:
+	PYTHON=$(PYTHON) bash scripts/setup_verl_env.sh .venv-verl
+	CALIBRL_VERL_E2E=1 .venv-verl/bin/python -m pytest tests/verl_e2e
 
 bench: setup
 	$(BIN)/python bench/advantages.py
