@@ -1,8 +1,9 @@
 """Time answer selection and scaling curves on synthetic groups: python bench/selection.py [--prompts 500 --n 16].
 
 Prints seconds per call of each method on all paths, and of one scaling curve (ns 1,2,4,...,N) per method.
-RPC fits one 2-component Weibull mixture per prompt (scipy L-BFGS-B, as the reference code; calibrl.selection.pruning),
-so it dominates.
+RPC fits one 2-component Weibull mixture per prompt (scipy's L-BFGS-B steps, run for all prompts at once by
+calibrl.selection._lbfgsb; ``--rpc-solver scipy`` for the per-prompt scipy calls of the reference code), so it
+dominates.
 """
 
 import argparse
@@ -19,6 +20,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--draws", type=int, default=10)
     ap.add_argument("--rpc-draws", type=int, default=2)
+    ap.add_argument("--rpc-solver", choices=("batched", "scipy"), default="batched")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     pid = np.repeat(np.arange(args.prompts), args.n)
@@ -32,6 +34,11 @@ def main() -> None:
     print(f"answer_clusters (math-verify) on {pid.size} answers: {time.perf_counter() - t:.2f} s")
     print(f"{args.prompts} prompts x {args.n} paths")
     print(f"{'method':<10} {'select s':>9} {'accuracy':>9} {'curve s':>8} draws")
+    if args.rpc_solver != "batched":
+        from calibrl.selection import pruning
+
+        batched = pruning.rpc_keep_mask
+        pruning.rpc_keep_mask = lambda p, lpm: batched(p, lpm, solver=args.rpc_solver)
     for method in METHODS:
         kw = {"logprob_mean": lpm, "completions": texts}
         t = time.perf_counter()

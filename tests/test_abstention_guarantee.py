@@ -56,7 +56,7 @@ def test_no_threshold_qualifies():
     wrong = np.zeros(400, dtype=bool)
     found = M.abstention_threshold(conf, wrong, target_precision=0.5, delta=0.1)
     assert found.threshold is None and found.index is None and not found.qualifies.any()
-    res = M.calibrated_abstention(conf, wrong, np.arange(400), target_precision=0.5, delta=0.1)
+    res = M.calibrated_abstention(conf, wrong, np.arange(400), target_precision=0.5, delta=0.1, method="bonferroni")
     assert res.threshold is None and res.coverage == 0.0 and res.precision_heldout is None
     assert "none of the 101 grid thresholds" in res.note
     assert res.to_dict()["threshold"] is None
@@ -72,7 +72,8 @@ def test_perfectly_separating_confidence():
     # every grid threshold in (0.1, 0.9] answers exactly the 2000 right ones: the lowest is 0.11
     assert found.threshold == pytest.approx(0.11)
     assert found.lower_bound[found.index] == pytest.approx((0.05 / 101) ** (1 / 2000))
-    res = M.calibrated_abstention(conf, correct, pids, target_precision=0.95, delta=0.05, seed=3)
+    res = M.calibrated_abstention(conf, correct, pids, target_precision=0.95, delta=0.05, seed=3,
+                                  method="bonferroni")
     assert res.threshold == pytest.approx(0.11)
     assert res.coverage == pytest.approx(0.5) and res.precision_heldout == 1.0
     assert res.n_calibration_prompts == 1000 and res.n_heldout_prompts == 1000 and res.n_heldout_samples == 2000
@@ -168,7 +169,7 @@ def test_guarantee_holds_by_simulation_prompt_level():
     violations, coverages = 0, []
     for r in range(reps):
         c, y, p = _clustered_prompts(rng, n_prompts, k)
-        res = M.calibrated_abstention(c, y, p, target_precision=target, delta=delta, seed=r)
+        res = M.calibrated_abstention(c, y, p, target_precision=target, delta=delta, seed=r, method="bonferroni")
         if res.threshold is None:
             coverages.append(0.0)
             continue
@@ -194,6 +195,192 @@ def test_prompt_is_the_unit_where_counting_every_sample_would_break_the_guarante
         y = (rng.random(n_prompts) < 0.895)[pids]
         naive += M.abstention_threshold(conf, y, target_precision=target, delta=delta, grid=[0.5]).threshold is not None
         per_prompt += M.calibrated_abstention(conf, y, pids, target_precision=target, delta=delta, grid=[0.5],
-                                              seed=r).threshold is not None
+                                              seed=r, method="bonferroni").threshold is not None
     assert per_prompt <= delta * reps + _tolerance(delta, reps)
     assert naive > delta * reps + _tolerance(delta, reps)
+
+
+# ------------------------------------------------- method="betting": every sample, prompt-level betting test
+def test_betting_p_value_hand_worked():
+    # x = [1, 1], m = 0.5, delta = 0.1, cap 0.99: lambda_1 = min(sqrt(2 ln 10 / (2 * 1/4)), 0.99 / 0.5) = 1.98,
+    # K_1 = 1 + 1.98 * 0.5 = 1.99; mu_1 = (1/2 + 1) / 2 = 0.75, sigma2_1 = (1/4 + 0.25^2) / 2 = 0.15625,
+    # lambda_2 = min(sqrt(2 ln 10 / (2 * 0.15625)) = 3.84, 1.98) = 1.98, K_2 = 1.99^2: p = 1 / 3.9601
+    assert float(M.betting_p_value([1.0, 1.0], null_mean=0.5, delta=0.1)) == pytest.approx(1 / 1.99**2)
+    # one term: lambda_1 = min(sqrt(2 ln 10 / (1/4)) = 4.29, 1.98) = 1.98 and K_1 = 1 + 1.98 * 0.3
+    assert float(M.betting_p_value([0.8], null_mean=0.5, delta=0.1)) == pytest.approx(1 / (1 + 1.98 * 0.3))
+    # terms at the null mean never win: p = 1; nothing observed: p = 1
+    assert float(M.betting_p_value(np.full(50, 0.9), null_mean=0.9, delta=0.1)) == 1.0
+    assert M.betting_p_value(np.zeros((0, 3)), null_mean=0.9, delta=0.1).tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="x must lie in"):
+        M.betting_p_value([1.2], null_mean=0.5, delta=0.1)
+
+
+def test_betting_p_value_matches_a_plain_loop():
+    rng = np.random.default_rng(3)
+    x = rng.beta(5, 1, size=(40, 3))
+    m, delta, n = 0.7, 0.05, 40
+    ours = M.betting_p_value(x, null_mean=m, delta=delta)
+    for col in range(3):
+        total, sq, log_k, best, sigma2 = 0.5, 0.25, 0.0, 0.0, 0.25
+        for i, xi in enumerate(x[:, col], start=1):
+            lam = min(math.sqrt(2 * math.log(1 / delta) / (n * sigma2)), 0.99 / m)
+            log_k += math.log(1 + lam * (xi - m))
+            best = max(best, log_k)
+            total += xi
+            sq += (xi - total / (i + 1)) ** 2
+            sigma2 = sq / (i + 1)
+        assert ours[col] == pytest.approx(math.exp(-best))
+
+
+def test_betting_p_value_survives_rare_catastrophes_where_a_normal_test_does_not():
+    """Mean just below the null value 0.9: each term is 0.905 except a rare 0 (probability 0.0056). Most samples of
+    200 terms show no 0 at all, so a one-sided z-test rejects far more often than delta; the betting p-value,
+    whose bet is capped by the range, rejects at most delta of the time."""
+    from scipy.stats import norm
+
+    rng = np.random.default_rng(0)
+    m, n, reps, delta = 0.9, 200, 400, 0.1
+    assert 0.905 * (1 - 0.0056) < m
+    betting = z_test = 0
+    for _ in range(reps):
+        x = np.where(rng.random(n) < 0.0056, 0.0, 0.905)
+        betting += bool(M.betting_p_value(x, null_mean=m, delta=delta) <= delta)
+        z_test += bool((x.mean() - m) / max(x.std(ddof=1) / math.sqrt(n), 1e-12) > norm.ppf(1 - delta))
+    assert betting <= delta * reps + _tolerance(delta, reps)
+    assert z_test > delta * reps + _tolerance(delta, reps)
+
+
+def test_fixed_sequence_and_start_hand_worked():
+    p = [0.5, 0.01, 0.2, 0.05, 0.01]
+    assert M.fixed_sequence(p, start=4, delta=0.1) == 3  # 4 and 3 pass, 2 fails: stop
+    assert M.fixed_sequence(p, start=2, delta=0.1) is None
+    assert M.fixed_sequence(p, start=1, delta=0.1) == 1
+    assert M.fixed_sequence(p, start=3, delta=0.01) is None
+    with pytest.raises(ValueError, match="start"):
+        M.fixed_sequence(p, start=5, delta=0.1)
+    # held-out terms at 3 thresholds, null mean 0.5: column 0 below it, column 1 above it with spread,
+    # column 2 constant above it: with n = 100 calibration prompts its log-capital 100 log(1 + 1.98 * 0.1) >= ln 10
+    x = np.array([[0.4, 0.9, 0.6], [0.45, 0.5, 0.6], [0.4, 0.8, 0.6]])
+    assert M.sequence_start(x, null_mean=0.5, n_calibration=100, delta=0.1) == 2
+    assert M.sequence_start(x[:, :2], null_mean=0.5, n_calibration=100, delta=0.1) == 1
+    # too few calibration prompts for the constant column to pass: the column with spread wins
+    assert M.sequence_start(x, null_mean=0.5, n_calibration=2, delta=0.1) == 1
+
+
+def test_prompt_threshold_counts_match_a_loop():
+    rng = np.random.default_rng(4)
+    conf, y, pids = rng.random(300), rng.random(300) < 0.6, rng.integers(0, 20, 300)
+    grid = np.array([0.0, 0.25, 0.5, 0.51, 0.9])
+    answered, correct = M.prompt_threshold_counts(conf, y, pids, n_prompts=20, grid=grid)
+    for i in range(20):
+        for g, t in enumerate(grid):
+            mask = (pids == i) & (conf >= t)
+            assert answered[i, g] == mask.sum() and correct[i, g] == (mask & y).sum()
+
+
+def test_calibrated_abstention_betting_pipeline_and_fields():
+    rng = np.random.default_rng(6)
+    n, k, target, delta = 1500, 4, 0.85, 0.1
+    pids = rng.permutation(np.repeat(np.arange(n), k))
+    conf = rng.random(pids.size)
+    y = rng.random(pids.size) < conf
+    res = M.calibrated_abstention(conf, y, pids, target_precision=target, delta=delta, seed=5)
+    assert res.method_name == "betting" and res.method == M.ABSTENTION_METHODS["betting"]
+    assert res.calibration_fraction == 0.8 and res.n_calibration_prompts == 1200 and res.n_heldout_prompts == 300
+    assert res.n_calibration_samples == 4800 and res.n_heldout_samples == 1200
+    # the same steps by hand: split, per-prompt terms, start on the held-out prompts, fixed sequence
+    cal, _ = M.calibration_split(pids, calibration_fraction=0.8, seed=5)
+    answered, correct = M.prompt_threshold_counts(conf, y, pids, n_prompts=n)
+    x = (correct - target * answered) / k + target
+    is_cal = np.zeros(n, dtype=bool)
+    is_cal[pids[cal]] = True
+    order = np.flatnonzero(is_cal)[np.random.default_rng((5, 1)).permutation(1200)]
+    p = M.betting_p_value(x[order], null_mean=target, delta=delta)
+    start = M.sequence_start(x[~is_cal], null_mean=target, n_calibration=1200, delta=delta)
+    g = M.fixed_sequence(p, start=start, delta=delta)
+    assert g is not None and res.threshold == M.DEFAULT_THRESHOLD_GRID[g]
+    assert res.start_threshold == M.DEFAULT_THRESHOLD_GRID[start] and res.calibration_p_value == p[g] <= delta
+    held = ~cal & (conf >= res.threshold)
+    assert res.coverage == pytest.approx(held.sum() / (~cal).sum())
+    assert res.precision_heldout == pytest.approx(y[held].mean())
+    assert target <= res.calibration_lower_bound < 1
+    assert res.calibration_coverage == pytest.approx(answered[is_cal, g].sum() / 4800)
+    with pytest.raises(ValueError, match="method"):
+        M.calibrated_abstention(conf, y, pids, target_precision=0.9, delta=0.1, method="holm")
+
+
+def _true_threshold_violations(chosen, precision, target, tol):
+    """Count of chosen thresholds (None: none chosen) whose true precision on the grid is below the target."""
+    grid = M.DEFAULT_THRESHOLD_GRID
+    return sum(bool(precision[int(np.argmin(np.abs(grid - t)))] < target - tol) for t in chosen if t is not None)
+
+
+@pytest.mark.parametrize("case", ["iid", "all-or-nothing"])
+def test_betting_guarantee_holds_by_simulation_calibrated(case):
+    """(a) every sample independent, (c) all samples of a prompt share one outcome; both perfectly calibrated, so
+    the true precision of conf >= t is (1 + t) / 2 (the oracle for 0.8 is t = 0.6, coverage 0.4)."""
+    target, delta, reps, n, k = 0.8, 0.2, 120, 600, 4
+    rng = np.random.default_rng(7)
+    pids = np.repeat(np.arange(n), k)
+    chosen = []
+    for r in range(reps):
+        if case == "iid":
+            conf = rng.random(n * k)
+            y = rng.random(n * k) < conf
+        else:
+            u = rng.random(n)
+            conf, y = u[pids], (rng.random(n) < u)[pids]
+        chosen.append(M.calibrated_abstention(conf, y, pids, target_precision=target, delta=delta, seed=r).threshold)
+    violations = _true_threshold_violations(chosen, (1 + M.DEFAULT_THRESHOLD_GRID) / 2, target, 1e-12)
+    assert violations <= delta * reps + _tolerance(delta, reps)
+    coverage = np.mean([0.0 if t is None else 1 - t for t in chosen])
+    assert coverage >= 0.5 * 0.4  # and it does certify: half the oracle's coverage at least
+
+
+def test_betting_guarantee_holds_by_simulation_clustered():
+    target, delta, reps, n_prompts, k = 0.85, 0.1, 100, 1200, 8
+    rng = np.random.default_rng(8)
+    conf, correct, _ = _clustered_prompts(rng, 200_000, 1)
+    pop = M.abstention_threshold(conf, correct, target_precision=target, delta=delta)
+    pop_precision = pop.n_correct / np.maximum(pop.n_answered, 1)
+    pop_coverage = pop.n_answered / conf.size
+    oracle = int(np.flatnonzero(pop_precision >= target)[0])
+    chosen = []
+    for r in range(reps):
+        c, y, p = _clustered_prompts(rng, n_prompts, k)
+        chosen.append(M.calibrated_abstention(c, y, p, target_precision=target, delta=delta, seed=r).threshold)
+    assert _true_threshold_violations(chosen, pop_precision, target, 0.002) <= delta * reps + _tolerance(delta, reps)
+    grid = M.DEFAULT_THRESHOLD_GRID
+    coverage = np.mean([0.0 if t is None else pop_coverage[int(np.argmin(np.abs(grid - t)))] for t in chosen])
+    assert coverage >= 0.6 * pop_coverage[oracle]
+
+
+def test_betting_is_valid_when_prompts_are_solved_all_or_nothing_just_below_target():
+    """As for "bonferroni" above: one threshold of population precision 0.895 < 0.9, every sample of a prompt
+    right or every one wrong; counting samples as independent would accept often, the betting test at most delta
+    of the time."""
+    target, delta, reps, n_prompts, k = 0.9, 0.1, 200, 400, 8
+    rng = np.random.default_rng(9)
+    pids = np.repeat(np.arange(n_prompts), k)
+    conf = np.full(pids.size, 0.7)
+    accepted = sum(M.calibrated_abstention(conf, (rng.random(n_prompts) < 0.895)[pids], pids, target_precision=target,
+                                           delta=delta, grid=[0.5], seed=r).threshold is not None
+                   for r in range(reps))
+    assert accepted <= delta * reps + _tolerance(delta, reps)
+
+
+@pytest.mark.parametrize("n_prompts,k", [(600, 4), (2000, 4), (600, 16)])
+def test_betting_is_at_least_as_powerful_as_bonferroni_on_calibrated_iid(n_prompts, k):
+    target, delta, reps = 0.9, 0.1, 12
+    rng = np.random.default_rng(n_prompts + k)
+    pids = np.repeat(np.arange(n_prompts), k)
+    coverage = {"betting": [], "bonferroni": []}
+    for r in range(reps):
+        conf = rng.random(pids.size)
+        y = rng.random(pids.size) < conf
+        for method in coverage:
+            t = M.calibrated_abstention(conf, y, pids, target_precision=target, delta=delta, seed=r,
+                                        method=method).threshold
+            coverage[method].append(0.0 if t is None else 1 - t)  # true coverage of conf >= t
+    assert np.mean(coverage["betting"]) >= np.mean(coverage["bonferroni"])
+    assert np.mean(coverage["betting"]) > 0  # and it certifies something at these sizes

@@ -490,13 +490,14 @@ def test_abstention_threshold_in_metrics_report_and_terminal(tmp_path):
     src = _jsonl(tmp_path / "s.jsonl", _separable_rows())
     out = tmp_path / "rep"
     res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", "",
-                              "--abstain-precision", "0.9", "--abstain-delta", "0.1", "--seed", "4"])
+                              "--abstain-precision", "0.9", "--abstain-delta", "0.1", "--seed", "4",
+                              "--abstain-method", "bonferroni"])
     assert res.exit_code == 0, res.output
     data = json.loads((out / "metrics.json").read_text())
     a = data["results"]["overall"]["s"]["abstention"]
     s = load_samples(src)
     ref = M.calibrated_abstention(np.exp(s.logprob_mean), s.correct, s.prompt_index, target_precision=0.9,
-                                  delta=0.1, seed=4)
+                                  delta=0.1, seed=4, method="bonferroni")
     assert ref.threshold is not None and 0.34 <= ref.threshold <= 0.91  # between the two clusters
     assert a["threshold"] == pytest.approx(ref.threshold) and a["coverage"] == pytest.approx(ref.coverage)
     assert a["precision_heldout"] == 1.0 and a["target_precision"] == 0.9 and a["delta"] == 0.1
@@ -504,6 +505,28 @@ def test_abstention_threshold_in_metrics_report_and_terminal(tmp_path):
     assert data["settings"]["abstain_precision"] == 0.9
     assert f"answer when confidence >= {ref.threshold:g}" in res.output
     assert "Abstention: answer only when confidence >= t" in (out / "report.md").read_text()
+
+
+def test_abstention_betting_is_the_default_and_marked_on_the_plot(tmp_path):
+    src = _jsonl(tmp_path / "s.jsonl", _separable_rows())
+    out = tmp_path / "rep"
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", "",
+                              "--abstain-precision", "0.9", "--abstain-delta", "0.1", "--seed", "4"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "metrics.json").read_text())
+    a = data["results"]["overall"]["s"]["abstention"]
+    s = load_samples(src)
+    ref = M.calibrated_abstention(np.exp(s.logprob_mean), s.correct, s.prompt_index, target_precision=0.9,
+                                  delta=0.1, seed=4)
+    assert ref.method_name == "betting" and a["method_name"] == "betting" and a["method"] == ref.method
+    assert ref.threshold is not None and a["threshold"] == pytest.approx(ref.threshold)
+    assert a["n_calibration_prompts"] == 320 and a["n_calibration_samples"] == 1280
+    assert a["coverage"] == pytest.approx(ref.coverage) and a["calibration_p_value"] <= 0.1
+    assert data["settings"]["abstain_method"] == "betting"
+    assert f"answer when confidence >= {ref.threshold:g}" in res.output and "method betting" in res.output
+    report = (out / "report.md").read_text()
+    assert "Guaranteed: if prompts are exchangeable" in report and "prompt-level betting test" in report
+    assert "overall_precision_coverage.png" in data["figures"]["overall"]
 
 
 def test_abstention_says_plainly_when_no_threshold_qualifies(tmp_path):
@@ -516,3 +539,47 @@ def test_abstention_says_plainly_when_no_threshold_qualifies(tmp_path):
     assert a["threshold"] is None and a["coverage"] == 0.0 and a["precision_heldout"] is None
     assert "NO threshold satisfies precision >= 0.99" in res.output
     assert "**s: no threshold satisfies the target.**" in (out / "report.md").read_text()
+
+
+def test_a_row_over_the_size_limit_exits_2_with_its_line_and_leaves_nothing(tmp_path, monkeypatch):
+    from calibrl.evaluation.readers import base
+
+    monkeypatch.setattr(base, "MAX_ROW_BYTES", 2000)
+    rows = _rows(0)
+    rows[6]["completion"] = "x" * 5000
+    src = _jsonl(tmp_path / "big.jsonl", rows)
+    out = tmp_path / "rep"
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST])
+    assert res.exit_code == 2, res.output
+    assert "big.jsonl:7: the row is too large" in res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl"]  # no report, no .rep.tmp-* folder
+
+
+def test_running_out_of_memory_while_reading_exits_2_and_leaves_nothing(tmp_path, monkeypatch):
+    import calibrl.evaluation.samples as samples_module
+
+    def exhausted(path, **_options):
+        raise MemoryError
+
+    monkeypatch.setattr(samples_module, "load_samples", exhausted)
+    src = _jsonl(tmp_path / "s.jsonl", _rows(0))
+    res = runner.invoke(app, ["eval", str(src), "--out", str(tmp_path / "rep"), *FAST])
+    assert res.exit_code == 2 and "s.jsonl: out of memory while reading it" in res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.jsonl"]
+
+
+def test_pc_and_rpc_in_the_report_match_the_texts_read_again(tmp_path):
+    """The report's PC / RPC (from the rows' text ids) equal the selection on the completion texts themselves."""
+    rows = _rows(4, n_prompts=6, n=8)
+    src = _jsonl(tmp_path / "s.jsonl", rows)
+    out = tmp_path / "rep"
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", "pc,rpc"])
+    assert res.exit_code == 0, res.output
+    m = json.loads((out / "metrics.json").read_text())["results"]["overall"]["s"]
+    s = load_samples(src)
+    ids = S.answer_clusters(s.answers, s.prompt_index, use_math_verify=False)
+    texts = [r["completion"] for r in rows]
+    assert s.completions.tolist() == texts
+    for method in ("pc", "rpc"):
+        expected = S.select(method, ids, s.correct, s.prompt_index, logprob_mean=s.logprob_mean, completions=texts)
+        assert m["selection"][method] == pytest.approx(expected.accuracy)

@@ -449,7 +449,7 @@ def test_calibrated_abstention_heldout_figures_are_pooled_over_heldout_samples()
     pids = rng.permutation(np.repeat(np.arange(300), 5))
     conf = rng.random(pids.size)
     y = rng.random(pids.size) < conf**0.3
-    res = M.calibrated_abstention(conf, y, pids, target_precision=0.75, delta=0.1, seed=2)
+    res = M.calibrated_abstention(conf, y, pids, target_precision=0.75, delta=0.1, seed=2, method="bonferroni")
     assert res.threshold is not None
     cal, draw = M.calibration_split(pids, seed=2)
     # the threshold is the one abstention_threshold finds on the one-sample-per-prompt calibration draw

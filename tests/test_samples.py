@@ -255,3 +255,132 @@ def test_verbalized_confidence_as_main_and_errors(tmp_path):
     text = [{"prompt_id": 1, "correct": True, "logprob_mean": -0.1, "verbalized_confidence": "0.5"}]
     with pytest.raises(SamplesError, match="field 'verbalized_confidence': expected a number"):
         load_samples(_write(tmp_path / "s.jsonl", text))
+
+
+# ------------------------------------------------------------------------------------------- memory: texts
+
+
+def _long_text_rows(n=12, length=20_000, seed=0):
+    """Rows of 3 prompts whose completions are long random texts, some repeated within a prompt, one missing."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        text = "".join(rng.choice(list("abcdé 字"), length))
+        if i % 4 == 3:
+            text = rows[i - 2]["completion"]  # the same text as an earlier path of its prompt
+        rows.append({"prompt_id": f"p{i // 4}", "correct": bool(i % 2), "logprob_mean": -0.1 * (i + 1),
+                     "answer": str(i % 3), "completion": None if i == 5 else text})
+    return rows
+
+
+def _held_strings(value, seen=None):
+    """Every str a Samples attribute holds (inside arrays, lists and dicts too)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, np.ndarray):
+        if value.dtype.kind == "U":
+            yield from value.reshape(-1).tolist()
+        elif value.dtype == object:
+            for item in value.reshape(-1):
+                yield from _held_strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _held_strings(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _held_strings(item)
+
+
+def test_samples_hold_text_ids_not_texts(tmp_path):
+    rows = _long_text_rows()
+    s = load_samples(_write(tmp_path / "long.jsonl", rows))
+    texts = [r["completion"] for r in rows]
+    held = [text for name in vars(s) for text in _held_strings(getattr(s, name))]
+    assert max(len(t) for t in held) < 1000  # prompt ids, answers, the source name: no completion text
+    # ids: equal texts share one, a missing text has its own
+    ids = s.completion_ids.tolist()
+    for i in range(len(rows)):
+        for j in range(len(rows)):
+            same = texts[i] is not None and texts[i] == texts[j]
+            assert (ids[i] == ids[j]) == (same or i == j)
+    # the texts are read again from the file when asked for, in row order, for a subset too
+    assert s.completions.tolist() == texts
+    mask = np.arange(len(rows)) % 3 == 1
+    assert s.subset(mask).completions.tolist() == [t for t, m in zip(texts, mask) if m]
+
+
+def test_pc_and_rpc_from_the_ids_equal_pc_and_rpc_from_the_texts(tmp_path):
+    from calibrl import selection as S
+
+    s = load_samples(_write(tmp_path / "long.jsonl", _long_text_rows(n=40, length=300, seed=1)))
+    ids = S.answer_clusters(s.answers, s.prompt_index, use_math_verify=False)
+    for method in ("pc", "rpc"):
+        from_texts = S.select(method, ids, s.correct, s.prompt_index, logprob_mean=s.logprob_mean,
+                              completions=s.completions)
+        from_ids = S.select(method, ids, s.correct, s.prompt_index, logprob_mean=s.logprob_mean,
+                            completions=s.completion_ids)
+        np.testing.assert_array_equal(from_ids.correct, from_texts.correct)
+        np.testing.assert_array_equal(from_ids.confidence, from_texts.confidence)
+
+
+def test_reading_long_completions_allocates_about_the_rows_not_their_texts(tmp_path):
+    """tracemalloc peak of load_samples on 40 rows of 200,000-character completions (8 MB of text): a few of the
+    longest rows (one is decoded at a time), far below the texts' total."""
+    import tracemalloc
+
+    rng = np.random.default_rng(2)
+    path = tmp_path / "long.jsonl"
+    with open(path, "w") as f:
+        for i in range(40):
+            text = rng.integers(0, 10, 200_000).astype("U1").astype(object).sum()
+            f.write(json.dumps({"prompt_id": i // 4, "correct": True, "logprob_mean": -0.5, "completion": text}) + "\n")
+    tracemalloc.start()
+    try:
+        s = load_samples(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(s) == 40 and s.completion_ids.max() == 39  # all distinct
+    assert peak < 2_000_000  # one 200 kB row a few times over; holding the texts takes 8 MB
+
+
+def test_a_row_over_the_size_limit_is_refused_with_its_line(tmp_path, monkeypatch):
+    from calibrl.evaluation.readers import base
+
+    monkeypatch.setattr(base, "MAX_ROW_BYTES", 400)
+    short = {"prompt_id": "a", "correct": True, "logprob_mean": -0.5, "completion": "x"}
+    line = json.dumps(short)
+    at_limit = {**short, "completion": "x" * (400 - len(line) + 1)}  # exactly 400 bytes before its newline
+    assert len(json.dumps(at_limit)) == 400
+    s = load_samples(_write(tmp_path / "ok.jsonl", [short, at_limit, short]))
+    assert len(s) == 3
+    over = {**short, "completion": "x" * 1000}
+    with pytest.raises(SamplesError, match=r"^big\.jsonl:2: the row is too large \(more than 0\.000381"):
+        load_samples(_write(tmp_path / "big.jsonl", [short, over, short]))
+
+
+def test_parquet_rows_read_in_chunks_equal_the_whole_table_and_big_rows_are_refused(tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from calibrl.evaluation.readers import base
+
+    rows = [{"prompt_id": f"p{i // 3}", "correct": i % 2 == 0, "logprob_mean": -0.1 * i,
+             "completion": [{"role": "assistant", "content": "y" * (10 * i)}], "tags": None if i % 4 else ["ab", "c"]}
+            for i in range(30)]
+    path = tmp_path / "s.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=7)
+    # bytes of a row: its prompt id (2), "assistant" (9), the content (10 i), the tags (3 on every 4th row) and
+    # 8 for each of its two other values
+    table = pq.read_table(path)
+    sizes = sum(base._text_bytes(column.combine_chunks()) for column in table.columns)
+    assert sizes.tolist() == [2 + 9 + 10 * i + (3 if i % 4 == 0 else 0) + 16 for i in range(30)]
+    monkeypatch.setattr(base, "_PARQUET_BATCH_ROWS", 4)
+    monkeypatch.setattr(base, "_PARQUET_CHUNK_BYTES", 100)
+    assert list(base.rows_parquet(path)) == list(enumerate(table.to_pylist(), start=1))
+    monkeypatch.setattr(base, "MAX_ROW_BYTES", 2 + 9 + 10 * 12 + 3 + 16 - 1)  # row 13 (i = 12): the first over
+    got = []
+    with pytest.raises(SamplesError, match=r"^s\.parquet:13: the row is too large \(0\.0 MiB of text\)"):
+        for lineno, _row in base.rows_parquet(path):
+            got.append(lineno)
+    assert got == list(range(1, 13))

@@ -274,3 +274,67 @@ def test_confidence_weighted_vote_missing_and_bad_confidences():
         S.voting.confidence_weighted_vote(ids, [True] * 3, [0] * 3)
     with pytest.raises(ValueError, match="2 entries for 3"):
         S.voting.confidence_weighted_vote(ids, [True] * 3, [0] * 3, confidence=[0.5, 0.5])
+
+
+# ------------------------------------------------------------------------------ identical texts, by digest
+
+
+def _reference_text_ids(texts):
+    """Ids by text equality, the grouping PC / RPC count once: a missing text equals no other path's."""
+    first: dict[str, int] = {}
+    return [len(first) + 10**6 + i if t is None else first.setdefault(t, len(first)) for i, t in enumerate(texts)]
+
+
+def _same_partition(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return bool(((a[:, None] == a[None, :]) == (b[:, None] == b[None, :])).all())
+
+
+def test_text_ids_from_digests_group_exactly_the_identical_texts():
+    from calibrl.selection.voting import _text_ids, digest_ids, text_digest
+
+    rng = np.random.default_rng(0)
+    pool = ["", "a", "a ", "A", "é", "e\u0301", "\ud800", "字" * 3, "x" * 5000, "x" * 4999 + "y", None]
+    texts = [pool[i] for i in rng.integers(0, len(pool), 300)]
+    ids = _text_ids(texts, len(texts))
+    assert ids.dtype == np.int64 and _same_partition(ids, _reference_text_ids(texts))
+    missing = np.array([t is None for t in texts])
+    assert len(set(ids[missing].tolist())) == missing.sum()  # every missing text is its own
+    assert not set(ids[missing].tolist()) & set(ids[~missing].tolist())
+    # the same ids from digests gathered as rows are read
+    digests = b"".join(bytes(16) if t is None else text_digest(t) for t in texts)
+    np.testing.assert_array_equal(digest_ids(digests, missing), ids)
+    assert sorted(set(ids[~missing].tolist())) == list(range(len({t for t in texts if t is not None})))  # dense
+    assert len(text_digest("a")) == 16 and text_digest("a") != text_digest("a ")
+
+
+def test_text_ids_do_not_build_an_array_as_wide_as_the_longest_text():
+    """20 paths, one 2-million-character text: ids from digests allocate about that text once (its UTF-8), not
+    20 x 2e6 x 4 bytes of fixed-width array."""
+    import tracemalloc
+
+    from calibrl.selection.voting import _text_ids
+
+    texts = ["short"] * 19 + ["z" * 2_000_000]
+    tracemalloc.start()
+    try:
+        ids = _text_ids(texts, len(texts))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(set(ids.tolist())) == 2
+    assert peak < 4_000_000
+
+
+def test_first_occurrence_keeps_the_first_path_of_each_prompt_answer_text():
+    from calibrl.selection.voting import _first_occurrence
+
+    rng = np.random.default_rng(1)
+    n = 500
+    pidx, answers, texts = rng.integers(0, 7, n), rng.integers(0, 4, n) * 1000, rng.integers(0, 5, n)
+    keep = _first_occurrence(pidx, answers, texts)
+    seen, expected = set(), []
+    for key in zip(pidx.tolist(), answers.tolist(), texts.tolist()):
+        expected.append(key not in seen)
+        seen.add(key)
+    assert keep.tolist() == expected

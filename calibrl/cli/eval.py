@@ -48,6 +48,13 @@ class SampleFormat(str, Enum):
     lm_eval = "lm-eval"
 
 
+class AbstainMethod(str, Enum):
+    """The procedures of :func:`calibrl.metrics.calibrated_abstention` (docs/metrics.md)."""
+
+    betting = "betting"
+    bonferroni = "bonferroni"
+
+
 class Confidence(str, Enum):
     logprob_mean = "logprob_mean"
     decision_prob = "decision_prob"
@@ -84,6 +91,29 @@ def _own_files(out: Path) -> set[str] | None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return names if isinstance(payload.get("results"), dict) else None
+
+
+def _check_inputs_resolve(files: list[Path]) -> None:
+    """Refuse an input whose path cannot be followed (a symlink loop) before anything else touches it."""
+    for path in files:
+        try:
+            path.resolve(strict=True)
+        except FileNotFoundError:
+            pass  # the reader names a missing file
+        except (OSError, RuntimeError) as exc:
+            reason = "a symlink loop" if "loop" in str(exc).lower() else (getattr(exc, "strerror", None) or exc)
+            _fail(f"{path}: cannot be read ({reason})")
+
+
+def _check_out_writable(out: Path) -> None:
+    """Refuse an --out whose folder cannot hold the report (``/proc/x``, a read-only place), before reading any
+    input: the report is built in a temporary folder beside ``out`` (:func:`_replace_folder`), tried here."""
+    try:
+        parent = out.resolve().parent
+        parent = next((p for p in (parent, *parent.parents) if p.exists()), parent)  # nothing created here
+        Path(tempfile.mkdtemp(prefix=f".{out.name}.check-", dir=parent)).rmdir()
+    except (OSError, RuntimeError) as exc:
+        _fail(f"--out {out}: cannot write there ({getattr(exc, 'strerror', None) or exc})")
 
 
 def _check_out_dir(out: Path, files: list[Path]) -> None:
@@ -141,11 +171,17 @@ def eval_command(
                              help="Seed (0 to 2^32-1) for bootstrap, folds and scaling-curve draws."),
     abstain_precision: Optional[float] = typer.Option(
         None, "--abstain-precision",
-        help="Choose a confidence threshold whose precision is >= P with probability >= 1 - D, on half of the "
-             "prompts, and report its coverage and precision on the other half."),
+        help="Choose a confidence threshold whose precision is >= P with probability >= 1 - D on calibration "
+             "prompts (80% with --abstain-method betting, half with bonferroni), and report its coverage and "
+             "precision on the other prompts."),
     abstain_delta: float = typer.Option(
         0.05, "--abstain-delta",
         help="Allowed probability D that the --abstain-precision guarantee fails (0 < D < 1)."),
+    abstain_method: AbstainMethod = typer.Option(
+        AbstainMethod.betting, "--abstain-method",
+        help="How --abstain-precision certifies: betting (every sample, prompt-level betting test, fixed-sequence "
+             "testing; the stronger) or bonferroni (one sample per prompt, Clopper-Pearson, Bonferroni over the "
+             "grid)."),
 ) -> None:
     """Evaluate calibration (AUROC, ECE, Brier, reliability), abstention (precision-coverage, AURC), post-hoc
     calibration and inference-time answer selection (majority, weighted, PC, RPC, best-of-N) of sampled
@@ -161,8 +197,10 @@ def eval_command(
     unknown = [m for m in method_list if m not in METHODS]
     if unknown:
         _fail(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+    _check_inputs_resolve(files)
     _recover_interrupted(out)
     _check_out_dir(out, files)
+    _check_out_writable(out)
 
     # 1. read and validate everything before writing anything
     reader_options = {"confidence": confidence.value if confidence else None}
@@ -174,12 +212,16 @@ def eval_command(
             loaded.append(load_samples(path, **reader_options))
         except SamplesError as exc:
             _fail(str(exc))
+        except MemoryError:  # nothing is written yet; what was read is freed with the exception
+            _fail(f"{path}: out of memory while reading it (with {sum(len(s) for s in loaded)} rows of earlier "
+                  "inputs held, each about 400 bytes); free memory, or evaluate fewer or smaller files at once")
 
     # 2. build the report in a temporary folder, then swap it in
     options = dict(labels=_labels(files), files=files, posthoc=posthoc.value if posthoc else None, n_bins=n_bins,
                    n_boot=bootstrap, use_math_verify=not no_math_verify, methods=method_list,
                    scaling_draws=scaling_draws, rpc_draws=rpc_draws, seed=seed,
-                   abstain_precision=abstain_precision, abstain_delta=abstain_delta)
+                   abstain_precision=abstain_precision, abstain_delta=abstain_delta,
+                   abstain_method=abstain_method.value)
     with _progress() as (step, track):
         results = _replace_folder(
             out, lambda folder: write_eval_report(folder, loaded, step=step, track=track, **options))
@@ -283,6 +325,10 @@ def _print_summary(metrics: dict[str, dict[str, Any]], out: Path) -> None:
     def num(x):
         return "n/a" if x is None else f"{x:.3f}"
 
+    from calibrl.evaluation.report import repeated_scopes
+
+    repeated = repeated_scopes(metrics)  # a single benchmark's scope is "overall": printed once
+    metrics = {scope: by_label for scope, by_label in metrics.items() if scope not in repeated}
     for scope, by_label in metrics.items():
         for label, m in by_label.items():
             sel = m.get("selection") or {}
@@ -295,7 +341,8 @@ def _print_summary(metrics: dict[str, dict[str, Any]], out: Path) -> None:
             a = m.get("abstention")
             if a is None:
                 continue
-            goal = f"precision >= {a['target_precision']:g} with probability >= {1 - a['delta']:g}"
+            goal = (f"precision >= {a['target_precision']:g} with probability >= {1 - a['delta']:g}"
+                    + (f", method {a['method_name']}" if a.get("method_name") else ""))
             if a.get("threshold") is None:
                 typer.echo(f"abstention {scope}/{label}: NO threshold satisfies {goal}"
                            + (f" ({a['note']})" if a.get("note") else ""))

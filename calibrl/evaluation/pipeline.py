@@ -3,10 +3,11 @@ report.md.
 
 A scope is the whole of an input ("overall") or one of its benchmarks (the ``benchmark`` field); each scope is
 scored per input (:func:`calibrl.evaluation.scoring.evaluate_samples`) and its figures overlay all inputs, so
-several files are compared side by side. Answers are clustered once per input
-(:func:`calibrl.selection.answer_clusters`) and the clusters are cut per benchmark. The command line
-(:mod:`calibrl.cli.eval`) reads and validates the inputs, chooses the folder and shows progress; this module only
-computes and writes.
+several files are compared side by side. An input of a single benchmark is scored once: that benchmark's scope
+holds the very results of "overall" (metrics.json lists both; the report and the figures show it once). Answers
+are clustered once per input (:func:`calibrl.selection.answer_clusters`) and the clusters are cut per benchmark.
+The command line (:mod:`calibrl.cli.eval`) reads and validates the inputs, chooses the folder and shows progress;
+this module only computes and writes.
 """
 
 from __future__ import annotations
@@ -43,20 +44,34 @@ def _safe(name: str) -> str:
     return stem
 
 
+def _scope_name(bench: str) -> str:
+    """The scope of benchmark ``bench`` ("overall" stays unique)."""
+    return bench if bench != SCOPE_OVERALL else f"benchmark {bench}"
+
+
 def _scope_parts(samples: Samples, ids) -> list[tuple[str, Samples, Any]]:
-    """(scope, samples, answer clusters) of the whole input and of each of its benchmarks."""
+    """(scope, samples, answer clusters) of the whole input and of each of its benchmarks; an input of one
+    benchmark has the overall part only (that benchmark's scope is the same samples, see :func:`_score_inputs`)."""
     parts = [(SCOPE_OVERALL, samples, ids)]
     if samples.benchmarks is not None:
-        for bench in sorted(set(samples.benchmarks.tolist())):
+        benches = sorted(set(samples.benchmarks.tolist()))
+        for bench in benches if len(benches) > 1 else []:
             mask = samples.benchmarks == bench
-            scope = bench if bench != SCOPE_OVERALL else f"benchmark {bench}"  # keep "overall" unique
-            parts.append((scope, samples.subset(mask), None if ids is None else ids[mask]))
+            parts.append((_scope_name(bench), samples.subset(mask), None if ids is None else ids[mask]))
     return parts
+
+
+def _single_benchmark(samples: Samples) -> str | None:
+    """The scope of the input's one benchmark, or None (no ``benchmark`` field, or several values)."""
+    if samples.benchmarks is None or len(samples.benchmarks) == 0:
+        return None
+    benches = set(samples.benchmarks.tolist())
+    return _scope_name(benches.pop()) if len(benches) == 1 else None
 
 
 def _score_inputs(loaded: Sequence[Samples], labels: Sequence[str], *, posthoc, n_bins, n_boot, use_math_verify,
                   methods, scaling_draws, rpc_draws, seed, abstain_precision, abstain_delta, step,
-                  track) -> dict[str, dict[str, ScopeResult]]:
+                  track, abstain_method="betting") -> dict[str, dict[str, ScopeResult]]:
     """``{scope: {label: ScopeResult}}`` of every input, scope "overall" first."""
     scoped: dict[str, dict[str, ScopeResult]] = {}
     for samples, label in zip(loaded, labels):
@@ -70,8 +85,20 @@ def _score_inputs(loaded: Sequence[Samples], labels: Sequence[str], *, posthoc, 
             scoped.setdefault(scope, {})[label] = evaluate_samples(
                 part, label=label, scope=scope, answer_ids=part_ids, n_bins=n_bins, n_boot=n_boot,
                 posthoc=posthoc, methods=methods, scaling_draws=scaling_draws, rpc_draws=rpc_draws, seed=seed,
-                abstain_precision=abstain_precision, abstain_delta=abstain_delta, step=step)
+                abstain_precision=abstain_precision, abstain_delta=abstain_delta, step=step,
+                abstain_method=abstain_method)
+        single = _single_benchmark(samples)
+        if single is not None:  # the benchmark's scope is every sample: the same figures, scored once
+            scoped.setdefault(single, {})[label] = scoped[SCOPE_OVERALL][label]
     return scoped
+
+
+def _repeats_overall(scoped: dict[str, dict[str, ScopeResult]]) -> list[str]:
+    """The benchmark scopes that are "overall" itself: every input of the report is that one benchmark (one
+    scope, the very results of "overall" for every input)."""
+    overall = scoped.get(SCOPE_OVERALL, {})
+    return [scope for scope, by_label in scoped.items() if scope != SCOPE_OVERALL and list(by_label) == list(overall)
+            and all(by_label[lab] is overall[lab] for lab in overall)]
 
 
 def _figure_base(scope: str, taken: set[str], n_scopes: int) -> str:
@@ -92,7 +119,9 @@ def _scope_figures(scope: str, by_label: dict[str, ScopeResult], folder: Path, b
         names += [f"{base}_reliability.png", f"{base}_roc.png", f"{base}_precision_coverage.png"]
         plot_reliability(series, folder / names[0], n_bins=n_bins, title=f"Reliability: {scope}")
         plot_roc(series, folder / names[1], title=f"ROC: {scope}")
-        plot_precision_coverage(series, folder / names[2], title=f"Precision vs coverage: {scope}")
+        certified = {lab: r.metrics["abstention"] for lab, r in by_label.items() if "abstention" in r.metrics}
+        plot_precision_coverage(series, folder / names[2], title=f"Precision vs coverage: {scope}",
+                                certified=certified or None)
     if posthoc and any(r.posthoc_confidence is not None for r in by_label.values()):
         names.append(f"{base}_reliability_{posthoc}.png")
         plot_reliability({lab: (r.posthoc_confidence, r.target) for lab, r in by_label.items()
@@ -130,6 +159,7 @@ def write_eval_report(
     abstain_delta: float = 0.05,
     step: Callable[[str], Any] | None = None,
     track: Callable[[Iterable, int], Iterable] | None = None,
+    abstain_method: str = "betting",
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Score every input (``loaded``, labelled ``labels``, read from ``files``) per scope and write the PNG figures,
     ``metrics.json`` and ``report.md`` into the existing ``folder``; returns ``{scope: {label: metrics}}``.
@@ -142,13 +172,19 @@ def write_eval_report(
     scoped = _score_inputs(loaded, labels, posthoc=posthoc, n_bins=n_bins, n_boot=n_boot,
                            use_math_verify=use_math_verify, methods=methods, scaling_draws=scaling_draws,
                            rpc_draws=rpc_draws, seed=seed, abstain_precision=abstain_precision,
-                           abstain_delta=abstain_delta, step=step, track=track or False)
+                           abstain_delta=abstain_delta, step=step, track=track or False,
+                           abstain_method=abstain_method)
     figures: dict[str, list[str]] = {}
     taken: set[str] = set()
+    repeats = _repeats_overall(scoped)
     for scope, by_label in scoped.items():
+        if scope in repeats:  # the same samples as "overall": its figures are overall's
+            figures[scope] = figures[SCOPE_OVERALL]
+            continue
         step(f"{scope}: figures")
         base = _figure_base(scope, taken, len(scoped))
-        figures[scope] = _scope_figures(scope, by_label, folder, base, n_bins=n_bins, posthoc=posthoc)
+        shown = f"{scope} (= {', '.join(repeats)})" if scope == SCOPE_OVERALL and repeats else scope
+        figures[scope] = _scope_figures(shown, by_label, folder, base, n_bins=n_bins, posthoc=posthoc)
 
     metrics = {scope: {lab: r.metrics for lab, r in by_label.items()} for scope, by_label in scoped.items()}
     inputs = [{"label": lab, "file": str(f), "rows": len(s), "prompts": s.n_prompts,
@@ -158,7 +194,8 @@ def write_eval_report(
     settings = {"n_bins": n_bins, "bootstrap": n_boot, "posthoc": posthoc, "math_verify": use_math_verify,
                 "methods": ",".join(methods), "scaling_draws": scaling_draws, "rpc_draws": rpc_draws, "seed": seed}
     if abstain_precision is not None:
-        settings.update(abstain_precision=abstain_precision, abstain_delta=abstain_delta)
+        settings.update(abstain_precision=abstain_precision, abstain_delta=abstain_delta,
+                        abstain_method=abstain_method)
     payload = {"inputs": inputs, "settings": settings, "results": metrics, "figures": figures}
     (folder / "metrics.json").write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
     (folder / "report.md").write_text(render_eval_report(metrics, figures, inputs=inputs, settings=settings))

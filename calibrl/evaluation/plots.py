@@ -216,6 +216,18 @@ def plot_roc(data: Any, path: str | Path, *, title: str | None = None) -> Path:
     return _save(fig, path)
 
 
+def dodge_step(*, octaves: float, n_series: int) -> float:
+    """Sideways offset between neighbouring series on a log2 N axis, in octaves (log2 units).
+
+    ``step = min(0.015 * max(octaves, 1), 0.2 / (n_series - 1))``: about 1.5% of the axis width, so points of
+    series with equal values sit side by side, and all series together within 0.2 octave (a factor 1.15 in N,
+    well inside the gap to the next power of 2); 0 for a single series. Series ``i`` of ``n`` is drawn at
+    ``N * 2 ** ((i - (n - 1) / 2) * step)``."""
+    if n_series < 2:
+        return 0.0
+    return min(0.015 * max(float(octaves), 1.0), 0.2 / (n_series - 1))
+
+
 def plot_scaling_curves(
     curves: Mapping[str, Mapping[str, Any]] | Mapping[str, Any],
     path: str | Path,
@@ -241,6 +253,11 @@ def plot_scaling_curves(
     methods: list[str] = []
     for group in groups.values():
         methods += [m for m in group if m not in methods]
+    n_series = sum(len(group) for group in groups.values())
+    all_ns = [float(n) for group in groups.values() for curve in group.values() for n in fields(curve)[0]]
+    octaves = np.log2(max(all_ns) / min(all_ns)) if all_ns and min(all_ns) > 0 else 0.0
+    step = dodge_step(octaves=octaves, n_series=n_series)
+    banded = False
     for g, (label, group) in enumerate(groups.items()):
         for method, curve in group.items():
             ns, acc, std = fields(curve)
@@ -248,17 +265,22 @@ def plot_scaling_curves(
             color = style.color
             readable = SELECTION_NAMES.get(method, method)
             name = f"{readable} [{label}]" if label else readable
-            # colour and marker = method (methods often coincide at small N), line style = input
-            ax.plot(ns, acc, marker=style.marker, markersize=5, markerfacecolor="none", color=color,
+            # methods often coincide (all at N = 1, votes that agree): each series sits a little to the side
+            i = g * len(methods) + methods.index(method)
+            xs = np.asarray(ns, dtype=np.float64) * 2.0 ** ((i - (n_series - 1) / 2) * step)
+            # colour and marker = method, line style = method (one input) or input (several)
+            ax.plot(xs, acc, marker=style.marker, markersize=5, markerfacecolor="none", color=color,
                     linestyle=style.linestyle if len(groups) == 1 else _LINESTYLES[g % len(_LINESTYLES)],
                     label=name)
             if std is not None and len(groups) == 1:
                 std = np.asarray(std, dtype=np.float64)
-                ax.fill_between(ns, acc - std, acc + std, color=color, alpha=0.12, linewidth=0)
+                ax.fill_between(xs, acc - std, acc + std, color=color, alpha=0.12, linewidth=0)
+                banded = banded or bool(np.any(std > 0))
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("N sampled paths per prompt")
+    ax.set_xlabel("N sampled paths per prompt" + (" (methods drawn slightly apart at each N)" if n_series > 1 else ""))
     ax.set_ylabel("accuracy of the selected answer")
-    ax.set_title((title or "Inference-time scaling") + "\n(higher is better)", fontsize="medium")
+    note = "higher is better; bands: ±1 std over random draws of N paths" if banded else "higher is better"
+    ax.set_title((title or "Inference-time scaling") + f"\n({note})", fontsize="medium")
     ax.grid(alpha=0.3)
     _legend(ax)
     return _save(fig, path)

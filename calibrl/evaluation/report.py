@@ -1,20 +1,24 @@
-"""Markdown report for ``calibrl eval``: inputs, then per scope (overall, each benchmark) tables with one column per
-input file (side by side) and the figures."""
+"""Markdown report for ``calibrl eval``: inputs, a "What this shows" paragraph per input computed from its overall
+numbers, then per scope (overall, each benchmark) tables with one column per input file (side by side) and the
+figures. When every input is one and the same benchmark, its scope is "overall" itself and is written once."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["markdown_table", "render_eval_report"]
+from calibrl.evaluation.styles import SELECTION_NAMES
+
+__all__ = ["markdown_table", "render_eval_report", "repeated_scopes", "what_this_shows"]
+
+_OVERALL = "overall"
 
 # (key in the metrics dict, row label)
 _ROWS = [
     ("n_samples", "samples"),
     ("n_prompts", "prompts"),
     ("confidence", "confidence input"),
-    ("accuracy", "accuracy (mean@k)"),
-    ("pass@1", "pass@1"),
+    ("accuracy", "accuracy (mean@k = pass@1)"),
     ("auroc", "AUROC (pooled)"),
     ("per_prompt_auroc", "AUROC (mean per prompt)"),
     ("ece", "ECE (uniform bins)"),
@@ -25,7 +29,10 @@ _ROWS = [
     ("aurc", "AURC (lower is better)"),
     ("mean_confidence", "mean confidence"),
 ]
+_NAMES = dict(_ROWS)
 _POSTHOC_ROWS = ["auroc", "ece", "ece_quantile", "brier", "nll", "aurc"]
+_SAME_FLOAT = 1e-9  # pass@1 and mean@k agree to float rounding (both are the mean over prompts of c / n)
+_SELECTION_TIE = 1e-12
 
 
 def _fmt(value: Any) -> str:
@@ -57,6 +64,20 @@ def _with_ci(metrics: Mapping[str, Any], key: str) -> str:
     return text
 
 
+def _pass1_differs(metrics: Mapping[str, Any]) -> bool:
+    """Whether pass@1 differs from mean@k beyond float rounding (it cannot: both are the mean over prompts of
+    c / n, pass@1 through the product form of 1 - C(n-c, 1) / C(n, 1))."""
+    acc, p1 = metrics.get("accuracy"), metrics.get("pass@1")
+    return acc is not None and p1 is not None and abs(acc - p1) > _SAME_FLOAT
+
+
+def repeated_scopes(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[str]:
+    """The scopes other than "overall" whose results are overall's (every input is that one benchmark): the report
+    writes them once, as "overall"."""
+    overall = results.get(_OVERALL)
+    return [s for s, by_label in results.items() if s != _OVERALL and overall and by_label == overall]
+
+
 def _sources_section(by_label: Mapping[str, Mapping[str, Any]], labels: Sequence[str]) -> list[str]:
     """The confidence sources of each input side by side, when some input has more than one."""
     if not any(len(by_label[l].get("confidence_sources") or {}) > 1 for l in labels):
@@ -85,10 +106,21 @@ def _abstention_section(by_label: Mapping[str, Mapping[str, Any]], labels: Seque
             ("precision_heldout", "precision (held-out)"),
             ("calibration_lower_bound", "precision lower bound (calibration)"),
             ("n_calibration_prompts", "calibration prompts"), ("n_heldout_prompts", "held-out prompts")]
+    if first.get("method_name", "bonferroni") == "bonferroni":
+        how = (f"Clopper-Pearson, Bonferroni over a fixed grid of {first.get('grid_size')} thresholds, one sample "
+               "per calibration prompt; half of the prompts calibrate, the other half are held out")
+    else:
+        keys.insert(1, ("method_name", "method"))
+        fraction = first.get("calibration_fraction")
+        how = (f"every sample of {f'{100 * fraction:g}%' if fraction else 'part'} of the prompts, a prompt-level "
+               f"betting test and fixed-sequence testing down a fixed grid of {first.get('grid_size')} thresholds "
+               "from a start chosen on the other prompts, which are held out")
     out = ["", f"Abstention: answer only when confidence >= t, with t certified for precision >= {target:g} with "
-           f"probability >= {1 - delta:g} (Clopper-Pearson, Bonferroni over a fixed grid of {first.get('grid_size')} "
-           "thresholds, one sample per calibration prompt; half of the prompts calibrate, the other half are held "
-           "out):", ""]
+           f"probability >= {1 - delta:g} ({how}):", "",
+           f"Guaranteed: if prompts are exchangeable (calibration prompts and future ones drawn i.i.d. from one "
+           f"distribution), then with probability >= {1 - delta:g} the precision of the answered samples pooled "
+           f"over fresh prompts, E[answered and correct] / E[answered], is >= {target:g} at t (the held-out figures "
+           "estimate it, with their own noise; the x on the precision-coverage plot marks t).", ""]
     out.append(markdown_table(["figure"] + found, [[name] + [_fmt(by_label[l]["abstention"].get(k)) for l in found]
                                                     for k, name in keys]))
     for l in found:
@@ -98,6 +130,143 @@ def _abstention_section(by_label: Mapping[str, Mapping[str, Any]], labels: Seque
         elif a.get("note"):
             out += ["", f"{l}: {a['note']}."]
     return out
+
+
+def _interval(metrics: Mapping[str, Any], key: str) -> tuple[float, float] | None:
+    """The bootstrap interval of ``key`` in ``metrics``, or None (no bootstrap, or an undefined bound)."""
+    ci = (metrics.get("bootstrap") or {}).get(key)
+    return (float(ci[0]), float(ci[1])) if ci and None not in ci else None
+
+
+def _value(x: float, ci: tuple[float, float] | None) -> str:
+    """``0.669 [0.612, 0.733]``: a figure with its interval, 3 decimals (the report's tables give 4)."""
+    return f"{x:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+
+
+def _discrimination_sentence(m: Mapping[str, Any]) -> str:
+    """What the pooled AUROC says, no more than its interval allows: above chance only when the whole interval is
+    above 0.5, below chance only when it is below, otherwise not distinguishable from chance."""
+    auroc, ci = m.get("auroc"), _interval(m, "auroc")
+    source = f"the confidence (`{m.get('confidence')}`)"
+    capital = source[0].upper() + source[1:]
+    if auroc is None:
+        return "AUROC is undefined: every answer scored is right, or every one is wrong."
+    scale = "0.5 = chance, 1 = every right answer above every wrong one"
+    if ci is None:
+        return (f"AUROC {auroc:.3f} for how {source} ranks right answers above wrong ones ({scale}; without "
+                "--bootstrap there is no interval to compare with chance).")
+    if ci[0] > 0.5:
+        return f"{capital} ranks right answers above wrong ones: AUROC {_value(auroc, ci)} ({scale})."
+    if ci[1] < 0.5:
+        return (f"{capital} ranks wrong answers above right ones, worse than chance: AUROC "
+                f"{_value(auroc, ci)} ({scale}).")
+    return (f"{capital} does not separate right from wrong answers distinguishably from "
+            f"chance: AUROC {_value(auroc, ci)}, an interval that contains 0.5 (= chance).")
+
+
+def _calibration_sentence(m: Mapping[str, Any]) -> str | None:
+    """ECE with its interval, and the signed gap mean confidence - fraction right (over the same samples): over-
+    confident when positive, under-confident when negative; a gap under half the ECE is reported as errors in
+    both directions (the bins' gaps mostly cancel in the mean)."""
+    ece, conf = m.get("ece"), m.get("mean_confidence")
+    right = (m.get("precision_at_coverage") or {}).get("1.0")  # the fraction right over every scored sample
+    if ece is None or conf is None or right is None:
+        return None
+    gap = conf - right
+    text = (f"Calibration: ECE {_value(ece, _interval(m, 'ece'))} (0 = confidence matches the fraction right); "
+            f"mean confidence {conf:.3f} against {right:.3f} right, ")
+    if abs(gap) >= 0.5 * ece:
+        return text + f"so the model is {'over' if gap > 0 else 'under'}-confident by {abs(gap):.3f} on average."
+    return text + (f"a mean gap of {gap:+.3f}: it is over-confident at some confidence levels and under-confident "
+                   "at others (see the reliability diagram).")
+
+
+def _and(items: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
+
+
+def _selection_sentence(m: Mapping[str, Any]) -> str | None:
+    """The best answer-selection method over all paths against majority vote and one path (mean@k)."""
+    sel = {k: v for k, v in (m.get("selection") or {}).items() if v is not None}
+    if not sel:
+        return None
+    n = m.get("samples_per_prompt") or {}
+    paths = f"{n.get('min')}" if n.get("min") == n.get("max") else f"{n.get('min')} to {n.get('max')}"
+    top = max(sel.values())
+    best = [k for k, v in sel.items() if v >= top - _SELECTION_TIE]
+    names = _and([SELECTION_NAMES.get(k, k) for k in best]) + (" (tied)" if len(best) > 1 else "")
+    one = f"one path {m['accuracy']:.3f}" if m.get("accuracy") is not None else ""
+    rest = ([f"majority vote {sel['majority']:.3f} ({top - sel['majority']:+.3f})"]
+            if "majority" in sel and "majority" not in best else [])
+    rest += [one] if one else []
+    which = f"the best {'are' if len(best) > 1 else 'is'} {names}," if len(sel) > 1 else f"{names}"
+    return (f"Answer selection over all {paths} paths per prompt: {which} {top:.3f}"
+            + (f", against {' and '.join(rest)}" if rest else "")
+            + " (a single run over these prompts, without an interval: read small differences as noise).")
+
+
+def _abstention_sentence(m: Mapping[str, Any]) -> str | None:
+    """The certified abstention threshold's held-out coverage and precision, or that none is certified."""
+    a = m.get("abstention")
+    if not a:
+        return None
+    target = f"precision >= {a['target_precision']:g} with probability >= {1 - a['delta']:g}"
+    if a.get("threshold") is None:
+        n = a.get("n_calibration_prompts")
+        on = f" on these {n} calibration prompts" if n else ""
+        return f"Abstention: no confidence threshold is certified for {target}{on}."
+    return (f"Abstention: answering only when confidence >= {a['threshold']:.3f} (certified for {target}) answers "
+            f"{_fmt3(a.get('coverage'))} of the held-out samples, with precision {_fmt3(a.get('precision_heldout'))} "
+            "there.")
+
+
+def _fmt3(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def _benchmark_sentence(results: Mapping[str, Mapping[str, Mapping[str, Any]]], label: str,
+                        scopes: Sequence[str]) -> str | None:
+    """The spread of accuracy (and AUROC) over the input's benchmarks, when it has several."""
+    per = {s: results[s][label] for s in scopes if label in results[s]}
+    if len(per) < 2:
+        return None
+    parts = []
+    for key, name in (("accuracy", "accuracy"), ("auroc", "AUROC")):
+        vals = {s: v[key] for s, v in per.items() if v.get(key) is not None}
+        if len(vals) >= 2:
+            lo, hi = min(vals, key=vals.get), max(vals, key=vals.get)
+            parts.append(f"{name} from {vals[lo]:.3f} ({lo}) to {vals[hi]:.3f} ({hi})")
+    return f"Over its {len(per)} benchmarks: " + "; ".join(parts) + "." if parts else None
+
+
+def what_this_shows(results: Mapping[str, Mapping[str, Mapping[str, Any]]], *, benchmarks: Sequence[str] = ()
+                    ) -> list[str]:
+    """Plain sentences, one paragraph per input, on what the overall numbers show: accuracy with its interval,
+    whether the confidence ranks right above wrong answers (AUROC against chance, as far as its interval allows),
+    calibration (ECE and the signed gap mean confidence - fraction right), post-hoc calibration, the best answer
+    selection against majority vote, abstention, and the spread over ``benchmarks`` (scopes of ``results``)."""
+    overall = results.get(_OVERALL) or next(iter(results.values()), {})
+    paragraphs = []
+    for label, m in overall.items():
+        acc = m.get("accuracy")
+        n = m.get("samples_per_prompt") or {}
+        per = f"{n.get('min')}" if n.get("min") == n.get("max") else f"{n.get('min')} to {n.get('max')}"
+        out = [f"Accuracy {_value(acc, _interval(m, 'accuracy'))}: the mean over {m.get('n_prompts')} prompts of "
+               f"the fraction right among their {per} samples."] if acc is not None else []
+        if m.get("confidence") is None:
+            out.append("The input has no confidence: accuracy and majority vote only.")
+        else:
+            out.append(_discrimination_sentence(m))
+            out.append(_calibration_sentence(m))
+            post = m.get("posthoc") or {}
+            if post.get("ece") is not None and m.get("ece") is not None:
+                out.append(f"Post-hoc {post['method']} calibration (out-of-fold) moves ECE from {m['ece']:.3f} to "
+                           f"{post['ece']:.3f}.")
+        out += [_selection_sentence(m), _abstention_sentence(m), _benchmark_sentence(results, label, benchmarks)]
+        text = " ".join(s for s in out if s)
+        paragraphs.append(f"**{label}**: {text}" if len(overall) > 1 else text)
+    return paragraphs
 
 
 def render_eval_report(
@@ -124,18 +293,38 @@ def render_eval_report(
         for note in i.get("notes") or []:
             out += ["", f"{i['label']} ({fmt}): {note}"]
     out.append("")
-    for scope, by_label in results.items():
+    repeats = repeated_scopes(results)
+    benchmarks = [s for s in results if s != _OVERALL and s not in repeats]
+    paragraphs = what_this_shows(results, benchmarks=benchmarks)
+    if paragraphs:
+        out += ["## What this shows", ""]
+        for text in paragraphs:
+            out += [text, ""]
+    for n_scope, (scope, by_label) in enumerate((s, b) for s, b in results.items() if s not in repeats):
         labels = list(by_label)
-        out += [f"## {scope}", ""]
+        if scope == _OVERALL and repeats:
+            names = ", ".join(f"`{r}`" for r in repeats)
+            out += [f"## {scope} (= benchmark {names})", "",
+                    f"Every sample is from benchmark {names}, so this section is also that benchmark's "
+                    "(metrics.json lists its results and figures under both names).", ""]
+        else:
+            out += [f"## {scope}", ""]
         rows = []
         for key, name in _ROWS:
             if key in ("accuracy", "auroc", "ece"):
                 rows.append([name] + [_with_ci(by_label[l], key) for l in labels])
             else:
                 rows.append([name] + [_fmt(by_label[l].get(key)) for l in labels])
-        passk = sorted({k for l in labels for k in by_label[l] if k.startswith("pass@") and k != "pass@1"})
+        if any(_pass1_differs(by_label[l]) for l in labels):  # never beyond float rounding: shown if it did
+            rows.insert(4, ["pass@1"] + [_fmt(by_label[l].get("pass@1")) for l in labels])
+        passk = sorted({k for l in labels for k in by_label[l] if k.startswith("pass@") and k != "pass@1"},
+                       key=lambda k: int(k[5:]) if k[5:].isdigit() else 0)
         rows += [[k] + [_fmt(by_label[l].get(k)) for l in labels] for k in passk]
         out.append(markdown_table(["metric"] + labels, rows))
+        if n_scope == 0:
+            out += ["", "Accuracy is mean@k, the mean over prompts of each prompt's fraction c / n of right samples; "
+                    "it is also the unbiased pass@1 (1 - C(n-c, 1) / C(n, 1) = c / n), so one row shows both. "
+                    "pass@k: the chance that k samples of a prompt, drawn without replacement, hold a right one."]
         if any("bootstrap" in by_label[l] for l in labels):
             b = next(by_label[l]["bootstrap"] for l in labels if "bootstrap" in by_label[l])
             out.append("")
@@ -153,7 +342,7 @@ def render_eval_report(
             method = next(by_label[l]["posthoc"]["method"] for l in labels if "posthoc" in by_label[l])
             out += ["", f"Post-hoc `{method}` calibration, cross-validated out-of-fold (folds split by prompt):", ""]
             out.append(markdown_table(["metric"] + labels, [
-                [k] + [_fmt(by_label[l].get("posthoc", {}).get(k)) for l in labels] for k in _POSTHOC_ROWS
+                [_NAMES[k]] + [_fmt(by_label[l].get("posthoc", {}).get(k)) for l in labels] for k in _POSTHOC_ROWS
             ]))
             out += ["", "The post-hoc AUROC pools out-of-fold values from maps fit on different folds, so it can differ "
                     "from the uncalibrated AUROC even for monotone maps (temperature, Platt); compare discrimination "
@@ -165,7 +354,8 @@ def render_eval_report(
             out += ["", "Answer selection with all N paths per prompt (accuracy; ties split evenly):", ""]
             if methods:
                 out.append(markdown_table(["method"] + labels, [
-                    [m] + [_fmt(by_label[l].get("selection", {}).get(m)) for l in labels] for m in methods
+                    [f"{SELECTION_NAMES[m]} (`{m}`)" if m in SELECTION_NAMES else m]
+                    + [_fmt(by_label[l].get("selection", {}).get(m)) for l in labels] for m in methods
                 ]))
             for l in labels:
                 if by_label[l].get("scaling_note"):

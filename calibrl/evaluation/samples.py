@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from array import array
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
@@ -37,6 +38,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from calibrl.evaluation.readers import FORMATS, SamplesError, detect_format, read_rows
+from calibrl.selection.voting import _NO_DIGEST, digest_ids, text_digest
 from calibrl.tasks.verbalized import parse_verbalized_confidence
 
 __all__ = ["CONFIDENCE_KINDS", "FORMATS", "Samples", "SamplesError", "load_samples"]
@@ -50,6 +52,12 @@ _LOGPROB_TOL = 1e-6  # float noise above 0 is clipped to 0
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _shown(value: Any, limit: int = 200) -> str:
+    """``repr(value)``, cut to its first ``limit`` characters (a bad value may be a whole completion)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _is_int(value: Any) -> bool:
@@ -69,6 +77,9 @@ class Samples:
     one benchmark and prompt 0 of another are different prompts everywhere (pass@k, maj@k, per-prompt AUROC,
     bootstrap, answer clustering, selection).
     Optional arrays are None when no row has the field. ``labels`` are class indices into ``classes``.
+    Completion texts are not held: each was reduced to a digest as it was read (``completion_ids``, what PC and
+    RPC need), so memory grows with the number of rows, not with the texts' length; ``completions`` reads the
+    texts again from ``path``.
     """
 
     source: str
@@ -84,10 +95,14 @@ class Samples:
     classes: list[str] | None = None
     answers: np.ndarray | None = None  # [N] object: str or None
     benchmarks: np.ndarray | None = None  # [N] str
-    completions: np.ndarray | None = None  # [N] object: str or None
+    # [N] int64 id of the completion text: equal texts share one (from their digests), a row without one has its
+    # own; what PC and RPC need. The texts themselves are not held (see `completions`).
+    completion_ids: np.ndarray | None = None
     n_tokens: np.ndarray | None = None  # [N] float (NaN where absent)
     format: str = "calibrl"  # the format the file was read as (calibrl.evaluation.readers.FORMATS)
     notes: list[str] = field(default_factory=list)  # how a foreign format was read (which field gave correct, ...)
+    path: Path | None = None  # the file (or folder) read, for `completions`
+    rows: np.ndarray | None = None  # [N] int64: each row's position among the rows read from `path`
     prompt_index: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -164,12 +179,34 @@ class Samples:
             raise SamplesError(f"{self.source}: field '{name}' is not present on every row")
         return value
 
+    @property
+    def completions(self) -> np.ndarray | None:
+        """[N] object: each row's completion text (None where it has none); None when no row has one.
+
+        Read again from :attr:`path` on each access: a Samples holds only the texts' ids (``completion_ids``), so
+        its memory grows with the number of rows, not with the texts' length.
+        """
+        if self.completion_ids is None:
+            return None
+        if self.path is None or self.rows is None:
+            raise SamplesError(f"{self.source}: the completion texts are not held and the file is not known")
+        slot = np.full(int(self.rows.max(initial=-1)) + 1, -1, dtype=np.int64)  # [rows read] -> index here
+        slot[self.rows] = np.arange(len(self))
+        texts = np.full(len(self), None, dtype=object)
+        for position, (_where, raw) in enumerate(read_rows(self.path, self.format, [])):
+            if position >= len(slot):
+                break
+            if slot[position] >= 0:
+                texts[slot[position]] = raw.get("completion")
+        return texts
+
     def subset(self, mask: np.ndarray) -> "Samples":
         """The rows where ``mask`` is true (a new Samples with its own dense prompt index)."""
         mask = np.asarray(mask)
         kwargs = {}
         for name in ("prompt_ids", "correct", "reward", "logprob_mean", "decision_prob", "class_probs",
-                     "verbalized_confidence", "labels", "answers", "benchmarks", "completions", "n_tokens"):
+                     "verbalized_confidence", "labels", "answers", "benchmarks", "completion_ids", "n_tokens",
+                     "rows"):
             value = getattr(self, name)
             kwargs[name] = None if value is None else value[mask]
         return replace(self, **kwargs)
@@ -195,6 +232,8 @@ class _Row:
 
     def number(self, name: str, *, low: float = -math.inf, high: float = math.inf) -> float:
         value = self.row.get(name)
+        if type(value) is float and low <= value <= high and value - value == 0.0:  # the common case, fast
+            return value
         if value is None:
             raise self.fail(name, "missing")
         if not _is_number(value):
@@ -265,7 +304,7 @@ def load_samples(path: str | Path, *, confidence: str | None = None, format: str
     if samples.confidence_kind is None:
         notes.append(f"{path.name}: no confidence input ({', '.join(CONFIDENCE_KINDS)}) in this {fmt} file: "
                      "accuracy and answer selection only")
-    samples.format, samples.notes = fmt, notes + samples.notes
+    samples.format, samples.notes, samples.path = fmt, notes + samples.notes, path
     for note in notes:
         warnings.warn(note, stacklevel=2)
     return samples
@@ -275,12 +314,16 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
     """Samples from calibrl rows ``(file:line, row)``; ``optional``: a file without confidence input is read."""
     prompt_ids: list[str] = []
     correct: list[bool] = []
-    cols: dict[str, list] = {k: [] for k in ("reward", "logprob_mean", "decision_prob", "verbalized_confidence",
-                                             "n_tokens")}
+    # floats in compact arrays (8 bytes a row, not a Python float each)
+    cols: dict[str, array] = {k: array("d") for k in ("reward", "logprob_mean", "decision_prob",
+                                                      "verbalized_confidence", "n_tokens")}
     n_parsed = 0  # rows whose verbalized confidence was read from the completion text
     class_probs: list[list[float] | None] = []
     labels: list[int] = []
-    texts: dict[str, list] = {"answer": [], "benchmark": [], "completion": []}
+    texts: dict[str, list] = {"answer": [], "benchmark": []}
+    # each completion is reduced to its digest as it is read: PC / RPC only ask which texts are identical
+    digests = bytearray()  # [N x 16] text_digest of each row's completion (zeros where none)
+    no_text = bytearray()  # [N] 1 where the row has no completion
     classes: list[str] | None = None
     kind: str | None = None
     n_classes: int | None = None
@@ -303,19 +346,22 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
             raise r.fail("prompt_id", f"expected str or int, got {type(pid).__name__} {pid!r}")
 
         for name in ("reward", "n_tokens"):
-            cols[name].append(r.number(name, low=0 if name == "n_tokens" else -math.inf) if r.has(name) else math.nan)
-        if r.has("n_tokens") and not _is_int(raw["n_tokens"]):
-            raise r.fail("n_tokens", f"expected an integer, got {raw['n_tokens']!r}")
+            cols[name].append(r.number(name, low=0 if name == "n_tokens" else -math.inf)
+                              if raw.get(name) is not None else math.nan)
+        n_tokens = raw.get("n_tokens")
+        if n_tokens is not None and type(n_tokens) is not int and not _is_int(n_tokens):
+            raise r.fail("n_tokens", f"expected an integer, got {n_tokens!r}")
         cols["logprob_mean"].append(
-            min(r.number("logprob_mean", high=_LOGPROB_TOL), 0.0) if r.has("logprob_mean") or kind == "logprob_mean"
-            else math.nan
+            min(r.number("logprob_mean", high=_LOGPROB_TOL), 0.0)
+            if raw.get("logprob_mean") is not None or kind == "logprob_mean" else math.nan
         )
         cols["decision_prob"].append(
-            r.number("decision_prob", low=0.0, high=1.0) if r.has("decision_prob") or kind == "decision_prob"
-            else math.nan
+            r.number("decision_prob", low=0.0, high=1.0)
+            if raw.get("decision_prob") is not None or kind == "decision_prob" else math.nan
         )
         if "verbalized_confidence" in raw:  # null: the completion stated none
-            stated = r.number("verbalized_confidence", low=0.0, high=1.0) if r.has("verbalized_confidence") else None
+            stated = (r.number("verbalized_confidence", low=0.0, high=1.0)
+                      if raw["verbalized_confidence"] is not None else None)
         else:
             stated = _stated_confidence(raw)
             n_parsed += stated is not None
@@ -394,20 +440,24 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         else:
             raise r.fail("correct", "missing (give 'correct' (bool) or 'reward' (number))")
 
-        for name in texts:
+        for name in ("answer", "benchmark", "completion"):
             value = raw.get(name)
             if value is not None and not isinstance(value, str):
                 if name == "answer" and _is_number(value):
                     value = str(value)
                 else:
-                    raise r.fail(name, f"expected a string, got {type(value).__name__} {value!r}")
-            texts[name].append(value)
+                    raise r.fail(name, f"expected a string, got {type(value).__name__} {_shown(value)}")
+            if name == "completion":
+                digests += _NO_DIGEST if value is None else text_digest(value)
+                no_text.append(value is None)
+            else:
+                texts[name].append(value)
 
     if kind is None:
         raise SamplesError(f"{source}: no samples (the file is empty)")
 
-    def opt_float(values: list[float]) -> np.ndarray | None:
-        arr = np.asarray(values, dtype=np.float64)
+    def opt_float(values: array) -> np.ndarray | None:
+        arr = np.frombuffer(values, dtype=np.float64) if len(values) else np.zeros(0)
         return None if np.isnan(arr).all() else arr
 
     has_probs = [p is not None for p in class_probs]
@@ -440,7 +490,8 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         classes=classes,
         answers=opt_text(texts["answer"]),
         benchmarks=None if benchmarks is None else benchmarks.astype(str),
-        completions=opt_text(texts["completion"]),
+        completion_ids=None if 0 not in no_text else digest_ids(digests, np.frombuffer(no_text, dtype=np.uint8) == 1),
+        rows=np.arange(len(correct), dtype=np.int64),
         n_tokens=opt_float(cols["n_tokens"]),
         notes=[f"{source}: verbalized_confidence read from the completion's <confidence> tag on {n_parsed} rows"]
         if n_parsed else [],

@@ -21,7 +21,6 @@ only decides which arrays go in:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,6 +111,70 @@ def _source_metrics(samples: Samples, kind: str, n_bins: int) -> tuple[dict[str,
     return figures, (conf, target)
 
 
+def prompt_bootstrap(correct: np.ndarray, pidx: np.ndarray, score: np.ndarray | None, conf: np.ndarray | None,
+                     target: np.ndarray | None, *, n_bins: int, n_boot: int, alpha: float, seed: int,
+                     progress: Callable[[str], Any] | None = None) -> dict[str, tuple[float, float]]:
+    """Prompt-bootstrap intervals of accuracy (mean@k) and, with a confidence, AUROC, ECE (uniform bins) and Brier:
+    those of :func:`calibrl.metrics.bootstrap_ci` with the same ``seed`` (the same prompt draws), computed from
+    each replicate's prompt counts instead of its gathered rows.
+
+    ``correct``, ``pidx`` (dense prompt index), ``score`` / ``conf`` / ``target`` [N]. A replicate holding prompt p
+    ``k_p`` times weighs p's samples by ``k_p``: accuracy is the mean of the drawn prompts' accuracies (the very
+    same sum); AUROC the Mann-Whitney count with weights over samples ranked once (integer counts: the same value
+    exactly); ECE and Brier sums of per-(prompt, bin) and per-prompt totals (equal up to float rounding, ~1e-16
+    relative). Replicates where a metric is nan are ignored, as in :func:`~calibrl.metrics.bootstrap_ci`.
+    ``progress(description)`` is called before each chunk of replicates.
+    """
+    from calibrl.metrics.bootstrap import percentile_interval, resampled_prompt_counts
+
+    n_groups = int(pidx.max()) + 1
+    y = np.asarray(correct, dtype=bool)
+    n_p = np.bincount(pidx, minlength=n_groups)
+    acc_p = np.bincount(pidx, weights=y, minlength=n_groups).astype(np.int64) / n_p  # [G] as mean_at_k's c / n
+    stats: dict[str, list[np.ndarray]] = {"accuracy": []}
+    if conf is not None:
+        t = np.asarray(target, dtype=bool)
+        order = np.argsort(score, kind="mergesort")
+        _, slot = np.unique(score[order], return_inverse=True)  # [N] equal scores share a slot (ties count 1/2)
+        slot = slot.reshape(-1)
+        n_slots = int(slot.max()) + 1
+        t_sorted, g_sorted = t[order], pidx[order]
+        pos_slot, pos_g = slot[t_sorted], g_sorted[t_sorted]
+        neg_slot, neg_g = slot[~t_sorted], g_sorted[~t_sorted]
+        pos_p = np.bincount(pidx[t], minlength=n_groups).astype(np.float64)  # [G] positives per prompt
+        neg_p = n_p - pos_p
+        edges = M.bin_edges(conf, n_bins=n_bins, strategy="uniform")
+        cell = pidx * n_bins + np.searchsorted(edges[1:-1], conf, side="left")  # [N] (prompt, bin)
+        size = n_groups * n_bins
+        cnt_pb = np.bincount(cell, minlength=size).reshape(n_groups, n_bins).astype(np.float64)
+        conf_pb = np.bincount(cell, weights=conf, minlength=size).reshape(n_groups, n_bins)
+        acc_pb = np.bincount(cell, weights=t, minlength=size).reshape(n_groups, n_bins)
+        sq_p = np.bincount(pidx, weights=(conf - t) ** 2, minlength=n_groups)
+        stats.update(auroc=[], ece=[], brier=[])
+    done = 0
+    for drawn, counts in resampled_prompt_counts(n_groups, n_boot=n_boot, seed=seed):
+        if progress is not None:
+            progress(f"replicates {done + 1}-{done + len(counts)} of {n_boot}")
+        done += len(counts)
+        stats["accuracy"].append(acc_p[drawn].mean(axis=1))
+        if conf is None:
+            continue
+        auc = np.empty(len(counts))
+        for r, k in enumerate(counts):
+            negw = np.bincount(neg_slot, weights=k[neg_g], minlength=n_slots)
+            below = np.cumsum(negw) - 0.5 * negw  # weighted negatives below each slot, ties counting 1/2
+            den = float(k @ pos_p) * float(k @ neg_p)
+            auc[r] = float(k[pos_g] @ below[pos_slot]) / den if den > 0 else np.nan
+        stats["auroc"].append(auc)
+        cnt, cs, acs = counts @ cnt_pb, counts @ conf_pb, counts @ acc_pb  # [b, n_bins]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            gaps = np.abs(acs / cnt - cs / cnt)
+        frac = cnt / np.maximum(cnt.sum(axis=1, keepdims=True), 1)
+        stats["ece"].append(np.where(cnt > 0, frac * np.nan_to_num(gaps), 0.0).sum(axis=1))
+        stats["brier"].append((counts @ sq_p) / (counts @ n_p))
+    return {k: percentile_interval(np.concatenate(v), alpha=alpha) for k, v in stats.items()}
+
+
 def evaluate_samples(
     samples: Samples,
     *,
@@ -130,11 +193,13 @@ def evaluate_samples(
     abstain_precision: float | None = None,
     abstain_delta: float = 0.05,
     step: Callable[[str], Any] | None = None,
+    abstain_method: str = "betting",
 ) -> ScopeResult:
     """Every reported figure for ``samples``. ``answer_ids``: answer clusters (from
     :func:`calibrl.selection.answer_clusters`) enabling selection; ``abstain_precision``: also choose an abstention
     threshold with precision >= it with probability >= 1 - ``abstain_delta`` (main confidence, prompt split by
-    ``seed``); ``step(description)`` is called before each slow stage (progress reporting)."""
+    ``seed``, procedure ``abstain_method``: "betting" or "bonferroni"); ``step(description)`` is called before
+    each slow stage (progress reporting)."""
     step = step or (lambda _desc: None)
     pidx = samples.prompt_index
     sizes = samples.group_sizes()
@@ -168,23 +233,19 @@ def evaluate_samples(
     if abstain_precision is not None:
         if has_conf:
             found = M.calibrated_abstention(conf, target, pidx, target_precision=abstain_precision,
-                                            delta=abstain_delta, seed=seed)
+                                            delta=abstain_delta, seed=seed, method=abstain_method)
             out["abstention"] = {"confidence": samples.confidence_kind, **found.to_dict()}
         else:
             out["abstention"] = {"confidence": None, "threshold": None, "coverage": None, "precision_heldout": None,
                                  "target_precision": abstain_precision, "delta": abstain_delta,
-                                 "grid_size": len(M.DEFAULT_THRESHOLD_GRID), "note": "no confidence in the input"}
+                                 "grid_size": len(M.DEFAULT_THRESHOLD_GRID), "method_name": abstain_method,
+                                 "note": "no confidence in the input"}
 
     if n_boot > 0:
         step(f"{label}/{scope}: bootstrap ({n_boot} prompt resamples)")
-        ci = functools.partial(M.bootstrap_ci, prompt_ids=pidx, n_boot=n_boot, alpha=alpha, seed=seed)
-        boot = {"accuracy": ci(M.mean_at_k, {"correct": samples.correct, "prompt_ids": pidx})}
-        if has_conf:
-            boot["auroc"] = ci(M.auroc, (score, target))
-            boot["ece"] = ci(functools.partial(M.ece, n_bins=n_bins, strategy="uniform"), (conf, target))
-            boot["brier"] = ci(M.brier, (conf, target))
-        out["bootstrap"] = {"n_boot": n_boot, "alpha": alpha,
-                            **{k: [_f(v.low), _f(v.high)] for k, v in boot.items()}}
+        boot = prompt_bootstrap(samples.correct, pidx, score, conf, target, n_bins=n_bins, n_boot=n_boot,
+                                 alpha=alpha, seed=seed, progress=lambda d: step(f"{label}/{scope}: bootstrap, {d}"))
+        out["bootstrap"] = {"n_boot": n_boot, "alpha": alpha, **{k: [_f(lo), _f(hi)] for k, (lo, hi) in boot.items()}}
 
     result = ScopeResult(label, scope, out, conf, target, sources=source_plots)
     if posthoc:
@@ -214,13 +275,15 @@ def evaluate_samples(
             reason = "no confidence in the input"
             usable = [m for m in usable if m == "majority"]
         skipped = {m: reason for m in methods if m not in usable}
-        kwargs = {"logprob_mean": lpm, "completions": samples.completions, "confidence": score}
+        kwargs = {"logprob_mean": lpm, "completions": samples.completion_ids, "confidence": score}
         sel: dict[str, Any] = {}  # accuracy of each method on all of each prompt's paths
         for method in usable:
             step(f"{label}/{scope}: selection '{method}' and its scaling curve")
             sel[method] = _f(select(method, answer_ids, samples.correct, pidx, **kwargs).accuracy)
             draws = rpc_draws if method == "rpc" else scaling_draws  # rpc fits one mixture per prompt per draw
-            curve = scaling_curve(method, answer_ids, samples.correct, pidx, n_draws=draws, seed=seed, **kwargs)
+            curve = scaling_curve(method, answer_ids, samples.correct, pidx, n_draws=draws, seed=seed,
+                                  progress=lambda d, m=method: step(f"{label}/{scope}: scaling curve '{m}', {d}"),
+                                  **kwargs)
             result.curves[method] = curve
         verbal = samples.verbalized_confidence
         if verbal is not None and not np.isnan(verbal).all():

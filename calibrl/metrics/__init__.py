@@ -6,17 +6,22 @@ Outputs: Python floats, numpy arrays, or small named tuples / dataclasses.
 """
 
 from calibrl.metrics.abstention import (
+    ABSTENTION_METHODS,
     DEFAULT_COVERAGES,
     DEFAULT_THRESHOLD_GRID,
     AbstentionThreshold,
     CalibratedAbstention,
     abstention_threshold,
     aurc,
+    betting_p_value,
     calibrated_abstention,
     calibration_split,
     clopper_pearson_lower,
+    fixed_sequence,
     precision_at_coverage,
     precision_coverage,
+    prompt_threshold_counts,
+    sequence_start,
 )
 from calibrl.metrics.accuracy import mean_at_k, pass_at_k, per_prompt_counts
 from calibrl.metrics.bootstrap import BootstrapCI, bootstrap_ci
@@ -37,6 +42,7 @@ from calibrl.metrics.calibration import (
 )
 
 __all__ = [
+    "ABSTENTION_METHODS",
     "AbstentionThreshold",
     "BootstrapCI",
     "CalibratedAbstention",
@@ -47,6 +53,7 @@ __all__ = [
     "abstention_threshold",
     "aurc",
     "auroc",
+    "betting_p_value",
     "bin_edges",
     "bootstrap_ci",
     "brier",
@@ -54,6 +61,7 @@ __all__ = [
     "calibration_split",
     "clopper_pearson_lower",
     "ece",
+    "fixed_sequence",
     "mce",
     "mean_at_k",
     "nll",
@@ -62,8 +70,10 @@ __all__ = [
     "per_prompt_counts",
     "precision_at_coverage",
     "precision_coverage",
+    "prompt_threshold_counts",
     "reliability_bins",
     "roc_curve",
+    "sequence_start",
     "top_label",
     "weighted_auroc",
 ]

@@ -9,11 +9,20 @@ makes every figure independent of the input order. :func:`precision_at_coverage`
 that may fall inside a tie run; it then counts the tied run at its mean accuracy -- the expected precision when
 ties are broken at random.
 
-Choosing a threshold with a guarantee: :func:`abstention_threshold` picks, on calibration samples, the lowest
-threshold of a FIXED grid whose one-sided Clopper-Pearson lower bound on precision, at level delta / (grid size)
-(Bonferroni over the grid), reaches the target; :func:`calibrated_abstention` does it on a calibration half of the
-prompts (one sample per prompt, so the binomial's trials are independent) and reports coverage and precision on
-the other half. The guarantee's statement and assumptions are in docs/metrics.md.
+Choosing a threshold with a guarantee, :func:`calibrated_abstention`, two procedures by name:
+
+- ``method="betting"`` (default): every sample of each calibration prompt, the prompt as the unit. Per prompt i and
+  grid threshold t, ``c_i(t) - P a_i(t)`` (answered-correct minus target times answered) is a bounded term of mean
+  ``E[c] - P E[a]``; a betting test (:func:`betting_p_value`, Waudby-Smith & Ramdas 2020) on the calibration
+  prompts decides ``E[c] >= P E[a]``, and fixed-sequence testing (Learn then Test, Angelopoulos et al. 2021)
+  walks the grid down from a start chosen on the held-out prompts (:func:`sequence_start`) with no multiplicity
+  correction (:func:`fixed_sequence`).
+- ``method="bonferroni"``: :func:`abstention_threshold` picks, on ONE sample per calibration prompt, the lowest
+  threshold of a FIXED grid whose one-sided Clopper-Pearson lower bound on precision, at level delta / (grid
+  size), reaches the target.
+
+Both report coverage and precision on the held-out prompts. The guarantee's statement, assumptions and the validity
+argument are in docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -26,17 +35,22 @@ import numpy as np
 from calibrl.metrics._arrays import as_correct, as_scores, check_same_length, group_index, stable_argsort_small_ints
 
 __all__ = [
+    "ABSTENTION_METHODS",
     "DEFAULT_COVERAGES",
     "DEFAULT_THRESHOLD_GRID",
     "AbstentionThreshold",
     "CalibratedAbstention",
     "abstention_threshold",
     "aurc",
+    "betting_p_value",
     "calibrated_abstention",
     "calibration_split",
     "clopper_pearson_lower",
+    "fixed_sequence",
     "precision_at_coverage",
     "precision_coverage",
+    "prompt_threshold_counts",
+    "sequence_start",
 ]
 
 DEFAULT_COVERAGES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -117,8 +131,15 @@ def precision_at_coverage(
 # ------------------------------------------------------------------------------ threshold with a guarantee
 
 DEFAULT_THRESHOLD_GRID = np.round(np.linspace(0.0, 1.0, 101), 2)  # 0.00, 0.01, ..., 1.00: fixed before any data
-DEFAULT_CALIBRATION_FRACTION = 0.5
+DEFAULT_CALIBRATION_FRACTION = 0.5  # method="bonferroni"
+DEFAULT_BETTING_CALIBRATION_FRACTION = 0.8  # method="betting": the test's power grows with the calibration prompts
 ABSTENTION_METHOD = "clopper-pearson, bonferroni over a fixed grid, one sample per calibration prompt"
+BETTING_METHOD = ("betting test of E[c - P a] >= 0 over calibration prompts (every sample), fixed-sequence testing "
+                  "down a fixed grid from a start chosen on the held-out prompts")
+ABSTENTION_METHODS = {"betting": BETTING_METHOD, "bonferroni": ABSTENTION_METHOD}  # name -> description
+DEFAULT_ABSTENTION_METHOD = "betting"
+BET_CAP = 0.99  # largest bet, as a fraction of 1 / null_mean (keeps every capital factor >= 1 - BET_CAP > 0)
+BET_PRIOR = (0.5, 0.25)  # (mean, variance) the bet's running estimates start from, with the weight of one term
 
 
 def clopper_pearson_lower(n_correct: Any, n_answered: Any, *, delta: float) -> np.ndarray:
@@ -200,7 +221,8 @@ def abstention_threshold(
     testing: fixed-sequence testing (no correction) must start at the most conservative threshold and stop at the
     first that fails; the highest thresholds answer few or no calibration samples and fail, so it would stop
     there, and starting it where data begins makes the order depend on the data. Bonferroni costs a factor
-    log(G) in the bound's width (delta / 101 for the default grid) whatever the data.
+    log(G) in the bound's width (delta / 101 for the default grid) whatever the data. (``calibrated_abstention``'s
+    default ``method="betting"`` does use fixed-sequence testing, from a start chosen on held-out prompts.)
 
     ``confidence`` [N] any real score on the grid's scale (default grid 0.00, 0.01, ..., 1.00 for probabilities),
     ``correct`` [N] bool. Cost: two sorts of N values and G beta quantiles.
@@ -223,13 +245,142 @@ def abstention_threshold(
         delta=float(delta))
 
 
+# ----------------------------------------------------------- every sample, prompt as the unit, betting test
+
+def prompt_threshold_counts(confidence: Any, correct: Any, prompt_index: Any, *, n_prompts: int,
+                            grid: Any = DEFAULT_THRESHOLD_GRID) -> tuple[np.ndarray, np.ndarray]:
+    """Per prompt and grid threshold: ``(answered [P, G], answered_correct [P, G])``, float64.
+
+    ``answered[i, g] = #{samples j of prompt i: s_j >= t_g}``, ``answered_correct[i, g]`` the correct ones among
+    them. ``confidence``, ``correct`` [N]; ``prompt_index`` [N] ints in [0, n_prompts); ``grid`` [G] increasing.
+    One ``searchsorted`` (sample j is answered at the grid positions g < k_j, k_j = #{g: t_g <= s_j}), one
+    ``bincount`` per array and a reverse cumulative sum over the grid: O(N log G + P G).
+    """
+    s = as_scores(confidence)
+    y = as_correct(correct)
+    thresholds = _check_grid(grid)
+    pidx = np.asarray(prompt_index, dtype=np.int64).reshape(-1)
+    check_same_length(confidence=s, correct=y, prompt_index=pidx)
+    if pidx.size and (pidx.min() < 0 or pidx.max() >= n_prompts):
+        raise ValueError(f"prompt_index must lie in [0, n_prompts = {n_prompts}), got {pidx.min()}..{pidx.max()}")
+    width = thresholds.size + 1
+    cell = pidx * width + np.searchsorted(thresholds, s, side="right")  # [N]: (prompt, k_j)
+    per_k = np.bincount(cell, minlength=n_prompts * width).reshape(n_prompts, width)
+    per_k_correct = np.bincount(cell[y], minlength=n_prompts * width).reshape(n_prompts, width)
+    # answered at g = samples with k_j > g: reverse cumulative sum, then drop k = 0
+    answered = np.cumsum(per_k[:, ::-1], axis=1)[:, ::-1][:, 1:]
+    answered_correct = np.cumsum(per_k_correct[:, ::-1], axis=1)[:, ::-1][:, 1:]
+    return answered.astype(np.float64), answered_correct.astype(np.float64)
+
+
+def betting_p_value(x: Any, *, null_mean: float, delta: float, cap: float = BET_CAP) -> np.ndarray:
+    """p-value of ``H0: E[x] < null_mean`` for i.i.d. terms ``x`` in [0, 1], by betting (one-sided).
+
+    Capital ``K_k = prod_{i<=k} (1 + lambda_i (x_i - m))``, m = ``null_mean``, with the predictable plug-in bet of
+    Waudby-Smith & Ramdas (2020, eq. 26-27, fixed sample size n, one side):
+    ``lambda_i = min(sqrt(2 log(1/delta) / (n sigma2_{i-1})), cap / m)``,
+    ``mu_i = (1/2 + sum_{j<=i} x_j) / (i + 1)``, ``sigma2_i = (1/4 + sum_{j<=i} (x_j - mu_j)^2) / (i + 1)``
+    (sigma2_0 = 1/4). Under H0 each factor has conditional mean ``1 + lambda_i (E x - m) <= 1`` and is >= 1 - cap
+    > 0, so K is a nonnegative supermartingale and by Ville's inequality ``P(max_k K_k >= 1/a) <= a`` for every a:
+    ``p = min(1, 1 / max_k K_k)`` is a valid p-value whatever the order of the terms (``delta`` only tunes the
+    bet). Shapes: ``x`` [n, ...] (the test runs along axis 0, independently for each trailing index); returns
+    [...]; n = 0 gives p = 1.
+    """
+    arr = np.asarray(x, dtype=np.float64)
+    m = float(null_mean)
+    if not 0.0 < m < 1.0:
+        raise ValueError(f"null_mean must lie in (0, 1), got {null_mean}")
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must lie in (0, 1), got {delta}")
+    if not 0.0 < cap < 1.0:
+        raise ValueError(f"cap must lie in (0, 1), got {cap}")
+    n = arr.shape[0]
+    if n == 0:
+        return np.ones(arr.shape[1:])
+    if np.nanmin(arr) < -1e-12 or np.nanmax(arr) > 1 + 1e-12 or np.isnan(arr).any():
+        raise ValueError("x must lie in [0, 1]")
+    i = np.arange(1, n + 1, dtype=np.float64).reshape((n,) + (1,) * (arr.ndim - 1))
+    prior_mean, prior_var = BET_PRIOR
+    mu = (prior_mean + np.cumsum(arr, axis=0)) / (i + 1)  # mu_i, i = 1..n
+    sigma2 = (prior_var + np.cumsum((arr - mu) ** 2, axis=0)) / (i + 1)  # sigma2_i, i = 1..n
+    sigma2_prev = np.concatenate([np.full((1,) + arr.shape[1:], prior_var), sigma2[:-1]], axis=0)  # sigma2_{i-1}
+    lam = np.minimum(np.sqrt(2.0 * np.log(1.0 / delta) / (n * sigma2_prev)), cap / m)
+    log_capital = np.cumsum(np.log1p(lam * (arr - m)), axis=0)
+    return np.exp(-np.maximum(log_capital.max(axis=0), 0.0))
+
+
+def sequence_start(x_heldout: Any, *, null_mean: float, n_calibration: int, delta: float,
+                   cap: float = BET_CAP) -> int:
+    """Grid position where fixed-sequence testing starts: the threshold most likely to pass, judged on held-out.
+
+    ``x_heldout`` [h, G]: the betting terms (as in :func:`betting_p_value`) of the h held-out prompts at each grid
+    threshold. With the largest bet ``b = cap / m`` the calibration test's log-capital is about
+    ``sum_i log(1 + b (x_i - m))``; from the held-out mean ``w_g`` and standard deviation ``v_g`` of
+    ``log(1 + b (x - m))`` the score ``(n w_g - log(1/delta)) / (sqrt(n) v_g)`` (n = ``n_calibration``) is the
+    normal approximation's z of passing. Where ``v_g = 0`` the score is +inf if ``n w_g >= log(1/delta)`` and -inf
+    otherwise. Returns the position of the highest score, the highest threshold among ties. Depends on the held-out
+    prompts only, never on the calibration ones: this is what keeps the order of the tests fixed in advance.
+    """
+    arr = np.asarray(x_heldout, dtype=np.float64)
+    if arr.ndim != 2 or arr.shape[0] == 0:
+        raise ValueError(f"x_heldout must be [h >= 1, G], got shape {arr.shape}")
+    m = float(null_mean)
+    w = np.log1p((cap / m) * (arr - m))
+    mean, sd = w.mean(axis=0), w.std(axis=0)
+    need = np.log(1.0 / delta)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        score = (n_calibration * mean - need) / (np.sqrt(n_calibration) * sd)
+    score = np.where(sd > 1e-12, score, np.where(n_calibration * mean >= need, np.inf, -np.inf))
+    return int(score.size - 1 - np.argmax(score[::-1]))
+
+
+def fixed_sequence(p_values: Any, *, start: int, delta: float) -> int | None:
+    """Fixed-sequence testing down the grid: test positions start, start - 1, ..., 0 each at level ``delta`` and
+    stop at the first ``p > delta``; returns the last position that passed (None if ``start`` itself fails).
+
+    ``p_values`` [G], one per grid threshold (ascending). If the order is fixed before the data, the chance that
+    any true null among the passed positions is rejected is at most ``delta`` (the first true null in the order
+    must be rejected for any error to happen, and that single test errs with probability <= delta)."""
+    p = np.asarray(p_values, dtype=np.float64).reshape(-1)
+    if not 0 <= start < p.size:
+        raise ValueError(f"start must be a grid position in [0, {p.size}), got {start}")
+    last = None
+    for g in range(start, -1, -1):
+        if not p[g] <= delta:
+            break
+        last = g
+    return last
+
+
+def _betting_precision_bound(answered: np.ndarray, answered_correct: np.ndarray, *, scale: float, target: float,
+                             delta: float, step: float = 0.001) -> float:
+    """Largest level pi (on the grid target, target + step, ...) such that the betting test of
+    ``E[c - pi' a] >= 0`` rejects at ``delta`` for every grid level pi' from ``target`` to pi; ``answered``,
+    ``answered_correct`` [n] of one threshold, in the test's order. A figure for display: only pi = target is
+    covered by the guarantee."""
+    levels = target + step * np.arange(int(np.ceil((1.0 - target) / step - 1e-9)))  # target <= level < 1
+    best = target
+    for chunk in np.array_split(levels, max(1, levels.size // 50)):
+        x = (answered_correct[:, None] - chunk[None, :] * answered[:, None]) / scale + chunk[None, :]
+        ok = np.array([betting_p_value(x[:, [k]], null_mean=float(lv), delta=delta)[0] <= delta
+                       for k, lv in enumerate(chunk)])
+        if not ok.all():
+            first_fail = int(np.argmin(ok))
+            return round(float(chunk[first_fail - 1]), 6) if first_fail > 0 else round(best, 6)
+        best = float(chunk[-1])
+    return round(best, 6)
+
+
 @dataclass(frozen=True)
 class CalibratedAbstention:
     """Result of :func:`calibrated_abstention` (``to_dict()``: the JSON form ``calibrl eval`` writes).
 
     ``threshold``: None when no grid threshold qualifies (then nothing is answered: coverage 0, precision None).
     ``coverage`` / ``precision_heldout``: over ALL samples of the held-out prompts (pooled); ``calibration_*``:
-    the chosen threshold's figures on the calibration draw (one sample per prompt).
+    the chosen threshold's figures on the calibration data (``method_name="bonferroni"``: one sample per prompt,
+    Clopper-Pearson bound at level delta / grid size; ``"betting"``: every sample, and the largest precision level
+    its betting test still certifies at level delta). ``method``: the procedure in words; ``start_threshold``,
+    ``calibration_p_value`` (betting only): where the fixed sequence started and the chosen threshold's p-value.
     """
 
     threshold: float | None
@@ -247,6 +398,10 @@ class CalibratedAbstention:
     seed: int
     method: str = ABSTENTION_METHOD
     note: str | None = None
+    method_name: str = "bonferroni"
+    n_calibration_samples: int | None = None
+    start_threshold: float | None = None
+    calibration_p_value: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -286,36 +441,46 @@ def calibrated_abstention(
     *,
     target_precision: float,
     delta: float,
-    calibration_fraction: float = DEFAULT_CALIBRATION_FRACTION,
+    method: str = DEFAULT_ABSTENTION_METHOD,
+    calibration_fraction: float | None = None,
     seed: int = 0,
     grid: Any = DEFAULT_THRESHOLD_GRID,
 ) -> CalibratedAbstention:
     """Choose an abstention threshold on calibration prompts and measure it on the held-out prompts.
 
-    1. :func:`calibration_split`: half of the prompts (``calibration_fraction``) calibrate, the rest are held out.
-    2. :func:`abstention_threshold` on ONE random sample per calibration prompt. The unit of the guarantee is the
-       prompt: samples of one prompt share its difficulty and are not independent, so counting all of them as
-       Bernoulli trials would make the bound too narrow; one sample per prompt makes the trials independent when
-       prompts are exchangeable (i.i.d. from a distribution of prompts).
+    1. :func:`calibration_split`: a random ``calibration_fraction`` of the prompts calibrate (default 0.8 for
+       ``method="betting"``, 0.5 for ``"bonferroni"``), the rest are held out. The unit is the prompt: samples of
+       one prompt share its difficulty and are not independent.
+    2. ``method="betting"``: per calibration prompt i and grid threshold t (:func:`prompt_threshold_counts`),
+       ``x_i(t) = (c_i(t) - P a_i(t)) / M + P`` in [0, 1] (a answered, c answered and correct, P the target, M the
+       largest number of samples of a prompt); :func:`betting_p_value` tests ``E[x] >= P``, i.e.
+       ``E[c] >= P E[a]``, over the calibration prompts in a seeded random order; :func:`sequence_start` picks the
+       start on the held-out prompts and :func:`fixed_sequence` walks down the grid from it at level delta.
+       ``method="bonferroni"``: :func:`abstention_threshold` on ONE random sample per calibration prompt.
     3. On ALL samples of the held-out prompts: ``coverage`` = fraction with confidence >= t, ``precision_heldout``
        = fraction correct among them (pooled over samples).
 
-    Guarantee (when prompts are i.i.d. and each sample is drawn from the model given its prompt): with
-    probability >= 1 - delta over the calibration draw, ``P(correct | confidence >= t) >= target_precision`` for
-    a fresh prompt and a fresh sample of it; as samples of a prompt are identically distributed, this is also the
-    expected pooled precision over any number of fresh samples per prompt. The held-out figures are an estimate
-    of what the guarantee is about, with their own sampling noise.
+    Guarantee (prompts exchangeable, each sample drawn from the model given its prompt): with probability
+    >= 1 - delta over the calibration prompts, the returned t has ``E[c(t)] / E[a(t)] >= target_precision``: the
+    precision of answered samples pooled over fresh prompts (a ratio of means; for "bonferroni" the same quantity,
+    as samples of a prompt are identically distributed). The held-out figures estimate it, with their own noise.
 
     ``confidence``, ``correct``, ``prompt_ids``: [N], one entry per sample.
     """
     _check_target(target_precision, delta)
+    if method not in ABSTENTION_METHODS:
+        raise ValueError(f"method must be one of {sorted(ABSTENTION_METHODS)}, got {method!r}")
+    if calibration_fraction is None:
+        calibration_fraction = (DEFAULT_BETTING_CALIBRATION_FRACTION if method == "betting"
+                                else DEFAULT_CALIBRATION_FRACTION)
     s = as_scores(confidence)
     y = as_correct(correct)
     check_same_length(confidence=s, correct=y, prompt_ids=np.asarray(prompt_ids).reshape(-1))
     pidx, n_prompts = group_index(prompt_ids)
     thresholds = _check_grid(grid)
     common = dict(target_precision=float(target_precision), delta=float(delta),
-                  calibration_fraction=float(calibration_fraction), grid_size=int(thresholds.size), seed=int(seed))
+                  calibration_fraction=float(calibration_fraction), grid_size=int(thresholds.size), seed=int(seed),
+                  method=ABSTENTION_METHODS[method], method_name=method)
     if n_prompts < 2:
         return CalibratedAbstention(threshold=None, coverage=0.0, precision_heldout=None, n_calibration_prompts=0,
                                     n_heldout_prompts=n_prompts, n_heldout_samples=int(s.size),
@@ -323,10 +488,14 @@ def calibrated_abstention(
                                     note="needs at least 2 prompts (one to calibrate, one to check)", **common)
     cal_mask, cal_draw = calibration_split(pidx, calibration_fraction=calibration_fraction, seed=seed)
     held = ~cal_mask
+    if method == "betting":
+        return _betting_abstention(s, y, pidx, n_prompts, cal_mask, thresholds, target_precision, delta, seed,
+                                   common)
     found = abstention_threshold(s[cal_draw], y[cal_draw], target_precision=target_precision, delta=delta,
                                  grid=thresholds)
     n_cal = int(cal_draw.sum())
     n_held_prompts = n_prompts - n_cal  # cal_draw holds exactly one sample per calibration prompt
+    common["n_calibration_samples"] = n_cal
     if found.threshold is None:
         return CalibratedAbstention(
             threshold=None, coverage=0.0, precision_heldout=None, n_calibration_prompts=n_cal,
@@ -343,4 +512,45 @@ def calibrated_abstention(
         precision_heldout=float(y[answered].mean()) if n_answered else None, n_calibration_prompts=n_cal,
         n_heldout_prompts=n_held_prompts, n_heldout_samples=int(held.sum()),
         calibration_coverage=float(found.n_answered[g] / n_cal), calibration_lower_bound=float(found.lower_bound[g]),
+        note=None if n_answered else "the threshold answers no held-out sample", **common)
+
+
+def _betting_abstention(s: np.ndarray, y: np.ndarray, pidx: np.ndarray, n_prompts: int, cal_mask: np.ndarray,
+                        thresholds: np.ndarray, target: float, delta: float, seed: int,
+                        common: dict[str, Any]) -> CalibratedAbstention:
+    """``method="betting"`` of :func:`calibrated_abstention` after the split (``cal_mask`` [N] over samples)."""
+    answered, answered_correct = prompt_threshold_counts(s, y, pidx, n_prompts=n_prompts, grid=thresholds)  # [P, G]
+    sizes = np.bincount(pidx, minlength=n_prompts)
+    scale = float(sizes.max())  # M: the sampling budget per prompt
+    x = (answered_correct - target * answered) / scale + target  # [P, G] in [0, 1]
+    is_cal = np.zeros(n_prompts, dtype=bool)
+    is_cal[pidx[cal_mask]] = True
+    cal_prompts = np.flatnonzero(is_cal)
+    order = cal_prompts[np.random.default_rng((int(seed), 1)).permutation(cal_prompts.size)]  # the betting order
+    n_cal, held = int(cal_prompts.size), ~cal_mask
+    n_cal_samples = int(sizes[cal_prompts].sum())
+    p_values = betting_p_value(x[order], null_mean=target, delta=delta)  # [G]
+    start = sequence_start(x[~is_cal], null_mean=target, n_calibration=n_cal, delta=delta)
+    g = fixed_sequence(p_values, start=start, delta=delta)
+    common.update(n_calibration_prompts=n_cal, n_heldout_prompts=n_prompts - n_cal,
+                  n_heldout_samples=int(held.sum()), n_calibration_samples=n_cal_samples,
+                  start_threshold=float(thresholds[start]))
+    if g is None:
+        return CalibratedAbstention(
+            threshold=None, coverage=0.0, precision_heldout=None, calibration_coverage=None,
+            calibration_lower_bound=None, calibration_p_value=float(p_values[start]),
+            note=(f"the betting test does not certify precision >= {target:g} at level {delta:g} at the start "
+                  f"threshold {thresholds[start]:g} (chosen on the held-out prompts), so none of the "
+                  f"{thresholds.size} grid thresholds is certified on {n_cal} calibration prompts "
+                  f"({n_cal_samples} samples); more prompts or a lower target may help"), **common)
+    t = float(thresholds[g])
+    answered_held = held & (s >= t)
+    n_answered = int(answered_held.sum())
+    bound = _betting_precision_bound(answered[order, g], answered_correct[order, g], scale=scale, target=target,
+                                     delta=delta)
+    return CalibratedAbstention(
+        threshold=t, coverage=float(n_answered / max(int(held.sum()), 1)),
+        precision_heldout=float(y[answered_held].mean()) if n_answered else None,
+        calibration_coverage=float(answered[cal_prompts, g].sum() / n_cal_samples), calibration_lower_bound=bound,
+        calibration_p_value=float(p_values[g]),
         note=None if n_answered else "the threshold answers no held-out sample", **common)

@@ -7,13 +7,13 @@ samples of each drawn prompt.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 from calibrl.metrics._arrays import as_1d, group_index, to_numpy
 
-__all__ = ["BootstrapCI", "bootstrap_ci"]
+__all__ = ["BootstrapCI", "bootstrap_ci", "percentile_interval", "resampled_prompt_counts"]
 
 PROMPT_IDS_KEY = "prompt_ids"
 
@@ -98,8 +98,35 @@ def bootstrap_ci(
         vals = [draw_of_sample if rl else v[idx] for v, rl in zip(np_values, relabel)]
         stats[b] = call(vals)
 
+    low, high = percentile_interval(stats, alpha=alpha)
+    return BootstrapCI(point, low, high)
+
+
+def percentile_interval(stats: np.ndarray, *, alpha: float) -> tuple[float, float]:
+    """The ``alpha/2`` and ``1 - alpha/2`` percentiles of the replicates ``stats`` [B] (nan ones ignored; all nan
+    gives (nan, nan)): :func:`bootstrap_ci`'s interval."""
+    stats = np.asarray(stats, dtype=np.float64)
     finite = stats[~np.isnan(stats)]
     if finite.size == 0:
-        return BootstrapCI(point, float("nan"), float("nan"))
+        return float("nan"), float("nan")
     low, high = np.percentile(finite, [100.0 * alpha / 2.0, 100.0 * (1.0 - alpha / 2.0)])
-    return BootstrapCI(point, float(low), float(high))
+    return float(low), float(high)
+
+
+def resampled_prompt_counts(n_groups: int, *, n_boot: int, seed: int = 0,
+                            chunk: int = 32) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The prompt draws of :func:`bootstrap_ci` (same seed, same random numbers, same order), ``chunk``
+    replicates at a time: yields ``(drawn, counts)``, ``drawn`` [b, G] the prompts drawn by each replicate in draw
+    order and ``counts`` [b, G] float how many times each prompt was drawn.
+
+    A metric that is a sum over samples (or over ranked pairs of samples) is then a weighted sum with weight
+    ``counts[r, prompt of the sample]``, computed without gathering the resampled rows: replicate r of
+    :func:`bootstrap_ci` holds prompt p's samples ``counts[r, p]`` times.
+    """
+    rng = np.random.default_rng(seed)
+    for start in range(0, n_boot, chunk):
+        b = min(chunk, n_boot - start)
+        drawn = np.stack([rng.integers(0, n_groups, size=n_groups) for _ in range(b)])  # [b, G]
+        flat = (drawn + n_groups * np.arange(b)[:, None]).reshape(-1)
+        counts = np.bincount(flat, minlength=b * n_groups).reshape(b, n_groups).astype(np.float64)
+        yield drawn, counts

@@ -46,6 +46,9 @@ def normalize_answer(answer: str | None) -> str | None:
 
 
 MATH_TIMEOUT_SECONDS = 5
+# a plain integer literal: math-verify parses it to a sympy Integer, and two different Integers are unequal under
+# every comparison it makes (numeric, symbolic, string), so such pairs are decided without parsing them
+_INTEGER = re.compile(r"-?[0-9]+")
 _LATEX_NOISE = re.compile(r"\\(?:left|right|displaystyle|!|,|;|:)")
 _TEXT = re.compile(r"\\text\{\s*([^{}]*)\}")
 
@@ -75,7 +78,7 @@ def _effective_timeout(timeout: int | None) -> int | None:
     return timeout if (timeout and threading.current_thread() is threading.main_thread()) else None
 
 
-@functools.lru_cache(maxsize=65536)
+@functools.lru_cache(maxsize=1 << 18)
 def _parse(expr: str, timeout: int | None):
     """math-verify's parse of one bare answer, read as the content of a ``\\boxed{}`` (LaTeX first, then a plain
     expression), the way a completion's final answer is read."""
@@ -86,7 +89,7 @@ def _parse(expr: str, timeout: int | None):
                  parsing_timeout=timeout)
 
 
-@functools.lru_cache(maxsize=262144)
+@functools.lru_cache(maxsize=1 << 20)
 def _verify_pair(a: str, b: str, timeout: int | None) -> bool:
     """math-verify equivalence in either direction (verify is not symmetric: an interval gold accepts the
     inequality, not the reverse); called with ``a <= b`` so the cache is symmetric."""
@@ -129,6 +132,8 @@ def answers_equivalent(a: str | None, b: str | None, *, timeout: int | None = MA
         return True
     if not _math_verify_available():
         return False
+    if _INTEGER.fullmatch(a) and _INTEGER.fullmatch(b) and int(a) != int(b):
+        return False  # math-verify's verdict on two different integer literals, without parsing them
     x, y = sorted((a, b))
     return _verify_pair(x, y, _effective_timeout(timeout))
 
@@ -154,7 +159,9 @@ def answer_clusters(
     pidx = pidx.reshape(-1)
     if answers.shape != pidx.shape:
         raise ValueError(f"answers has {answers.shape[0]} entries, prompt_ids {pidx.shape[0]}")
-    norm = np.array(["\x00none" if a is None else "\x01" + normalize_answer(a) for a in answers], dtype=object)
+    values = answers.tolist()
+    forms = {a: "\x00none" if a is None else "\x01" + normalize_answer(a) for a in set(values)}  # once per answer
+    norm = np.array([forms[a] for a in values], dtype=object)
     # first stage: (prompt, normalised string) -> id
     keys = np.array([f"{p}\x02{n}" for p, n in zip(pidx.tolist(), norm)], dtype=str)
     uniq, first, ids = np.unique(keys, return_index=True, return_inverse=True)

@@ -11,11 +11,15 @@ the "high" one; pruned paths keep their answer cluster in the vote with zero wei
 the likelihood is computed in log space (logsumexp; the reference's plain pdf underflows to log(0) for far
 outliers), the analytic gradient is passed to the optimiser (same optimum, ~5x fewer evaluations), and prompts whose
 N path probabilities are all equal (e.g. N = 1) skip the fit (no path lies below the mean, so none is pruned).
-Cost: one small fit per prompt (about 9 ms here, bench/selection.py), the slowest method by far on scaling curves.
+Cost: one small fit per prompt; ``solver="batched"`` (the default) fits all prompts of a group size at once with
+scipy's L-BFGS-B steps (:mod:`calibrl.selection._lbfgsb`): 15-55 ms per prompt for 120 prompts against 0.9-1.1 s
+per prompt for the per-prompt scipy calls in the same run (``bench/eval_scale.py --agreement``, 2 shared cores
+under heavy load), cheaper per prompt as more prompts share the lockstep; still the slowest selection method.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -99,21 +103,98 @@ def _rpc_prune_group(prob: np.ndarray) -> np.ndarray:
     return ~(low & (prob < prob.mean()))
 
 
-def rpc_keep_mask(prompt_ids, logprob_mean) -> np.ndarray:
+def _batch_nll_grad(x: np.ndarray):
+    """``fun_grad(params [Q, 5], rows [Q])`` of problems whose probabilities are the rows of ``x`` [P, n]: the
+    negative log-likelihood [Q] and its gradient [Q, 5], each row as :func:`_mixture_nll_grad` computes it."""
+
+    def fun_grad(params: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        log_mix, grad = _mixture_terms(params[:, None, :], x[rows])  # [Q, n], [Q, n, 5]
+        nll, g = -log_mix.sum(axis=1), -grad.sum(axis=1)
+        bad = ~np.isfinite(nll) | ~np.isfinite(g).all(axis=1)
+        nll[bad], g[bad] = 1e300, 0.0
+        return nll, g
+
+    return fun_grad
+
+
+_BATCH = 32768  # problems fitted together (memory: about 2 kB each plus [batch, n, 5] gradients)
+
+
+def _rpc_prune_batch(prob: np.ndarray) -> np.ndarray:
+    """Keep-masks [P, n] of P prompts with n paths each (rows of ``prob``), all fitted at once.
+
+    The same fit as :func:`_rpc_prune_group` (scipy's L-BFGS-B from the reference's start, the same objective and
+    bounds), run by :func:`calibrl.selection._lbfgsb.minimize_lbfgsb_batch`, which takes scipy's steps for all
+    prompts in lockstep."""
+    from calibrl.selection._lbfgsb import minimize_lbfgsb_batch
+
+    keep = np.ones(prob.shape, dtype=bool)
+    fit = np.flatnonzero((prob.shape[1] >= 2) & ~np.all(prob == prob[:, :1], axis=1))
+    lower = np.array([b[0] for b in _RPC_BOUNDS], dtype=np.float64)
+    upper = np.array([np.inf if b[1] is None else b[1] for b in _RPC_BOUNDS], dtype=np.float64)
+    for start in range(0, fit.size, _BATCH):
+        rows = fit[start:start + _BATCH]
+        p = prob[rows]
+        x = np.clip(p, 1e-300, None)
+        with np.errstate(all="ignore"):
+            params = minimize_lbfgsb_batch(_batch_nll_grad(x), np.broadcast_to(_RPC_X0, (rows.size, 5)), lower, upper)
+            low = _posterior_low(x, params[:, None, :])
+        keep[rows] = ~(low & (p < p.mean(axis=1, keepdims=True)))
+    return keep
+
+
+SOLVERS = ("batched", "scipy")
+
+
+def rpc_keep_mask(prompt_ids, logprob_mean, *, solver: str = "batched") -> np.ndarray:
     """Paths RPC keeps: False where the Weibull-mixture posterior favours the low component and the path's
-    probability exp(logprob_mean) is below its prompt's mean. One scipy L-BFGS-B fit per prompt, as the reference.
+    probability exp(logprob_mean) is below its prompt's mean.
+
+    ``solver="scipy"``: one ``scipy.optimize.minimize`` L-BFGS-B fit per prompt, as the reference code.
+    ``solver="batched"`` (default): the same L-BFGS-B steps for all prompts of one group size at once
+    (:func:`calibrl.selection._lbfgsb.minimize_lbfgsb_batch`); the two agree up to rounding, which on random
+    groups of 2 to 64 paths changes the keep-mask of a small fraction of prompts (measured by
+    ``bench/eval_scale.py --agreement``; docs/eval.md).
 
     The mixture likelihood is unbounded (a component can collapse onto one point), so the fit is a local optimum
     reached from the reference's start. Other optimisers of the same likelihood (EM vectorised over prompts; one
     L-BFGS-B run over all prompts jointly) reach different optima and prune differently on 14-67% of prompts of
-    random test groups, so only the reference's fit is offered.
+    random test groups, which is why the batched solver follows L-BFGS-B's own steps.
     """
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
     _, pidx = _dense(np.asarray(prompt_ids).reshape(-1))
-    prob = np.exp(np.asarray(logprob_mean, dtype=np.float64).reshape(-1))
+    lpm = np.ascontiguousarray(np.asarray(logprob_mean, dtype=np.float64).reshape(-1))
+    # the same paths are pruned again by a scaling curve's full-group point: remember the last few masks
+    key = (solver, hashlib.blake2b(pidx.tobytes() + b"|" + lpm.tobytes(), digest_size=16).digest())
+    if key in _KEEP_CACHE:
+        return _KEEP_CACHE[key].copy()
+    keep = _rpc_keep_mask(pidx, lpm, solver)
+    _KEEP_CACHE[key] = keep.copy()
+    while len(_KEEP_CACHE) > 16:  # a curve prunes 1 + 2 draws x its N values; masks are 1 byte a path
+        _KEEP_CACHE.pop(next(iter(_KEEP_CACHE)))
+    return keep
+
+
+_KEEP_CACHE: dict[tuple[str, bytes], np.ndarray] = {}
+
+
+def _rpc_keep_mask(pidx: np.ndarray, lpm: np.ndarray, solver: str) -> np.ndarray:
+    """:func:`rpc_keep_mask` of dense prompt indices ``pidx`` [N] and ``lpm`` [N], uncached."""
+    prob = np.exp(lpm)
     keep = np.ones(prob.size, dtype=bool)
-    order = np.argsort(pidx, kind="stable")
-    for group in np.split(order, np.flatnonzero(np.diff(pidx[order])) + 1):
-        keep[group] = _rpc_prune_group(prob[group])
+    if not prob.size:
+        return keep
+    order = np.argsort(pidx, kind="stable")  # [N] paths grouped by prompt, in their order
+    sizes = np.bincount(pidx)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    if solver == "scipy":
+        for group in np.split(order, np.flatnonzero(np.diff(pidx[order])) + 1):
+            keep[group] = _rpc_prune_group(prob[group])
+        return keep
+    for n in np.unique(sizes[sizes >= 2]):
+        rows = order[starts[sizes == n][:, None] + np.arange(n)]  # [P_n, n] path indices of the prompts with n
+        keep[rows] = _rpc_prune_batch(prob[rows])
     return keep
 
 

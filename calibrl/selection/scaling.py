@@ -3,7 +3,7 @@ and maj@k (majority's point at N = k)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,7 @@ def scaling_curve(
     ns: Sequence[int] | None = None,
     n_draws: int = 20,
     seed: int = 0,
+    progress: Callable[[str], Any] | None = None,
 ) -> ScalingCurve:
     """Accuracy of ``method`` with N paths per prompt, averaged over ``n_draws`` random subsets (without
     replacement, drawn independently per prompt).
@@ -64,7 +65,7 @@ def scaling_curve(
     ``ns`` defaults to 1, 2, 4, ... up to the smallest group size (plus that size). A prompt with fewer than N
     paths uses all of its paths. N = 1 is exact: every method then returns the one path drawn, so the expected
     accuracy is the mean over prompts of the per-prompt accuracy (mean@k), with std 0. When N covers every
-    prompt's whole group, a single draw is exact too.
+    prompt's whole group, a single draw is exact too. ``progress(description)`` is called before each draw.
     """
     a, c, p, n_prompts, _ = _prepare(answer_ids, correct, prompt_ids)
     if method not in _FUNCS:
@@ -82,6 +83,9 @@ def scaling_curve(
     per_prompt_acc = np.bincount(p, weights=c, minlength=n_prompts) / sizes
     means, stds = [], []
     used = 1
+    start = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    by_prompt = np.argsort(p, kind="stable")  # [N] paths grouped by prompt, each group in path order
+    equal = bool((sizes == sizes[0]).all())
     for n in ns:
         if n == 1:
             means.append(float(per_prompt_acc.mean()))
@@ -90,12 +94,18 @@ def scaling_curve(
         draws = 1 if n >= sizes.max() else n_draws
         used = max(used, draws)
         accs = []
-        for _ in range(draws):
+        for d in range(draws):
+            if progress is not None:
+                progress(f"N = {n}, draw {d + 1} of {draws}")
             # rank paths within each prompt by a random key, keep the first n
-            order = np.lexsort((rng.random(len(a)), p))
-            start = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+            key = rng.random(len(a))
             rank = np.empty(len(a), dtype=np.int64)
-            rank[order] = np.arange(len(a)) - start[p[order]]
+            if equal:  # the same ranks as the lexsort below, by one stable sort per prompt's row
+                within = np.argsort(key[by_prompt].reshape(-1, int(sizes[0])), axis=1, kind="stable")  # [G, k]
+                rank[by_prompt[(start[:, None] + within).reshape(-1)]] = np.tile(np.arange(int(sizes[0])), len(sizes))
+            else:
+                order = np.lexsort((key, p))
+                rank[order] = np.arange(len(a)) - start[p[order]]
             m = rank < n
             res = _FUNCS[method](
                 a[m], c[m], p[m],

@@ -16,6 +16,7 @@ of correct among them) / k, i.e. the expected accuracy of a uniform tie-break. T
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,30 +101,75 @@ def _prepare(answer_ids, correct, prompt_ids):
     return answer_ids, correct, pidx, len(prompts), prompts
 
 
-def _text_ids(completions, n: int) -> np.ndarray:
-    """Integer id per completion text (equal texts share an id); all distinct when texts are unknown."""
-    if completions is None:
-        return np.arange(n)
-    if isinstance(completions, np.ndarray) and completions.dtype.kind in "iu":
-        return completions
-    completions = np.asarray(completions, dtype=object)
-    missing = np.array([c is None for c in completions])
-    texts = np.where(missing, "", completions).astype(str)
-    _, ids = np.unique(texts, return_inverse=True)
-    ids = ids.reshape(-1).astype(np.int64)
-    # a missing text never equals another path's
+TEXT_DIGEST_BYTES = 16
+_NO_DIGEST = bytes(TEXT_DIGEST_BYTES)
+
+
+def text_digest(text: str) -> bytes:
+    """The first 16 bytes of the SHA-256 digest of ``text`` (its UTF-8, lone surrogates kept as they are).
+
+    Equal texts have equal digests; two distinct texts share one with probability 2^-128, so among n texts a
+    collision has probability about n^2 / 2^129 (1e-27 for a million). What ``calibrl eval`` keeps of each
+    completion instead of its text: PC and RPC only ask which texts are identical.
+    """
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:TEXT_DIGEST_BYTES]
+
+
+def digest_ids(digests: bytes | bytearray | np.ndarray, missing: np.ndarray) -> np.ndarray:
+    """Dense integer id per text from the texts' digests.
+
+    ``digests``: N x 16 bytes (row i's :func:`text_digest`, anything where ``missing``), ``missing`` [N] bool: the
+    rows without a text. Returns [N] int64: equal digests share an id (0 .. n_distinct - 1, in digest order); a
+    missing text gets an id of its own above those (it never equals another path's).
+    """
+    missing = np.asarray(missing, dtype=bool).reshape(-1)
+    words = np.frombuffer(digests, dtype=np.uint8).reshape(-1, TEXT_DIGEST_BYTES).view("<u8")  # [N, 2]
+    if words.shape[0] != missing.shape[0]:
+        raise ValueError(f"{words.shape[0]} digests for {missing.shape[0]} rows")
+    ids = np.zeros(len(missing), dtype=np.int64)
+    present = np.flatnonzero(~missing)
+    if present.size:
+        order = present[np.lexsort((words[present, 1], words[present, 0]))]
+        new = np.ones(order.size, dtype=bool)  # [n_present] a digest differing from the previous in sorted order
+        new[1:] = (words[order[1:]] != words[order[:-1]]).any(axis=1)
+        ids[order] = np.cumsum(new) - 1
     ids[missing] = ids.max(initial=0) + 1 + np.flatnonzero(missing)
     return ids
 
 
+def _text_ids(completions, n: int) -> np.ndarray:
+    """Integer id per completion text (equal texts share an id); all distinct when texts are unknown.
+
+    ``completions``: [N] texts (str, or None where unknown), or integer ids already (returned as they are, e.g.
+    ``Samples.completion_ids``). Texts are compared through their :func:`text_digest`, so no array as wide as the
+    longest text is built.
+    """
+    if completions is None:
+        return np.arange(n)
+    if isinstance(completions, np.ndarray) and completions.dtype.kind in "iu":
+        return completions
+    values = list(np.asarray(completions, dtype=object).reshape(-1))
+    missing = np.fromiter((c is None for c in values), dtype=bool, count=len(values))
+    digests = b"".join(_NO_DIGEST if c is None else text_digest(c if isinstance(c, str) else str(c)) for c in values)
+    return digest_ids(digests, missing)
+
+
 def _first_occurrence(pidx, answer_ids, text_ids) -> np.ndarray:
-    """Mask keeping the first path of each (prompt, answer, completion text): identical texts count once."""
+    """Mask keeping the first path of each (prompt, answer, completion text): identical texts count once.
+
+    Paths are sorted by (prompt, answer, text, position), so no combined key can overflow however many there are.
+    """
+    pidx = np.asarray(pidx).reshape(-1)
     _, aidx = _dense(answer_ids)
     _, tidx = _dense(text_ids)
-    key = (pidx * (int(aidx.max()) + 1) + aidx) * (int(tidx.max()) + 1) + tidx
-    _, first = np.unique(key, return_index=True)
-    keep = np.zeros(len(key), dtype=bool)
-    keep[first] = True
+    keep = np.zeros(len(pidx), dtype=bool)
+    if not len(pidx):
+        return keep
+    order = np.lexsort((np.arange(len(pidx)), tidx, aidx, pidx))  # [N] grouped, first position first
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (pidx[order[1:]] != pidx[order[:-1]]) | (aidx[order[1:]] != aidx[order[:-1]]) | (
+        tidx[order[1:]] != tidx[order[:-1]])
+    keep[order[new]] = True
     return keep
 
 

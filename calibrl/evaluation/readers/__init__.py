@@ -91,8 +91,9 @@ def detect_format(path: Path) -> str:
 
 def _calibrl(path: Path, notes: list[str]) -> Iterator[tuple[str, Any]]:
     """calibrl's own rows, as they are (``load_samples`` validates them)."""
+    name = path.name
     for lineno, raw in file_rows(path):
-        yield f"{path.name}:{lineno}", raw
+        yield f"{name}:{lineno}", raw
 
 
 _READERS: dict[str, Callable[[Path, list[str]], Iterator[tuple[str, Any]]]] = {

@@ -9,10 +9,16 @@ import math
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["SamplesError", "rows_jsonl", "rows_parquet", "file_rows", "fail", "prompt_text", "prompt_key",
-           "as_float", "grade", "find_gold", "need_object"]
+import numpy as np
+
+__all__ = ["MAX_ROW_BYTES", "SamplesError", "rows_jsonl", "rows_parquet", "file_rows", "fail", "too_large",
+           "prompt_text", "prompt_key", "as_float", "grade", "find_gold", "need_object"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
+# the largest row read: a JSONL line's bytes, or the text bytes of a Parquet row (its strings, nested ones too).
+# A row is held a few times over while it is decoded (bytes, text, parsed value, its digest's UTF-8), so the limit
+# bounds that cost to a few hundred MiB; a reasoning trace of 16k tokens is about 64 KiB.
+MAX_ROW_BYTES = 64 * 2**20
 
 
 class SamplesError(ValueError):
@@ -36,23 +42,37 @@ def _decode_json(line: str, where: str) -> Any:
         raise SamplesError(f"{where}: invalid JSON ({exc})") from None
 
 
+def too_large(where: str, size: int | None = None) -> SamplesError:
+    """The error for a row larger than :data:`MAX_ROW_BYTES` (``size``: its bytes of text, when known)."""
+    held = f"{size / 2**20:.1f} MiB of text" if size is not None else f"more than {MAX_ROW_BYTES / 2**20:g} MiB"
+    return SamplesError(f"{where}: the row is too large ({held}); rows of up to {MAX_ROW_BYTES / 2**20:g} MiB are "
+                        "read (a completion of a million tokens is about 4 MiB)")
+
+
 def rows_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     """JSON Lines rows as ``(line number, value)``. Lines are decoded one by one (so a bad byte is reported on its
-    line); a leading UTF-8 byte-order mark is accepted; a gzip file or a JSON array gets an error saying so."""
+    line); a leading UTF-8 byte-order mark is accepted; a gzip file or a JSON array gets an error saying so; a line
+    longer than :data:`MAX_ROW_BYTES` is refused before it is read whole (its first MAX_ROW_BYTES bytes are the most
+    held)."""
     try:
-        handle = path.open("rb")
+        handle = path.open("rb", buffering=2**20)  # long lines are read in few pieces
     except OSError as exc:
         raise SamplesError(f"{path}: cannot open ({exc.strerror or exc})") from None
     with handle:
         first = True
-        for lineno, data in enumerate(handle, start=1):
+        lineno = 0
+        while data := handle.readline(MAX_ROW_BYTES + 1):
+            lineno += 1
             if lineno == 1 and data.startswith(b"\x1f\x8b"):
                 raise SamplesError(f"{path.name}:1: not UTF-8 text (the file is gzip-compressed; decompress it first)")
+            if len(data) > MAX_ROW_BYTES and not (len(data) == MAX_ROW_BYTES + 1 and data.endswith(b"\n")):
+                raise too_large(f"{path.name}:{lineno}")
             try:
                 line = data.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as exc:
                 raise SamplesError(f"{path.name}:{lineno}: not UTF-8 text (byte {data[exc.start]:#04x} at column "
                                    f"{exc.start + 1})") from None
+            del data
             if not line.strip():
                 continue
             if first and line.lstrip().startswith("["):
@@ -62,16 +82,68 @@ def rows_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
             yield lineno, _decode_json(line, f"{path.name}:{lineno}")
 
 
+def _text_bytes(values) -> np.ndarray:
+    """[len(values)] int64: the bytes of the strings and binaries each Arrow value holds (lists and structs summed
+    over their children; other types count 8 bytes a value, null strings 0)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = values.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or \
+            pa.types.is_large_binary(kind):
+        return pc.binary_length(values).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        parents = pc.list_parent_indices(values).to_numpy(zero_copy_only=False)
+        sizes = _text_bytes(values.flatten())
+        return np.bincount(parents, weights=sizes, minlength=len(values)).astype(np.int64)
+    if pa.types.is_struct(kind):
+        total = np.zeros(len(values), dtype=np.int64)
+        for child in values.flatten():
+            total += _text_bytes(child)
+        return total
+    return np.full(len(values), 8, dtype=np.int64)
+
+
+_PARQUET_BATCH_ROWS = 4096
+_PARQUET_CHUNK_BYTES = 16 * 2**20  # rows are turned into Python objects at most this many text bytes at a time
+
+
 def rows_parquet(path: Path) -> Iterator[tuple[int, Any]]:
-    """Parquet rows as ``(1-based row number, dict)``."""
+    """Parquet rows as ``(1-based row number, dict)``, read a batch at a time and turned into Python objects
+    a few MiB of text at a time; a row holding more than :data:`MAX_ROW_BYTES` of text is refused."""
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
+        batches = pq.ParquetFile(path).iter_batches(batch_size=_PARQUET_BATCH_ROWS)
     except Exception as exc:  # pyarrow raises several types for unreadable files
         raise SamplesError(f"{path.name}: cannot read Parquet ({exc})") from None
-    for i, row in enumerate(table.to_pylist(), start=1):
-        yield i, row
+    start = 1
+    while True:
+        try:
+            batch = next(batches, None)
+        except Exception as exc:
+            raise SamplesError(f"{path.name}: cannot read Parquet ({exc})") from None
+        if batch is None:
+            return
+        sizes = np.zeros(batch.num_rows, dtype=np.int64)  # [rows] text bytes of each row
+        for column in batch.columns:
+            sizes += _text_bytes(column)
+        big = np.flatnonzero(sizes > MAX_ROW_BYTES)
+        # rows up to the first oversized one are read; that one is refused
+        stop = int(big[0]) if big.size else batch.num_rows
+        ends = np.cumsum(sizes[:stop])
+        lo = 0
+        while lo < stop:
+            # the rows [lo, hi): at least one, at most _PARQUET_CHUNK_BYTES of text
+            hi = max(lo + 1, int(np.searchsorted(ends, (ends[lo - 1] if lo else 0) + _PARQUET_CHUNK_BYTES,
+                                                 side="right")))
+            hi = min(hi, stop)
+            for offset, row in enumerate(batch.slice(lo, hi - lo).to_pylist()):
+                yield start + lo + offset, row
+            lo = hi
+        if big.size:
+            raise too_large(f"{path.name}:{start + stop}", int(sizes[stop]))
+        start += batch.num_rows
 
 
 def file_rows(path: Path) -> Iterator[tuple[int, Any]]:

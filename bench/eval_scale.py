@@ -1,0 +1,186 @@
+"""Time of ``calibrl eval`` with its defaults at 200,000 and 1,000,000 samples, against reading the file with
+``json.loads`` line by line; and the agreement of RPC's batched fit with scipy's per-prompt fit.
+
+    python bench/eval_scale.py                          # 200,000 and 1,000,000 samples (long)
+    python bench/eval_scale.py --sizes 40000            # a quicker run
+    python bench/eval_scale.py --sizes 40000 --no-cli   # per-stage times only (no second, CLI run)
+    python bench/eval_scale.py --agreement --groups 400 # RPC keep-masks: batched vs scipy, N = 2 .. 64
+
+Files look like a user's sweep: 8 samples per prompt with ``prompt_id``, ``correct``, ``logprob_mean`` and
+``answer`` (85% of prompts with integer answers, 10% fractions ``\\frac{a}{b}``, 5% radicals ``a\\sqrt{b}``; a
+prompt's wrong answers drawn from the same family, so math-verify has distinct strings to compare). For each size,
+three child processes run one after the other on the same file: ``json.loads`` of every line, the stages of
+``calibrl eval`` timed one by one (reading, then each step the progress display names), and the ``calibrl eval``
+command itself with the defaults (1000 bootstrap resamples, every selection method and its scaling curve, the
+figures). It prints each stage's seconds, the command's seconds and its ratio to ``json.loads``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+PER_PROMPT = 8
+
+
+def write_samples(path: Path, rows: int, *, seed: int = 0) -> int:
+    """Write ``rows`` sample rows (``rows // 8`` prompts x 8) to ``path``; returns the file's size in bytes."""
+    rng = np.random.default_rng(seed)
+    with path.open("w", encoding="utf-8") as f:
+        for p in range(rows // PER_PROMPT):
+            kind = rng.uniform()
+            if kind < 0.85:
+                def draw() -> str:
+                    return str(int(rng.integers(0, 1000)))
+            elif kind < 0.95:
+                def draw() -> str:
+                    return f"\\frac{{{int(rng.integers(1, 20))}}}{{{int(rng.integers(2, 20))}}}"
+            else:
+                def draw() -> str:
+                    return f"{int(rng.integers(1, 10))}\\sqrt{{{int(rng.integers(2, 10))}}}"
+            gold, skill = draw(), rng.uniform(0.1, 0.95)
+            wrong = [draw() for _ in range(3)]  # a prompt's wrong answers repeat, as models' do
+            lines = []
+            for _ in range(PER_PROMPT):
+                answer = gold if rng.uniform() < skill else wrong[int(rng.integers(0, 3))]
+                lpm = -float(rng.exponential(0.3)) - 0.2 * (answer != gold)
+                lines.append(json.dumps({"prompt_id": f"q{p}", "correct": answer == gold,
+                                         "logprob_mean": round(lpm, 6), "answer": answer}))
+            f.write("\n".join(lines) + "\n")
+    return path.stat().st_size
+
+
+_JSON = ("import sys, time, json; t = time.perf_counter(); f = open(sys.argv[1], 'rb'); "
+         "n = sum(1 for line in f if json.loads(line) is not None); print(time.perf_counter() - t)")
+
+
+def stages_child(path: str) -> None:
+    """Run the stages of ``calibrl eval`` (defaults) on ``path`` and print ``[[stage, seconds], ...]`` as JSON."""
+    from calibrl.evaluation.pipeline import write_eval_report
+    from calibrl.evaluation.samples import load_samples
+    from calibrl.selection import METHODS
+
+    times: list[list] = []
+    start = time.perf_counter()
+    samples = load_samples(path)
+    times.append(["read and validate", time.perf_counter() - start])
+    last = [time.perf_counter(), None]
+
+    def step(desc: str | None) -> None:
+        now = time.perf_counter()
+        if last[1] is not None:
+            times.append([last[1], now - last[0]])
+        last[:] = [now, desc]
+
+    with tempfile.TemporaryDirectory() as out:
+        write_eval_report(Path(out), [samples], labels=["x"], files=[Path(path)], posthoc=None, n_bins=10,
+                          n_boot=1000, use_math_verify=True, methods=list(METHODS), scaling_draws=10, rpc_draws=2,
+                          seed=0, step=step)
+        step(None)
+    print(json.dumps(times))
+
+
+def _run(argv: list[str]) -> tuple[float, str]:
+    start = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(argv[:4])} ... exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return time.perf_counter() - start, proc.stdout
+
+
+def timing(folder: Path, rows: int, cli: bool) -> None:
+    path = folder / f"samples_{rows}.jsonl"
+    size = write_samples(path, rows)
+    print(f"{rows:,} samples ({rows // PER_PROMPT:,} prompts x {PER_PROMPT}, {size / 1e6:.0f} MB)", flush=True)
+    _, out = _run([sys.executable, "-c", _JSON, str(path)])
+    t_json = float(out.split()[0])
+    print(f"  json.loads per line          {t_json:8.1f} s", flush=True)
+    _, out = _run([sys.executable, __file__, "--stages-child", str(path)])
+    stages = json.loads(out.strip().splitlines()[-1])
+    merged: dict[str, float] = {}
+    for name, sec in stages:
+        key = name.split(": ", 1)[-1] if ": " in name else name
+        if key.startswith("scaling curve '"):  # one step per draw: add them to their method's stage
+            key = f"selection {key.split(' ', 2)[2].split(',')[0]} and its scaling curve"
+        elif key.startswith("bootstrap"):  # one step per chunk of replicates
+            key = "bootstrap (1000 prompt resamples)"
+        merged[key] = merged.get(key, 0.0) + sec
+    for key, sec in merged.items():
+        print(f"    {key:55s} {sec:8.1f} s")
+    total = sum(merged.values())
+    print(f"  stages in total              {total:8.1f} s  ({total / t_json:.1f}x json.loads)", flush=True)
+    if cli:
+        t_cli, _ = _run([sys.executable, "-m", "calibrl", "eval", str(path), "--out", str(folder / f"out_{rows}")])
+        print(f"  calibrl eval (defaults)      {t_cli:8.1f} s  ratio to json.loads: {t_cli / t_json:.1f}x "
+              f"(target <= 40x)", flush=True)
+
+
+def agreement(groups: int, seed: int) -> None:
+    """Keep-masks of RPC's batched fit vs scipy's per-prompt fit on random groups, and RPC's scaling curves."""
+    from calibrl.selection import scaling_curve
+    from calibrl.selection.pruning import rpc_keep_mask
+
+    rng = np.random.default_rng(seed)
+    print(f"RPC keep-mask agreement, batched vs scipy per prompt ({groups} random prompts per N)")
+    for n in (2, 3, 4, 6, 8, 12, 16, 32, 64):
+        pid = np.repeat(np.arange(groups), n)
+        wrong = rng.uniform(size=pid.size) < rng.uniform(0.1, 0.9, size=groups)[pid]
+        lpm = -rng.exponential(rng.uniform(0.1, 0.6, size=groups)[pid]) - 0.2 * wrong
+        t = time.perf_counter()
+        batched = rpc_keep_mask(pid, lpm)
+        t_b = time.perf_counter() - t
+        t = time.perf_counter()
+        ref = rpc_keep_mask(pid, lpm, solver="scipy")
+        t_s = time.perf_counter() - t
+        same = (batched == ref).reshape(groups, n).all(axis=1)
+        print(f"  N = {n:2d}: {same.mean():7.2%} of prompts identical ({(~same).sum()} differ); "
+              f"batched {1e3 * t_b / groups:5.2f} ms/prompt, scipy {1e3 * t_s / groups:5.2f} ms/prompt", flush=True)
+    pid = np.repeat(np.arange(groups), 8)
+    answers = rng.integers(0, 3, size=pid.size)
+    correct = answers == 0
+    lpm = -rng.exponential(0.3, size=pid.size) - 0.2 * ~correct
+    from calibrl.selection import pruning
+
+    curves = {}
+    batched = pruning.rpc_keep_mask
+    for solver in ("batched", "scipy"):
+        pruning.rpc_keep_mask = lambda p, lpm, solver=solver: batched(p, lpm, solver=solver)
+        try:
+            curves[solver] = scaling_curve("rpc", answers, correct, pid, logprob_mean=lpm, n_draws=2).accuracy
+        finally:
+            pruning.rpc_keep_mask = batched
+    diff = np.abs(curves["batched"] - curves["scipy"])
+    print(f"  RPC scaling curve (N = 1, 2, 4, 8; {groups} prompts): largest accuracy difference {diff.max():.4f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="200000,1000000", help="comma-separated sample counts")
+    parser.add_argument("--no-cli", action="store_true", help="per-stage times only, no calibrl eval command run")
+    parser.add_argument("--agreement", action="store_true", help="RPC batched-vs-scipy agreement instead")
+    parser.add_argument("--groups", type=int, default=400, help="prompts per N for --agreement")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dir", type=Path, default=None, help="keep the files here")
+    parser.add_argument("--stages-child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.stages_child:
+        stages_child(args.stages_child)
+    elif args.agreement:
+        agreement(args.groups, args.seed)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = args.dir or Path(tmp)
+            folder.mkdir(parents=True, exist_ok=True)
+            for rows in (int(s) for s in args.sizes.split(",")):
+                timing(folder, rows, cli=not args.no_cli)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The fast paths of ``calibrl eval`` against the code they replace: RPC's batched L-BFGS-B fit vs scipy's per-prompt
+fit, the prompt bootstrap from draw counts vs :func:`calibrl.metrics.bootstrap_ci`, and the integer shortcut of
+answer equivalence vs math-verify."""
+
+import functools
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+
+from calibrl import metrics as M
+from calibrl.evaluation.scoring import prompt_bootstrap
+from calibrl.selection import answers as A
+from calibrl.selection import pruning as P
+from calibrl.selection._lbfgsb import minimize_lbfgsb_batch
+
+
+def _groups(n_prompts, n, seed):
+    rng = np.random.default_rng(seed)
+    pid = np.repeat(np.arange(n_prompts), n)
+    wrong = rng.uniform(size=pid.size) < 0.4
+    return pid, -rng.exponential(rng.uniform(0.1, 0.6, size=n_prompts)[pid]) - 0.2 * wrong
+
+
+def test_batched_lbfgsb_matches_scipy_on_a_smooth_bounded_problem():
+    # shifted quadratics with an active bound on some problems: one optimum each, so both must land on it
+    rng = np.random.default_rng(0)
+    centres = rng.normal(0, 2, size=(40, 3))
+    scales = rng.uniform(0.5, 3.0, size=(40, 3))
+    lower, upper = np.array([-1.0, -np.inf, 0.0]), np.array([1.0, np.inf, np.inf])
+
+    def fun_grad(x, rows):
+        r = x - centres[rows]
+        return (scales[rows] * r**2).sum(axis=1) + (r[:, 0] * r[:, 1]) ** 2, 2 * scales[rows] * r + np.stack(
+            [2 * r[:, 0] * r[:, 1] ** 2, 2 * r[:, 1] * r[:, 0] ** 2, np.zeros(len(rows))], axis=1)
+
+    got = minimize_lbfgsb_batch(fun_grad, np.zeros((40, 3)), lower, upper)
+    for i in range(40):
+        ref = minimize(lambda v: tuple(a[0] for a in fun_grad(v[None], np.array([i]))), np.zeros(3), jac=True,
+                       method="L-BFGS-B", bounds=list(zip(lower, upper))).x
+        np.testing.assert_allclose(got[i], ref, atol=1e-6)
+    assert (got[:, 0] >= -1).all() and (got[:, 0] <= 1).all() and (got[:, 2] >= 0).all()
+
+
+@pytest.mark.parametrize("n", [2, 5, 16])
+def test_batched_rpc_fit_follows_scipys_steps(n):
+    pid, lpm = _groups(40, n, seed=n)
+    batched = P.rpc_keep_mask(pid, lpm).reshape(40, n)
+    scipy_fit = P.rpc_keep_mask(pid, lpm, solver="scipy").reshape(40, n)
+    assert (batched == scipy_fit).all(axis=1).mean() >= 0.95
+    assert not batched.all()  # something is pruned, so the comparison means something
+
+
+def test_rpc_keep_mask_mixed_group_sizes_and_cache():
+    pid = np.r_[np.zeros(6), np.ones(3), np.full(1, 2), np.full(4, 3)]
+    lpm = np.log(np.r_[[0.9, 0.8, 0.1, 0.15, 0.85, 0.12], [0.5, 0.2, 0.6], [0.3], [0.4, 0.4, 0.4, 0.4]])
+    batched = P.rpc_keep_mask(pid, lpm)
+    assert batched.tolist() == P.rpc_keep_mask(pid, lpm, solver="scipy").tolist()
+    assert batched[9] and batched[10:].all()  # one path, or all equal: nothing to prune
+    assert P.rpc_keep_mask(pid, lpm).tolist() == batched.tolist()  # the cached answer is the same
+    with pytest.raises(ValueError, match="solver"):
+        P.rpc_keep_mask(pid, lpm, solver="em")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_prompt_bootstrap_uses_bootstrap_cis_draws(seed):
+    rng = np.random.default_rng(seed)
+    pid = np.unique(rng.integers(0, 60, size=300), return_inverse=True)[1]
+    correct = rng.uniform(size=pid.size) < 0.6
+    score = np.round(-rng.exponential(0.5, size=pid.size) - 0.3 * ~correct, 2)  # rounded: ties
+    conf = np.exp(score)
+    fast = prompt_bootstrap(correct, pid, score, conf, correct, n_bins=10, n_boot=200, alpha=0.1, seed=seed)
+    ci = functools.partial(M.bootstrap_ci, prompt_ids=pid, n_boot=200, alpha=0.1, seed=seed)
+    ref = {"accuracy": ci(M.mean_at_k, {"correct": correct, "prompt_ids": pid}), "auroc": ci(M.auroc, (score, correct)),
+           "ece": ci(functools.partial(M.ece, n_bins=10, strategy="uniform"), (conf, correct)),
+           "brier": ci(M.brier, (conf, correct))}
+    for key in ("accuracy", "auroc"):  # the same sums, so the same numbers
+        assert fast[key] == (ref[key].low, ref[key].high), key
+    for key in ("ece", "brier"):  # sums in another order
+        np.testing.assert_allclose(fast[key], (ref[key].low, ref[key].high), rtol=1e-12, atol=1e-15)
+    assert fast["auroc"][0] < fast["auroc"][1]
+    only_acc = prompt_bootstrap(correct, pid, None, None, None, n_bins=10, n_boot=200, alpha=0.1, seed=seed)
+    assert set(only_acc) == {"accuracy"} and only_acc["accuracy"] == fast["accuracy"]
+
+
+def test_integer_shortcut_agrees_with_math_verify():
+    pytest.importorskip("math_verify")
+    pairs = [("12", "13"), ("7", "-7"), ("5", "500"), ("1", "100"), ("0", "-0"), ("-0", "00"), ("1000", "1,000"),
+             ("123456789", "123456788"), ("3", "3.0"), ("3", "03"), ("10", "10\\%")]
+    for a, b in pairs:
+        shortcut = A.answers_equivalent(a, b)
+        x, y = sorted((a, b))
+        verified = (A.normalize_answer(a) == A.normalize_answer(b) or A._latex_key(a) == A._latex_key(b)
+                    or A._verify_pair(x, y, None))
+        assert shortcut == verified, (a, b)
