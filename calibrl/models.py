@@ -29,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["BUILTIN_MODELS", "builtin_model_path", "convert_gguf", "converted_path", "resolve_model"]
+__all__ = ["BF16_LOGPROB_TOLERANCE", "BUILTIN_MODELS", "DTYPES", "builtin_model_path", "check_dtype",
+           "convert_gguf", "converted_path", "cpu_bf16_supported", "resolve_dtype", "resolve_model"]
 
 # builtin name -> (distribution that ships the file, pip requirement, file name inside the distribution)
 BUILTIN_MODELS: dict[str, tuple[str, str, str]] = {
@@ -162,3 +163,64 @@ def resolve_model(name_or_path: str, *, quiet: bool = False) -> str:
             raise FileNotFoundError(f"model file {name} does not exist")
         return _resolve_gguf(path, quiet=quiet)
     return name
+
+
+# --------------------------------------------------------------------------------------------------- dtypes
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Largest |bf16 - fp32| difference accepted on a sequence's mean token log-prob (``logprob_mean``, the confidence
+# CAPO ranks and ``calibrl eval`` scores), for the same tokens, log_softmax taken in float32 of the bf16 logits.
+# Measured on SmolLM2-135M-Instruct (bench/bf16.py; docs/realmodel.md, "Cost: bf16 on the CPU"): largest 0.11 and
+# mean 0.015 nats over 64 completions of <= 8 tokens (a short completion's mean is a single token's error, up to
+# ~0.3), 0.033 and 0.008 over 64 of <= 32 tokens; exp(logprob_mean) moved by at most 0.017, the AUROC by 0.000 and
+# the ECE by 0.003, far inside their sampling error at those sizes (an AUROC of 64 samples is known to +-0.1).
+BF16_LOGPROB_TOLERANCE = 0.15
+
+
+def check_dtype(name: object, *, field: str = "dtype") -> str:
+    """``name`` if it is one of :data:`DTYPES`, else ``ValueError`` with a one-line message naming ``field``."""
+    if name not in DTYPES:
+        raise ValueError(f"{field}: unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return str(name)
+
+
+def cpu_bf16_supported() -> bool:
+    """Whether this CPU has native bfloat16 arithmetic (AVX512-BF16 or AMX-BF16).
+
+    Asks torch first (``torch.cpu._is_avx512_bf16_supported`` / ``_is_amx_tile_supported``, present in torch 2.x);
+    where those are missing, the ``avx512_bf16`` / ``amx_bf16`` flags of ``/proc/cpuinfo``. Without them torch
+    still runs bfloat16 on the CPU, emulated and slower than float32.
+    """
+    import torch
+
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    if any(callable(probe) for probe in probes):
+        return any(bool(probe()) for probe in probes if callable(probe))
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(name: str, *, device: str = "cpu", field: str = "dtype"):
+    """The ``torch.dtype`` that dtype option ``name`` (one of :data:`DTYPES`) loads a model in, on ``device``.
+
+    ``auto``: bfloat16 on a CUDA device that supports it, float32 everywhere else, the CPU included: bfloat16 runs
+    1.3-1.8x faster on a CPU with AVX512-BF16 (bench/bf16.py) but shifts the log-probs (within
+    :data:`BF16_LOGPROB_TOLERANCE`), so on the CPU it is asked for by name, never chosen silently. An explicit
+    ``bfloat16`` on a CPU without native support still loads (emulated, slower than float32) with a warning.
+    ``ValueError`` (one line, naming ``field``) for any other string.
+    """
+    import torch
+
+    check_dtype(name, field=field)
+    is_cuda = str(device).startswith("cuda")
+    if name == "auto":
+        return torch.bfloat16 if (is_cuda and torch.cuda.is_bf16_supported()) else torch.float32
+    if name == "bfloat16" and not is_cuda and not cpu_bf16_supported():
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "%s: bfloat16 on a CPU without AVX512-BF16 / AMX-BF16 is emulated and slower than float32", field)
+    return getattr(torch, name)

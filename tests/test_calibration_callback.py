@@ -295,3 +295,54 @@ def test_resumed_run_keeps_the_evaluations_up_to_its_checkpoint(tmp_path):
     trainer.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
     assert [r["step"] for r in callback.records] == [0, 2, 4]  # step 3 of the first run is gone, no new start
     assert callback.records[:2] == first[:2]  # read back, not re-evaluated
+
+
+# ---------------------------------------------------------------------------------------------------- TRL's rewards
+
+def correctness(completions, answer, **kwargs):
+    """A reward written the way TRL documents it: keyword arguments only, the dataset's column by name."""
+    return [float(str(c).strip().startswith(a[:1])) for c, a in zip(completions, answer)]
+
+
+def test_call_reward_calls_a_reward_as_trl_does():
+    from trl.rewards import accuracy_reward
+
+    from calibrl.evaluation.generate import call_reward
+
+    seen = {}
+
+    def spy(*, prompts, completions, completion_ids, trainer_state, log_extra, log_metric, answer, prompt_id):
+        seen.update(prompts=prompts, completions=completions, ids=completion_ids, state=trainer_state)
+        return [1.0] * len(completions)
+
+    state = object()
+    call_reward(spy, prompt="1+1=", completions=["2", "3"], completion_ids=[[5], [6]],
+                columns={"prompt": "1+1=", "answer": "2", "prompt_id": "p0"}, trainer_state=state)
+    assert seen == {"prompts": ["1+1=", "1+1="], "completions": ["2", "3"], "ids": [[5], [6]], "state": state}
+    assert call_reward(correctness, prompt="1+1=", completions=["2", "3"], completion_ids=[[5], [6]],
+                       columns={"answer": "2"}) == [1.0, 0.0]
+    # TRL's shipped reward reads conversational completions: a chat prompt gets them in that shape
+    chat = [{"role": "user", "content": "What is 1/2 + 1/4?"}]
+    rewards = call_reward(accuracy_reward, prompt=chat, completions=[r"\boxed{\frac{3}{4}}", r"\boxed{0.5}"],
+                          completion_ids=[[1], [2]], columns={"solution": r"$\frac{3}{4}$"})
+    assert rewards == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("stock", [True, False])
+def test_the_callback_grades_with_a_keyword_only_reward_on_either_trainer(tmp_path, stock):
+    from trl import GRPOTrainer
+
+    model, tok = build_tiny_model(seed=0)
+    cls = GRPOTrainer if stock else CalibratedGRPOTrainer
+    args = _config(tmp_path, advantage_estimator="grpo", max_steps=1)
+    trainer = cls(model=model, reward_funcs=correctness, args=args, train_dataset=_dataset(), processing_class=tok)
+    callback = attach_calibration_eval(trainer, config=CalibrationEvalConfig(every=1, prompts=4, k=2),
+                                       dataset=_held_out())
+    trainer.train()  # used to fail at on_train_begin: correctness() got multiple values for argument 'answer'
+    rows = callback.last_samples
+    assert len(rows) == 8
+    from calibrl.trl.callbacks import heldout_problems
+
+    answers = {str(p["prompt_id"]): p["answer"] for p in heldout_problems(_held_out(), n=4)}
+    assert [r["correct"] for r in rows] == [
+        correctness([r["completion"]], [answers[r["prompt_id"]]]) == [1.0] for r in rows]

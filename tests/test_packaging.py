@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 import subprocess
 import sys
 import tomllib
@@ -90,9 +91,50 @@ def test_version_list_and_module_entry_point():
     version = runner.invoke(app, ["--version"])
     assert version.exit_code == 0 and importlib.metadata.version("calibrl") in version.output
     listed = runner.invoke(app, ["train", "--list"])
-    assert listed.exit_code == 0 and "tiny_cpu " in listed.output and "tiny_cpu_decision" in listed.output
+    assert listed.exit_code == 0 and "tiny_cpu" in listed.output.split() and "tiny_cpu_decision" in listed.output
     unknown = runner.invoke(app, ["train", "tiny_cpuu"])
     assert unknown.exit_code == 2 and "tiny_cpu" in unknown.output and "Traceback" not in unknown.output
     module = subprocess.run([sys.executable, "-m", "calibrl", "--version"], capture_output=True, text=True,
                             timeout=120, cwd=ROOT)
     assert module.returncode == 0 and importlib.metadata.version("calibrl") in module.stdout, module.stderr
+
+
+_NOT_SOURCES = {".git", "runs", "dist", "build", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+
+
+def _source_copy(dest: Path) -> Path:
+    """The working tree without the virtual environments, run outputs and build products (what an sdist is built
+    from in a checkout)."""
+    import shutil
+
+    def ignore(folder, names):
+        return [n for n in names if n in _NOT_SOURCES or n.startswith(".venv") or n.endswith((".egg-info", ".pyc"))]
+
+    shutil.copytree(ROOT, dest, symlinks=True, ignore=ignore)
+    return dest
+
+
+@pytest.mark.slow
+def test_sdist_ships_what_its_tests_read(tmp_path):
+    """The sdist holds the test suite with its fixtures and scripts and every repository folder the tests read
+    (docs/, bench/, examples/, scripts/, configs/), and the tests that read docs/ pass from the unpacked sdist."""
+    import tarfile
+
+    src = _source_copy(tmp_path / "src")
+    build = subprocess.run([sys.executable, "-c", "from setuptools import build_meta as b; "
+                            f"print(b.build_sdist({str(tmp_path / 'dist')!r}))"],
+                           cwd=src, capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    archive = tmp_path / "dist" / build.stdout.strip().splitlines()[-1]
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+        top = tar.getnames()[0].split("/")[0]
+    unpacked = tmp_path / "x" / top
+    for folder in ("tests", "docs", "bench", "examples", "scripts", "configs"):
+        wanted = {p.relative_to(src) for p in (src / folder).rglob("*") if p.is_file()}
+        shipped = {p.relative_to(unpacked) for p in (unpacked / folder).rglob("*") if p.is_file()}
+        assert wanted and wanted <= shipped, f"{folder}/ files missing from the sdist: {sorted(wanted - shipped)[:5]}"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_readme.py"],
+                         cwd=unpacked, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(unpacked)})
+    assert run.returncode == 0, run.stdout[-3000:]

@@ -169,3 +169,23 @@ def test_type_specs_accept_and_name_what_the_annotations_do():
     assert spec_matches(3, type_spec(float)) and not spec_matches(True, type_spec(float))
     lit = type_spec(Literal["a", "b"])
     assert spec_matches("a", lit) and not spec_matches("c", lit) and spec_name(lit) == "'a' or 'b'"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["steps", "no"])
+def test_the_final_evaluation_runs_once(tmp_path, monkeypatch, strategy):
+    """With eval_strategy "steps" transformers already evaluates at the last step; the run's closing evaluation
+    is then not repeated (on a GPU recipe that is a whole benchmark sampled twice). Without it, it runs once."""
+    import copy
+
+    monkeypatch.chdir(tmp_path)
+    recipe = training.load_recipe("tiny_cpu")
+    recipe.eval_dataset = copy.deepcopy(recipe.dataset)
+    overrides = {"output_dir": str(tmp_path / "run"), "max_steps": 2, "eval_strategy": strategy,
+                 "per_device_eval_batch_size": 6}
+    if strategy == "steps":
+        overrides["eval_steps"] = 2
+    result = training.train(recipe, overrides=overrides, progress=False)
+    assert result["global_step"] == 2
+    lines = [json.loads(line) for line in (tmp_path / "run" / "log_history.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if "eval_runtime" in line] == [2]

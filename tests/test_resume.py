@@ -180,3 +180,153 @@ def test_capo_frozen_quantile_thresholds_are_checkpointed_and_restored(tmp_path)
     again.train(resume_from_checkpoint=str(out / "checkpoint-2"))
     params, batch = again.steps[0]
     assert params["ref_high"] == pytest.approx(math.exp(float(torch.quantile(-batch.ref_logprob_mean, 0.75))))
+
+
+# ------------------------------------------------------------------------------- resume across epochs, torn saves
+
+EPOCH_PROMPTS, EPOCH_STEPS = 8, 6  # 2 prompts a step: 4 steps an epoch, so step 5 is the first of epoch 1
+_TIMING = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
+
+
+def _epoch_recipe(out: Path):
+    """A recipe (calibrl train's path) on 8 prompts, saving every step: epochs end at steps 4 and 8."""
+    from calibrl.tasks.registry import register_dataset, register_reward
+    from calibrl.trl.recipes import parse_recipe
+
+    register_dataset("test/resume_epochs", overwrite=True)(
+        lambda split="train", limit=None: __import__("datasets").Dataset.from_list(
+            [{"prompt": f"{i:02d}+{i % 7}="} for i in range(EPOCH_PROMPTS)]))
+    register_reward("test/resume_parity", overwrite=True)(
+        lambda prompts, completions, **kw: [float(bool(c) and ord(c[0]) % 2 == 0) for c in completions])
+    return parse_recipe({
+        "model": "builtin:tiny", "dataset": "test/resume_epochs", "rewards": ["test/resume_parity"],
+        "trainer": {"output_dir": str(out), "max_steps": EPOCH_STEPS, "save_strategy": "steps", "save_steps": 1,
+                    "per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 6,
+                    "learning_rate": 5e-3, "logging_steps": 1, "use_cpu": True, "bf16": False, "seed": 3,
+                    "report_to": "none", "advantage_estimator": "capo", "capo_mask": "quantile"}}, "epochs.yaml")
+
+
+def _steps(log_history: list[dict]) -> dict[int, dict]:
+    return {h["step"]: {k: v for k, v in h.items() if k not in _TIMING} for h in log_history if "loss" in h}
+
+
+@pytest.fixture(scope="module")
+def epoch_run(tmp_path_factory):
+    """An uninterrupted run of EPOCH_STEPS steps with a checkpoint after every step (trained once per module)."""
+    from calibrl.trl.train import train
+
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("epochs") / "run"
+    result = train(_epoch_recipe(out), progress=False)
+    return out, result
+
+
+def _resume_from(epoch_run, tmp_path: Path, step: int, *, tear=None):
+    """Copy checkpoints 1..step (+ a torn checkpoint-(step+1) when ``tear`` edits it) and resume with train()."""
+    import shutil
+    from io import StringIO
+
+    from rich.console import Console
+
+    from calibrl.trl.train import train
+
+    source, _ = epoch_run
+    out = tmp_path / "run"
+    for k in range(1, step + 1 + (tear is not None)):
+        shutil.copytree(source / f"checkpoint-{k}", out / f"checkpoint-{k}")
+    if tear is not None:
+        tear(out / f"checkpoint-{step + 1}")
+    text = StringIO()
+    result = train(_epoch_recipe(out), resume=True, progress=False, console=Console(file=text, width=300))
+    return result, text.getvalue()
+
+
+@pytest.mark.parametrize("step", [4, 5], ids=["epoch_boundary", "inside_epoch_1"])
+def test_resume_in_a_later_epoch_is_bit_identical(epoch_run, tmp_path, step):
+    """Resumed in epoch 1 (at its first step, or inside it), every later step logs exactly what the uninterrupted
+    run logged (wall-clock timings aside) and the final weights are equal bit for bit: the sampler replays the
+    shuffle of the epoch it resumes in (TRL's sampler alone restarts with epoch 0's order)."""
+    from safetensors.torch import load_file
+
+    source, reference = epoch_run
+    result, _ = _resume_from(epoch_run, tmp_path, step)
+    assert result["resumed_from"].endswith(f"checkpoint-{step}") and result["global_step"] == EPOCH_STEPS
+    expected, got = _steps(reference["log_history"]), _steps(result["log_history"])
+    assert sorted(got) == list(range(1, EPOCH_STEPS + 1))
+    for s in range(step + 1, EPOCH_STEPS + 1):
+        assert got[s] == expected[s], f"step {s} differs"
+    a, b = load_file(str(source / "model.safetensors")), load_file(str(tmp_path / "run" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _truncate(name: str, keep: float = 0.5):
+    def tear(folder: Path) -> None:
+        path = folder / name
+        path.write_bytes(path.read_bytes()[: int(path.stat().st_size * keep)])
+    return tear
+
+
+def _remove(name: str):
+    return lambda folder: (folder / name).unlink()
+
+
+TEARS = [  # (id, how the save was cut off, the file the reason names)
+    ("no_trainer_state", _remove("trainer_state.json"), "trainer_state.json"),
+    ("trainer_state_cut", _truncate("trainer_state.json"), "trainer_state.json"),
+    ("weights_cut", _truncate("model.safetensors"), "model.safetensors"),
+    ("weights_header_only", _truncate("model.safetensors", keep=0.001), "model.safetensors"),
+    ("optimizer_cut", _truncate("optimizer.pt"), "optimizer.pt"),
+    ("scheduler_empty", _truncate("scheduler.pt", keep=0.0), "scheduler.pt"),
+    ("rng_cut", _truncate("rng_state.pth", keep=0.9), "rng_state.pth"),
+    ("capo_mask_cut", _truncate("calibrl_capo_mask.json"), "calibrl_capo_mask.json"),
+    ("no_weights", _remove("model.safetensors"), "weights"),
+]
+
+
+@pytest.mark.parametrize("tear,name", [t[1:] for t in TEARS], ids=[t[0] for t in TEARS])
+def test_a_torn_checkpoint_is_passed_over(epoch_run, tmp_path, tear, name):
+    """Each way a kill (or a full disk) cuts a save short makes the folder incomplete; the newest complete one is
+    found instead, and an intact copy is complete."""
+    import shutil
+
+    from calibrl.trl.checkpoints import checkpoint_problem, last_complete_checkpoint
+
+    source, _ = epoch_run
+    for k in (2, 3):
+        shutil.copytree(source / f"checkpoint-{k}", tmp_path / f"checkpoint-{k}")
+    assert checkpoint_problem(tmp_path / "checkpoint-3") is None
+    tear(tmp_path / "checkpoint-3")
+    problem = checkpoint_problem(tmp_path / "checkpoint-3")
+    assert problem is not None and name in problem, problem
+    assert last_complete_checkpoint(tmp_path) == (str(tmp_path / "checkpoint-2"),
+                                                  [(str(tmp_path / "checkpoint-3"), problem)])
+
+
+def test_resume_skips_a_torn_checkpoint_and_says_which(epoch_run, tmp_path):
+    """calibrl train --resume after a kill during the save of checkpoint-4: it resumes from checkpoint-3, says so,
+    and ends with the uninterrupted run's weights."""
+    from safetensors.torch import load_file
+
+    source, _ = epoch_run
+    result, text = _resume_from(epoch_run, tmp_path, 3, tear=_truncate("optimizer.pt"))
+    assert result["resumed_from"].endswith("checkpoint-3") and result["global_step"] == EPOCH_STEPS
+    assert "skipping" in text and "checkpoint-4" in text and "optimizer.pt" in text, text
+    assert "resuming from" in text and "checkpoint-3 (the last complete checkpoint)" in text, text
+    assert "generation block" not in text, text  # TRL default layout: every step ends a block
+    a, b = load_file(str(source / "model.safetensors")), load_file(str(tmp_path / "run" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_inside_generation_block_hand_values():
+    """TRL generates every steps_per_generation x num_iterations micro-batches: a checkpoint resumes exactly only
+    where a block ends (measured: steps_per_generation 2, resumed after step 3, steps 4-6 differ; after 4, none)."""
+    from calibrl.trl.checkpoints import inside_generation_block
+
+    def inside(step, ga=1, spg=1, it=1):
+        return inside_generation_block(step, gradient_accumulation_steps=ga, steps_per_generation=spg,
+                                       num_iterations=it)
+
+    assert not any(inside(s, ga=4, spg=4) for s in range(1, 9))  # TRL's default: steps_per_generation = ga
+    assert [inside(s, spg=2) for s in (1, 2, 3, 4)] == [True, False, True, False]
+    assert [inside(s, spg=2, it=2) for s in (1, 2, 3, 4)] == [True, True, True, False]
+    assert [inside(s, ga=8, spg=16) for s in (1, 2, 3)] == [True, False, True]  # the Qwen2.5-Math recipes' layout

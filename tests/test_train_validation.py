@@ -4,7 +4,6 @@ and the key, exit status 2, no traceback, and no output folder left behind."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -57,6 +56,24 @@ CASES = [
     ("unknown_reward", lambda r, tmp: r.update(rewards=["math", "formatt"]), [], "rewards"),
     ("negative_temperature", _trainer(temperature=-1), [], "temperature"),
     ("missing_model_dir", lambda r, tmp: r["model"].update(name_or_path="./no/such/model"), [], "name_or_path"),
+    ("set_lr_negative", lambda r, tmp: None, ["--set", "learning_rate=-1e-4"], "learning_rate"),
+    ("set_lr_nan", lambda r, tmp: None, ["--set", "learning_rate=.nan"], "learning_rate"),
+    ("set_no_completion_tokens", lambda r, tmp: None, ["--set", "max_completion_length=0"], "max_completion_length"),
+    ("beta_negative", _trainer(beta=-0.04), [], "beta"),
+    ("max_steps_zero", lambda r, tmp: None, ["--max-steps", "0"], "max_steps"),
+    ("model_dir_without_config", lambda r, tmp: (tmp / "model").mkdir() or r["model"].update(
+        name_or_path=str(tmp / "model")), [], "config.json"),
+    ("output_dir_is_a_file", lambda r, tmp: (tmp / "taken").write_text("x"),
+     ["--output-dir", "taken"], "output_dir"),
+    ("output_dir_under_a_file", lambda r, tmp: r["trainer"].update(output_dir=str(tmp / "run.yaml" / "out")) or (
+        tmp / "run.yaml").write_text("x"), [], "output_dir"),
+    # a field the chosen estimator does not read: refused, not trained without it
+    ("set_mask_with_grpo", lambda r, tmp: None,
+     ["--set", "advantage_estimator=grpo", "--set", "capo_mask=fixed"], "overrides.capo_mask"),
+    ("gcpo_measure_with_capo", _trainer(gcpo_measure="barycentric"), [], "trainer.gcpo_measure"),
+    ("tau_with_grpo_mask", _trainer(advantage_estimator="grpo_mask", capo_mask="fixed", capo_tau=0.5), [],
+     "trainer.capo_tau"),
+    ("ref_high_with_quantile_mask", _trainer(capo_mask="quantile", capo_ref_high=3.0), [], "capo_ref_high"),
 ]
 
 
@@ -74,9 +91,7 @@ def test_bad_recipe_values_exit_2_naming_the_key(case, edit, args, key, tmp_path
         raise AssertionError("a model was built before the recipe was validated")
 
     monkeypatch.setattr(training, "_load_model", no_model)
-    start = time.perf_counter()
     result = CliRunner().invoke(app, ["train", str(path), *args])
-    elapsed = time.perf_counter() - start
     text = result.output
     assert result.exit_code == 2, text
     assert "Traceback" not in text, text
@@ -84,8 +99,7 @@ def test_bad_recipe_values_exit_2_naming_the_key(case, edit, args, key, tmp_path
     lines = [line for line in text.splitlines() if line.strip()]
     assert len(lines) == 1, text
     assert f"{case}.yaml" in lines[0] and key in lines[0], text
-    assert not out.exists(), "an output folder was left behind"
-    assert elapsed < 20, elapsed
+    assert not out.exists(), "an output folder was left behind"  # (no_model above: refused before any model)
 
 
 def test_valid_recipe_passes_validation(tmp_path):
@@ -135,3 +149,67 @@ def test_config_prints_no_deprecation_warning_for_unset_fields():
         off = CalibratedGRPOConfig(output_dir="unused", use_cpu=True, report_to="none", activation_checkpointing=False)
     assert args.activation_checkpointing is True and args.gradient_checkpointing is True
     assert off.activation_checkpointing is False and off.gradient_checkpointing is False
+
+
+def _one_error_line(result, name: str, key: str) -> str:
+    text = result.output
+    assert result.exit_code == 2, text
+    assert "Traceback" not in text and (result.exception is None or isinstance(result.exception, SystemExit)), text
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1 and name in lines[0] and key in lines[0], text
+    return lines[0]
+
+
+def test_duplicate_recipe_key_names_both_lines(tmp_path):
+    """PyYAML alone keeps the last of two equal keys: the first value would look set and be ignored."""
+    path = tmp_path / "dup.yaml"
+    text = yaml.safe_dump(_base(tmp_path / "run"), sort_keys=False)
+    path.write_text(text.replace("  learning_rate: 0.0001\n", "  learning_rate: 0.0001\n  learning_rate: 0.01\n"))
+    first = text.splitlines().index("  learning_rate: 0.0001") + 1
+    line = _one_error_line(CliRunner().invoke(app, ["train", str(path)]), f"dup.yaml:{first + 1}", "learning_rate")
+    assert f"first given at line {first}" in line, line
+    assert not (tmp_path / "run").exists()
+
+
+def test_binary_recipe_file_is_refused(tmp_path):
+    path = tmp_path / "model.yaml"
+    path.write_bytes(bytes(range(256)) * 4)
+    _one_error_line(CliRunner().invoke(app, ["train", str(path)]), "model.yaml", "not a YAML text file")
+
+
+def test_bad_set_value_is_one_line():
+    result = CliRunner().invoke(app, ["train", "tiny_cpu", "--set", "learning_rate=[1e-4"])
+    _one_error_line(result, "--set learning_rate", "not a YAML value")
+
+
+def test_estimator_fields_table_drives_the_estimator_parameters():
+    """estimator_params passes exactly the table's fields (by parameter name) and the check refuses the others;
+    the documented GRPO baseline of a CAPO recipe (--set advantage_estimator=grpo --set capo_mask=none) passes."""
+    from calibrl.trl import CalibratedGRPOConfig
+    from calibrl.trl.config import ESTIMATOR_FIELDS, estimator_fields_read, ignored_field_error
+
+    for estimator in [*ESTIMATOR_FIELDS, "grpo", "rloo"]:
+        for mask in ("fixed", "quantile"):
+            args = CalibratedGRPOConfig(output_dir="unused", use_cpu=True, report_to="none",
+                                        advantage_estimator=estimator, capo_mask=mask)
+            read = [f for f in estimator_fields_read(estimator, mask) if f != "cde_omega_schedule"]
+            assert sorted(args.estimator_params().values(), key=repr) == sorted(
+                (getattr(args, f) for f in read), key=repr), (estimator, mask)
+    assert ignored_field_error({"capo_mask": "none", "capo_tau": 0.6}, estimator="capo", capo_mask="none") is None
+    assert ignored_field_error({"capo_mask": "none"}, estimator="grpo", capo_mask="none") is None
+    assert ignored_field_error({"capo_mask": "fixed"}, estimator="grpo", capo_mask="fixed").startswith("capo_mask")
+    assert ignored_field_error({"learning_rate": 1.0}, estimator="grpo", capo_mask="none") is None
+    assert ignored_field_error({"cde_omega_schedule": "linear"}, estimator="cde", capo_mask="none") is None
+    assert "capo_ref_quantile_batches" in ignored_field_error(
+        {"capo_ref_quantile_batches": 2}, estimator="capo", capo_mask="fixed")
+
+
+def test_switching_the_estimator_by_set_keeps_the_recipe_fields(tmp_path):
+    """A CAPO recipe's own fields stay valid when --set picks another estimator (its baseline run)."""
+    from calibrl.trl.recipes import parse_recipe
+    from calibrl.trl.train import validate_recipe
+
+    recipe = parse_recipe(dict(_base(tmp_path / "run"), trainer={**_base(tmp_path / "run")["trainer"],
+                                                                  "capo_mask": "quantile"}), "capo.yaml")
+    args = validate_recipe(recipe, overrides={"advantage_estimator": "grpo", "capo_mask": "none"})
+    assert args.advantage_estimator == "grpo" and args.estimator_params() == {}

@@ -15,7 +15,9 @@ from calibrl.cli.app import app
 
 def _parse_sets(items: list[str]) -> dict:
     """``--set key=value`` items as a mapping; values are parsed as recipe YAML (``1e-5`` is a float)."""
-    from calibrl.trl.recipes import load_yaml
+    import yaml
+
+    from calibrl.trl.recipes import RecipeError, load_yaml
 
     out = {}
     for item in items:
@@ -25,7 +27,11 @@ def _parse_sets(items: list[str]) -> dict:
         key = key.strip()
         if key.startswith("trainer."):
             key = key[len("trainer."):]
-        out[key] = load_yaml(value)
+        try:
+            out[key] = load_yaml(value)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise RecipeError(f"--set {key}: {value!r} is not a YAML value ({' '.join(problem.split())})") from None
     return out
 
 
@@ -65,6 +71,10 @@ def train_command(
     set_: list[str] = typer.Option(
         [], "--set", help="Override a trainer field: --set learning_rate=1e-5 (value parsed as YAML); repeatable."
     ),
+    rehearse: bool = typer.Option(
+        False, "--rehearse", help="Run the recipe on the CPU first: its model class at tiny width with its real "
+        "vocabulary, the shipped sample data, GPU-only settings mapped (each printed), 2 optimizer steps through the "
+        "real training path, no download. Output in runs/rehearse/<recipe> unless --output-dir."),
 ) -> None:
     """Train with a calibration-aware advantage (CAPO, GCPO, ...) through TRL, from a YAML recipe.
 
@@ -90,6 +100,15 @@ def train_command(
         if output_dir is not None:
             overrides["output_dir"] = str(output_dir)
         check_trainer_fields(overrides, recipe.source, "overrides")
+        if rehearse:
+            if resume:
+                raise RecipeError(f"{recipe.source}: --rehearse starts a fresh CPU run; it does not take --resume")
+            from calibrl.trl.rehearse import rehearse as run_rehearsal
+
+            steps = overrides.pop("max_steps", 2)
+            run_rehearsal(recipe, overrides=overrides, steps=steps, output_dir=overrides.pop("output_dir", None),
+                          console=console)
+            return
         from calibrl.trl.train import train
 
         train(recipe, resume=resume, overrides=overrides, console=console)

@@ -303,6 +303,8 @@ def _vllm_usable() -> bool:
 def _load_hf(config: GenerateConfig):
     import torch
 
+    from calibrl.models import resolve_dtype
+
     device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if config.model.startswith("builtin:"):
         kind = config.model.split(":", 1)[1]
@@ -313,13 +315,12 @@ def _load_hf(config: GenerateConfig):
 
         # RoPE has no learned positions: a longer context costs nothing and real prompts fit
         model, tokenizer = build_tiny_model(config=TinyModelConfig(max_position_embeddings=4096), seed=config.seed)
+        if config.dtype != "auto":  # built in float32; an explicit dtype casts it (auto keeps float32)
+            model = model.to(resolve_dtype(config.dtype, device=device))
         return model.to(device), tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if config.dtype == "auto":
-        dtype = torch.bfloat16 if (device.startswith("cuda") and torch.cuda.is_bf16_supported()) else torch.float32
-    else:
-        dtype = getattr(torch, config.dtype)
+    dtype = resolve_dtype(config.dtype, device=device)  # auto: bfloat16 on a bf16 GPU, float32 elsewhere
     tokenizer = AutoTokenizer.from_pretrained(config.model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -34,6 +34,12 @@ completions and writes one row per completion::
 Sampling (vLLM when importable and a GPU is present, else batched transformers ``generate``) and the reading of
 log-probs and class probabilities off each completion are in :mod:`calibrl.evaluation.backends`.
 
+Precision: ``dtype`` (``--dtype``) loads the model in ``float32``, ``bfloat16`` or ``float16``; ``auto`` (the
+default) is bfloat16 on a GPU that supports it and float32 on the CPU. ``bfloat16`` on a CPU with AVX512-BF16
+samples 1.5-1.8x faster than float32 (``bench/bf16.py``); the log-probs are then the bf16 model's, each taken as
+``log_softmax`` in float32 of its logits, within :data:`calibrl.models.BF16_LOGPROB_TOLERANCE` of float32's on a
+sequence's ``logprob_mean`` (docs/realmodel.md). Any other string is refused before anything loads.
+
 Resumable: rows are appended and flushed (``fsync``) after every batch of problems, and a batch only ever holds
 whole problems. On restart the file is read back, a torn last line and the rows of any problem with fewer than
 ``n`` rows are dropped, and only the missing problems are generated; a killed run loses at most the batch in
@@ -67,12 +73,12 @@ from calibrl.evaluation.backends import DECISION_TOP_LOGPROBS, GenerateError, _d
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GenerateConfig", "GenerateError", "generate", "scan_existing", "DECISION_TOP_LOGPROBS"]
+__all__ = ["GenerateConfig", "GenerateError", "call_reward", "generate", "scan_existing", "DECISION_TOP_LOGPROBS"]
 
 _META_KEYS = ("model", "dataset", "path", "split", "n", "temperature", "max_new_tokens", "template", "reward", "limit",
-              "confidence_prompt")
+              "confidence_prompt", "dtype")
 # settings added after the first release: a .meta.json without them was written with these values
-_META_DEFAULTS = {"confidence_prompt": False}
+_META_DEFAULTS = {"confidence_prompt": False, "dtype": "auto"}
 
 
 @dataclass
@@ -214,6 +220,12 @@ def _check_config(config: GenerateConfig) -> None:
         raise GenerateError(f"temperature must be a finite number >= 0 (0 = greedy); got {config.temperature}")
     if config.backend not in ("auto", "vllm", "transformers"):
         raise GenerateError(f"unknown backend {config.backend!r} (auto, vllm or transformers)")
+    from calibrl.models import check_dtype
+
+    try:
+        check_dtype(config.dtype)
+    except ValueError as exc:
+        raise GenerateError(str(exc)) from None
     out = Path(config.out)
     if out.is_dir():
         raise GenerateError(f"--out {out} is a folder; give the samples file to write, e.g. {out / 'samples.jsonl'}")
@@ -278,8 +290,24 @@ def _load_problems(config: GenerateConfig):
     return problems, decision_task, reward_fn, correctness_fn
 
 
+def call_reward(fn, *, prompt: Any, completions: list[str], completion_ids: list[list[int]], columns: dict,
+                trainer_state=None) -> list:
+    """``fn``'s rewards for one prompt's ``completions``, called exactly as TRL 1.16's ``GRPOTrainer._calculate_
+    rewards`` calls a reward function: every argument by keyword (``prompts=``, ``completions=``,
+    ``completion_ids=``, each dataset column but ``prompt`` / ``completion`` / ``completion_ids`` repeated per
+    completion, ``trainer_state``, ``log_extra`` and ``log_metric``), and conversational completions
+    (``[{"role": "assistant", "content": text}]``) when the prompt is a list of messages. So a reward written for
+    TRL (``def correctness(completions, solution, **kwargs)``, ``trl.rewards.accuracy_reward``) grades here too."""
+    n = len(completions)
+    conversational = isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt)
+    shaped = [[{"role": "assistant", "content": text}] for text in completions] if conversational else completions
+    kwargs = {k: [v] * n for k, v in columns.items() if k not in ("prompt", "completion", "completion_ids")}
+    return fn(prompts=[prompt] * n, completions=shaped, completion_ids=completion_ids, trainer_state=trainer_state,
+              log_extra=lambda *_args, **_kw: None, log_metric=lambda *_args, **_kw: None, **kwargs)
+
+
 def _problem_rows(problem: dict, group: list, texts: list[str], reward_fn, *, dataset: str, variants,
-                  correctness_fn=None) -> list[dict]:
+                  correctness_fn=None, trainer_state=None) -> list[dict]:
     """The output rows (module docstring) of one problem's sampled completions ``group`` and their decoded
     ``texts``; ``variants``: the class token variants of a decision task, None otherwise; ``correctness_fn``: the
     reward whose value > 0.5 makes a row correct (default ``reward_fn``).
@@ -291,17 +319,20 @@ def _problem_rows(problem: dict, group: list, texts: list[str], reward_fn, *, da
     from calibrl.tasks.rewards import completion_text, last_boxed, rlcr_completion_reward, rlcr_reward
     from calibrl.tasks.verbalized import parse_verbalized_confidence, strip_confidence_tags
 
-    reward_columns = {k: [problem[k]] * len(group) for k in problem if k not in ("prompt", "completion")}
-    prompts = [problem["prompt"]] * len(group)
     graded = [strip_confidence_tags(completion_text(text)) for text in texts]
     stated = [parse_verbalized_confidence(completion_text(text)) for text in texts]
+
+    def rewards_of(fn) -> list:
+        return call_reward(fn, prompt=problem["prompt"], completions=graded, columns=problem,
+                           completion_ids=[list(sample.ids) for sample in group], trainer_state=trainer_state)
+
     if reward_fn is rlcr_completion_reward and correctness_fn not in (None, reward_fn):
-        grades = correctness_fn(prompts, graded, **reward_columns)
+        grades = rewards_of(correctness_fn)
         rewards = [None if grade is None else rlcr_reward(correct=float(grade) > 0.5, confidence=confidence)
                    for grade, confidence in zip(grades, stated)]
     else:
-        rewards = reward_fn(prompts, graded, **reward_columns)
-        grades = rewards if correctness_fn in (None, reward_fn) else correctness_fn(prompts, graded, **reward_columns)
+        rewards = rewards_of(reward_fn)
+        grades = rewards if correctness_fn in (None, reward_fn) else rewards_of(correctness_fn)
     rows = []
     for index, (sample, text, reward, grade, confidence, graded_text) in enumerate(
             zip(group, texts, rewards, grades, stated, graded)):

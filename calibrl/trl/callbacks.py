@@ -194,8 +194,9 @@ def sample_completions(trainer, problems: Sequence[dict], *, config: Calibration
 
     Sampling is the transformers backend of ``calibrl generate`` (plain temperature sampling, log-probs read during
     ``generate``) on the model TRL unwraps for its own generation (``trl.models.utils.unwrap_model_for_generation``);
-    grading is the trainer's correctness reward function, called as ``calibrl generate`` calls a reward:
-    ``fn(prompts, completions, **the problem's other columns)``. Under several processes each samples a share of the
+    grading is the trainer's correctness reward function, called exactly as TRL calls it
+    (:func:`calibrl.evaluation.generate.call_reward`: every argument by keyword, the problem's other columns,
+    ``trainer_state``). Under several processes each samples a share of the
     prompts and the rows are gathered, so every process returns all rows (a batch's seed depends only on
     ``config.seed`` and its prompt ids, so the draw does not depend on the number of processes). The global RNG
     and the model's train/eval mode are restored afterwards.
@@ -236,7 +237,7 @@ def sample_completions(trainer, problems: Sequence[dict], *, config: Calibration
                 for problem, group in zip(batch, groups):
                     texts = [backend.decode(sample.ids) for sample in group]
                     rows.extend(_problem_rows(problem, group, texts, reward_fn, dataset="calibration_eval",
-                                              variants=variants))
+                                              variants=variants, trainer_state=trainer.state))
         finally:
             model.train(was_training)
     if accelerator.num_processes > 1:

@@ -8,7 +8,53 @@ from typing import Any
 
 from trl import GRPOConfig
 
-__all__ = ["CalibratedGRPOConfig"]
+__all__ = ["CalibratedGRPOConfig", "ESTIMATOR_FIELDS", "MASK_FIELDS", "estimator_fields_read", "ignored_field_error"]
+
+# The calibrl fields each estimator reads: estimator_params passes them as keyword parameters (field -> parameter in
+# _PARAMETER), except cde_omega_schedule, which the trainer reads. Every other estimator (grpo, dr_grpo, rloo,
+# seed_grpo, codapo, a user's) reads none of them: it takes advantage_params alone.
+ESTIMATOR_FIELDS: dict[str, tuple[str, ...]] = {
+    "capo": ("capo_mask", "capo_ref_high_quantile", "capo_ref_low_quantile", "capo_tau", "capo_normalize"),
+    "grpo_mask": ("capo_mask", "capo_ref_high_quantile", "capo_ref_low_quantile"),
+    "gcpo": ("gcpo_measure",),
+    "cde": ("cde_omega_schedule",),
+}
+# With an estimator that reads capo_mask, the fields each mask value adds.
+MASK_FIELDS: dict[str, tuple[str, ...]] = {
+    "none": (), "fixed": ("capo_ref_high", "capo_ref_low"), "quantile": ("capo_ref_quantile_batches",),
+    "batch_quantile": (),
+}
+_PARAMETER = {
+    "capo_mask": "mask", "capo_ref_high_quantile": "ref_high_quantile", "capo_ref_low_quantile": "ref_low_quantile",
+    "capo_tau": "tau", "capo_normalize": "normalize", "capo_ref_high": "ref_high", "capo_ref_low": "ref_low",
+    "capo_ref_quantile_batches": "ref_quantile_batches", "gcpo_measure": "measure",
+}
+_ESTIMATOR_SPECIFIC = frozenset(f for table in (ESTIMATOR_FIELDS, MASK_FIELDS) for fs in table.values() for f in fs)
+_OFF = {"capo_mask": "none"}  # a value that asks for nothing: not an error where the field is not read
+
+
+def estimator_fields_read(estimator: str, capo_mask: str) -> tuple[str, ...]:
+    """The calibrl fields ``estimator`` reads when ``capo_mask`` is set as given (:data:`ESTIMATOR_FIELDS`, plus
+    :data:`MASK_FIELDS` for the estimators that read the mask)."""
+    fields = ESTIMATOR_FIELDS.get(estimator, ())
+    return fields + MASK_FIELDS.get(capo_mask, ()) if "capo_mask" in fields else fields
+
+
+def ignored_field_error(settings: dict[str, Any], *, estimator: str, capo_mask: str) -> str | None:
+    """The first field of ``settings`` (field -> value as set) that some estimator reads but ``estimator`` with
+    ``capo_mask`` does not, as ``"field: why"``; None when each is read (or set to its off value, ``capo_mask:
+    none``) or is no estimator's field."""
+    read = estimator_fields_read(estimator, capo_mask)
+    for key, value in settings.items():
+        if key not in _ESTIMATOR_SPECIFIC or key in read or _OFF.get(key, object()) == value:
+            continue
+        masks = [mask for mask, fields in MASK_FIELDS.items() if key in fields]
+        if masks and "capo_mask" in read:
+            return f"{key}: ignored with capo_mask {capo_mask!r} (read with capo_mask {' or '.join(map(repr, masks))})"
+        readers = [name for name in ESTIMATOR_FIELDS if any(key in estimator_fields_read(name, m) for m in MASK_FIELDS)]
+        return (f"{key}: ignored by advantage_estimator {estimator!r} (read by {', '.join(readers)}); remove it or "
+                "choose one of those estimators")
+    return None
 
 
 def _is_number(value: Any) -> bool:
@@ -220,6 +266,16 @@ class CalibratedGRPOConfig(GRPOConfig):
             value = getattr(self, name)
             if not _is_number(value) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        for name in ("learning_rate", "beta"):  # TRL's fields: a negative or NaN value otherwise fails (or
+            value = getattr(self, name)         # trains backwards) only once the model is loaded
+            if not _is_number(value) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        length = self.max_completion_length
+        if length is not None and (not _is_number(length) or length < 1):
+            raise ValueError(f"max_completion_length must be a positive integer, got {length!r}")
+        if not _is_number(self.max_steps) or self.max_steps == 0 or self.max_steps < -1:
+            raise ValueError(f"max_steps must be a positive integer (or -1: train num_train_epochs), got "
+                             f"{self.max_steps!r}")
         for name in ("capo_ref_high_quantile", "capo_ref_low_quantile"):
             value = getattr(self, name)
             if not _is_number(value) or not 0.0 <= value <= 1.0:
@@ -247,23 +303,14 @@ class CalibratedGRPOConfig(GRPOConfig):
 
     # ------------------------------------------------------------------ helpers read by the trainer
     def estimator_params(self) -> dict[str, Any]:
-        """Keyword parameters passed to the estimator: the ``capo_*``/``gcpo_*`` fields it uses + advantage_params.
+        """Keyword parameters passed to the estimator: the ``capo_*``/``gcpo_*`` fields it reads
+        (:func:`estimator_fields_read`, by their parameter names) + advantage_params.
 
         capo and grpo_mask (the mask fields; capo also ``tau``, ``normalize``): ``ref_high`` / ``ref_low`` only with
         ``capo_mask="fixed"`` (with ``"quantile"`` the trainer fills in the frozen thresholds at each step;
         ``ref_high`` and ``ref_low`` in advantage_params freeze them from the start), ``ref_quantile_batches`` only
         with ``"quantile"``."""
-        params: dict[str, Any] = {}
-        if self.advantage_estimator in ("capo", "grpo_mask"):
-            params = dict(mask=self.capo_mask, ref_high_quantile=self.capo_ref_high_quantile,
-                          ref_low_quantile=self.capo_ref_low_quantile)
-            if self.advantage_estimator == "capo":
-                params.update(tau=self.capo_tau, normalize=self.capo_normalize)
-            if self.capo_mask == "fixed":
-                params.update(ref_high=self.capo_ref_high, ref_low=self.capo_ref_low)
-            elif self.capo_mask == "quantile":
-                params.update(ref_quantile_batches=self.capo_ref_quantile_batches)
-        elif self.advantage_estimator == "gcpo":
-            params = dict(measure=self.gcpo_measure)
+        params = {_PARAMETER[name]: getattr(self, name)
+                  for name in estimator_fields_read(self.advantage_estimator, self.capo_mask) if name in _PARAMETER}
         params.update(self.advantage_params or {})
         return params

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "LogitPostprocessing", "class_logits", "class_tokens", "decision_logits", "locate_decisions",
-    "logit_postprocessing", "probability_of_chosen",
+    "LogitPostprocessing", "class_logits", "class_tokens", "decision_hidden", "decision_logits", "head_logits",
+    "locate_decisions", "logit_postprocessing", "probability_of_chosen",
 ]
 
 
@@ -82,19 +82,32 @@ def logit_postprocessing(config) -> LogitPostprocessing:
                                softcap=None if softcap is None else float(softcap))
 
 
-def decision_logits(hidden: torch.Tensor, *, prompt_len: int, positions: torch.Tensor, lm_head: torch.nn.Module,
-                    temperature: float, postprocess: LogitPostprocessing | None = None) -> torch.Tensor:
-    """[N, V] logits at the sampling temperature predicting the completion token at ``positions`` [N], read from
-    the last hidden states [N, P+C, D] of a forward over prompt + completion (position p is predicted at P+p-1).
-    ``postprocess`` (:func:`logit_postprocessing` of the model's config) turns the head's output into the model's
-    logits, as the model's own forward does."""
+def decision_hidden(hidden: torch.Tensor, *, prompt_len: int, positions: torch.Tensor) -> torch.Tensor:
+    """[N, D] the hidden states that predict the completion token at ``positions`` [N], read from the last hidden
+    states [N, P+C, D] of a forward over prompt + completion (position p is predicted at P+p-1; a row without a
+    decision, position -1, reads position 0's predictor)."""
     rows = torch.arange(hidden.size(0), device=hidden.device)
     seq_pos = (prompt_len + positions.clamp(min=0) - 1).to(hidden.device)
-    h = hidden[rows, seq_pos]  # [N, D]
+    return hidden[rows, seq_pos]  # [N, D]
+
+
+def head_logits(h: torch.Tensor, *, lm_head: torch.nn.Module, temperature: float,
+                postprocess: LogitPostprocessing | None = None) -> torch.Tensor:
+    """[N, V] float32 logits at the sampling temperature of hidden states ``h`` [N, D]: the LM head, then
+    ``postprocess`` (:func:`logit_postprocessing` of the model's config) as the model's own forward does, over T."""
     logits = lm_head(h.to(lm_head.weight.dtype) if hasattr(lm_head, "weight") else h).float()  # [N, V]
     if postprocess is not None:
         logits = postprocess(logits)
     return logits / temperature
+
+
+def decision_logits(hidden: torch.Tensor, *, prompt_len: int, positions: torch.Tensor, lm_head: torch.nn.Module,
+                    temperature: float, postprocess: LogitPostprocessing | None = None) -> torch.Tensor:
+    """[N, V] logits at the sampling temperature predicting the completion token at ``positions`` [N], read from
+    the last hidden states [N, P+C, D] of a forward over prompt + completion (position p is predicted at P+p-1):
+    :func:`head_logits` of :func:`decision_hidden`. Only the N decision positions are projected."""
+    h = decision_hidden(hidden, prompt_len=prompt_len, positions=positions)
+    return head_logits(h, lm_head=lm_head, temperature=temperature, postprocess=postprocess)
 
 
 def locate_decisions(*, completion_ids: torch.Tensor, completion_mask: torch.Tensor, token_ids: torch.Tensor,

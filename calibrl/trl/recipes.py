@@ -60,7 +60,22 @@ RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # the recipes shi
 
 class _RecipeLoader(yaml.SafeLoader):
     """PyYAML's safe loader reading ``1e-5`` (no dot) as a float, as YAML 1.2 and Python do; PyYAML alone reads
-    it as the string "1e-5", which would then be rejected as a learning rate."""
+    it as the string "1e-5", which would then be rejected as a learning rate. A key given twice in one mapping is
+    an error (PyYAML alone keeps the last value silently, so the first one looks set but is not)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                if key in first_line:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first given at line {first_line[key]})",
+                        key_node.start_mark)
+                first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
 
 
 _RecipeLoader.add_implicit_resolver(
@@ -411,11 +426,18 @@ def load_recipe(path: str | Path) -> Recipe:
     and key on any problem. Relative dataset paths are looked up next to the recipe first."""
     path = resolve_recipe_path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise RecipeError(f"{path}: cannot read recipe ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{path}: not a YAML text file (byte {exc.start} is not UTF-8 text)") from exc
     try:
         data = load_yaml(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = " ".join(str(exc.problem or exc).split())
+        raise RecipeError(f"{where}: invalid YAML ({problem})") from exc
     except yaml.YAMLError as exc:
         raise RecipeError(f"{path}: invalid YAML ({' '.join(str(exc).split())})") from exc
     recipe = parse_recipe(data, str(path))

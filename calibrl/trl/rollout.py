@@ -35,14 +35,16 @@ TRL 1.16's ``GRPOTrainer._generate_and_score_completions`` returns, for THIS pro
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+import inspect
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from calibrl.advantages import estimator_inputs
 from calibrl.batch import RolloutBatch, masked_row_mean
+from calibrl.logprobs import FORWARD_BUDGET_BYTES
 
 if TYPE_CHECKING:
     from calibrl.trl.trainer import CalibratedGRPOTrainer
@@ -51,6 +53,7 @@ __all__ = [
     "Rollout",
     "capture_hidden",
     "collect_rollout",
+    "completion_logps",
     "estimator_inputs",
     "extract_answer",
     "has_answer",
@@ -188,14 +191,15 @@ def training_mask(output: dict) -> torch.Tensor:
 
 
 @contextmanager
-def capture_hidden(module: torch.nn.Module, store: list):
-    """Append the backbone's last hidden state [B, L, D] to ``store`` on every forward while active."""
+def capture_hidden(module: torch.nn.Module, store: list, select: Callable[[torch.Tensor], torch.Tensor] | None = None):
+    """Append the backbone's last hidden state [B, L, D] to ``store`` on every forward while active; with
+    ``select``, only what it keeps of it (e.g. the decision positions' [B, D]), so the rest can be freed."""
 
     def hook(_module, _args, output):
         hidden = getattr(output, "last_hidden_state", None)
         if hidden is None:
             hidden = output[0] if isinstance(output, (tuple, list)) else output
-        store.append(hidden)
+        store.append(hidden if select is None else select(hidden))
 
     handle = module.register_forward_hook(hook)
     try:
@@ -217,32 +221,117 @@ def _forward_inputs(trainer: CalibratedGRPOTrainer, output: dict) -> tuple[torch
     return input_ids, attention_mask, completion_ids.size(1), batch_size, kwargs
 
 
+def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _agreed_rows(rows: int, accelerator) -> int:
+    """The smallest of every process's ``rows`` (a collective; ``rows`` itself in one process), so every rank runs
+    the same number of forwards, as sharded training (FSDP, ZeRO-3) needs."""
+    if accelerator.num_processes <= 1:
+        return rows
+    return int(accelerator.gather(torch.tensor([rows], device=accelerator.device)).min().item())
+
+
+@torch.no_grad()
+def completion_logps(trainer: CalibratedGRPOTrainer, model: torch.nn.Module, output: dict, *,
+                     on_hidden: Callable[[torch.Tensor, slice], None] | None = None,
+                     budget_bytes: int = FORWARD_BUDGET_BYTES) -> torch.Tensor | None:
+    """[B, C] log-probs of the completion tokens of TRL's ``output`` under ``model`` at the sampling temperature
+    (0 where the completion mask is 0), as TRL 1.16's ``_get_per_token_logps_and_entropies`` computes them, without
+    whole-vocabulary logits for whole batches (:mod:`calibrl.logprobs`): :func:`~calibrl.logprobs.rows_per_forward`
+    sequences per forward (at most TRL's batch size; agreed over processes), each forward asked for the last
+    position's logits only (``logits_to_keep=1``) while the backbone's last hidden state [r, P+C, D] is captured, and
+    the completion positions projected through the LM head (post-processed as the model's forward does:
+    :func:`calibrl.trl.decision.logit_postprocessing`) :func:`~calibrl.logprobs.positions_per_chunk` at a time.
+    ``on_hidden(hidden [r, P+C, D], rows)`` sees each forward's hidden states before they are freed. None when
+    ``output`` has multimodal inputs (TRL's helper slices those per row: the caller uses it)."""
+    from calibrl.logprobs import chunked_token_logps, positions_per_chunk, rows_per_forward
+    from calibrl.trl import decision as dec
+
+    input_ids, attention_mask, n_completion, batch_size, kwargs = _forward_inputs(trainer, output)
+    if kwargs:
+        return None
+    backbone, lm_head = trainer._backbone_and_head(model)
+    postprocess = dec.logit_postprocessing(trainer.accelerator.unwrap_model(model).config)
+    n_rows, seq_len = input_ids.shape
+    vocab_size = lm_head.weight.shape[0]
+    rows = _agreed_rows(rows_per_forward(vocab_size=vocab_size, seq_len=seq_len, budget_bytes=budget_bytes,
+                                         limit=batch_size), trainer.accelerator)
+    chunk = positions_per_chunk(vocab_size=vocab_size, budget_bytes=budget_bytes)
+    extra = {"use_cache": False}
+    if _accepts_logits_to_keep(trainer.accelerator.unwrap_model(model)):
+        extra["logits_to_keep"] = 1  # the model's own logits: [r, 1, V]
+
+    def project(h: torch.Tensor) -> torch.Tensor:  # [n, D] -> [n, V] the model's logits (T = 1)
+        return postprocess(lm_head(h.to(lm_head.weight.dtype)).float())
+
+    completion = input_ids[:, -n_completion:]  # [B, C]
+    valid = attention_mask[:, -n_completion:].bool()  # [B, C]
+    logps = torch.zeros(n_rows, n_completion, dtype=torch.float32, device=input_ids.device)
+    for start in range(0, n_rows, rows):
+        part = slice(start, min(start + rows, n_rows))
+        store: list = []
+        with capture_hidden(backbone, store), trainer.accelerator.autocast():
+            model(input_ids=input_ids[part], attention_mask=attention_mask[part], **extra)
+            hidden = store[-1]  # [r, P+C, D]
+            predictors = hidden[:, -n_completion - 1:-1]  # [r, C, D]: position t predicts token t+1
+            keep = valid[part]
+            values = chunked_token_logps(predictors[keep], completion[part][keep], project=project,
+                                         temperature=trainer.temperature, chunk=chunk)
+        logps[part] = logps[part].masked_scatter(keep, values.to(logps.device))
+        if on_hidden is not None:
+            on_hidden(hidden, part)
+        del store, hidden, predictors
+    return logps
+
+
 @torch.no_grad()
 def rollout_forward(trainer: CalibratedGRPOTrainer, output: dict, mask: torch.Tensor, *, want_embeddings: bool,
-                    want_decision: bool) -> dict[str, torch.Tensor]:
-    """One no-grad forward of the policy with TRL's ``_get_per_token_logps_and_entropies``: per-token log-probs
-    [B, C]; with ``want_embeddings`` the completion-mean last hidden states [B, D]; with ``want_decision`` the
-    whole last hidden state [B, P+C, D] (the decision logits are read from it)."""
+                    want_decision: bool, decision_positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """One no-grad forward of the policy (:func:`completion_logps`; TRL's ``_get_per_token_logps_and_entropies``
+    for multimodal inputs): per-token log-probs [B, C]; with ``want_embeddings`` the completion-mean last hidden
+    states [B, D]; with ``want_decision`` the hidden states [B, D] that predict each completion's decision token
+    (``decision_positions`` [B], -1 where none; the decision logits are read from them)."""
     from trl.models.utils import disable_gradient_checkpointing
 
-    input_ids, attention_mask, logits_to_keep, batch_size, kwargs = _forward_inputs(trainer, output)
-    hidden_store: list = []
-    capture = want_embeddings or want_decision
-    backbone, _ = trainer._backbone_and_head(trainer.model)
-    ctx = capture_hidden(backbone, hidden_store) if capture else nullcontext()
-    with disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs), ctx:
-        logps, _, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs
-        )
-    result: dict[str, torch.Tensor] = {"per_token_logps": logps}
-    if capture:
-        hidden = torch.cat(hidden_store, dim=0)  # [B, P+C, D]
+    from calibrl.trl import decision as dec
+
+    if want_decision and decision_positions is None:
+        raise ValueError("rollout_forward: want_decision needs decision_positions")
+    prompt_len = output["prompt_ids"].size(1)
+    n_completion = output["completion_ids"].size(1)
+    parts: dict[str, list] = {"embeddings": [], "decision_hidden": []}
+
+    def reduce(hidden: torch.Tensor, rows) -> None:  # hidden [r, P+C, D] of the rows ``rows``
         if want_embeddings:
-            comp_hidden = hidden[:, -logits_to_keep:].float()
-            m = mask.unsqueeze(-1).float()
-            result["embeddings"] = (comp_hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+            comp_hidden = hidden[:, -n_completion:].float()
+            m = mask[rows].unsqueeze(-1).float()
+            parts["embeddings"].append((comp_hidden * m).sum(1) / m.sum(1).clamp(min=1.0))
         if want_decision:
-            result["decision_hidden"] = hidden
+            parts["decision_hidden"].append(dec.decision_hidden(hidden, prompt_len=prompt_len,
+                                                                positions=decision_positions[rows]))
+
+    with disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
+        logps = completion_logps(trainer, trainer.model, output, on_hidden=reduce)
+        if logps is None:  # multimodal inputs: TRL's helper, the whole hidden state captured
+            input_ids, attention_mask, logits_to_keep, batch_size, kwargs = _forward_inputs(trainer, output)
+            hidden_store: list = []
+            backbone, _ = trainer._backbone_and_head(trainer.model)
+            with capture_hidden(backbone, hidden_store):
+                logps, _, _ = trainer._get_per_token_logps_and_entropies(
+                    trainer.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs
+                )
+            reduce(torch.cat(hidden_store, dim=0), slice(None))
+    result: dict[str, torch.Tensor] = {"per_token_logps": logps}
+    if want_embeddings:
+        result["embeddings"] = torch.cat(parts["embeddings"], dim=0)
+    if want_decision:
+        result["decision_hidden"] = torch.cat(parts["decision_hidden"], dim=0)
     return result
 
 
@@ -250,17 +339,23 @@ def rollout_forward(trainer: CalibratedGRPOTrainer, output: dict, mask: torch.Te
 def ref_per_token_logps(trainer: CalibratedGRPOTrainer, output: dict) -> torch.Tensor:
     """[B, C] reference log-probs: TRL's ``ref_per_token_logps`` when it computed them (beta > 0), else a forward
     of the frozen reference (calibrl's copy in ``trainer.ref_model``, or the PEFT adapter-disabled base / "ref"
-    adapter, as TRL 1.16's ``_generate_and_score_completions`` does)."""
+    adapter, as TRL 1.16's ``_generate_and_score_completions`` does) by :func:`completion_logps` (TRL's
+    ``_get_per_token_logps_and_entropies`` for multimodal inputs)."""
     if "ref_per_token_logps" in output:
         return output["ref_per_token_logps"]
     from trl.models.utils import disable_gradient_checkpointing
 
-    input_ids, attention_mask, logits_to_keep, batch_size, kwargs = _forward_inputs(trainer, output)
-    if trainer.ref_model is not None:
-        logps, _, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.ref_model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs
-        )
+    def forward(model):
+        logps = completion_logps(trainer, model, output)
+        if logps is None:
+            input_ids, attention_mask, logits_to_keep, batch_size, kwargs = _forward_inputs(trainer, output)
+            logps, _, _ = trainer._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs
+            )
         return logps
+
+    if trainer.ref_model is not None:
+        return forward(trainer.ref_model)
     from trl.trainer.utils import use_adapter
 
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
@@ -268,10 +363,7 @@ def ref_per_token_logps(trainer: CalibratedGRPOTrainer, output: dict) -> torch.T
         raise RuntimeError("calibrl: the estimator needs a reference model but none was loaded")
     with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None), \
             disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
-        logps, _, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs
-        )
-    return logps
+        return forward(trainer.model)
 
 
 # ---------------------------------------------------------------------------------------------------- the batch
@@ -292,7 +384,7 @@ class Rollout:
     process_slice: slice  # this process's rows of the whole batch
     mode: str  # "train" or "eval"
     logprobs_deferred: bool  # logprob_mean (telemetry only) is read from the loss pass later
-    decision_hidden: torch.Tensor | None  # local [n_local, P+C, D] last hidden states, for decision telemetry
+    decision_hidden: torch.Tensor | None  # local [n_local, D] hidden states predicting the decision token
 
     @property
     def n_local(self) -> int:
@@ -355,8 +447,17 @@ def collect_rollout(trainer: CalibratedGRPOTrainer, output: dict) -> Rollout:
         if old_like is not None and not want_emb and not want_dec:
             per_token = old_like
         else:
+            positions = None
+            if want_dec:  # the decision token of each completion: only its predictor's hidden state is kept
+                from calibrl.trl import decision as dec
+
+                positions, _ = dec.locate_decisions(
+                    completion_ids=output["completion_ids"], completion_mask=mask,
+                    token_ids=trainer._decision_class_ids, owner=trainer._decision_owner,
+                )
             fwd = trainer._rollout_forward(
-                output, mask, want_logps=True, want_embeddings=want_emb, want_decision=want_dec
+                output, mask, want_logps=True, want_embeddings=want_emb, want_decision=want_dec,
+                decision_positions=positions,
             )
             per_token = old if old is not None else fwd["per_token_logps"]
             if want_emb:

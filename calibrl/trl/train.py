@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from calibrl.trl.checkpoints import inside_generation_block, last_complete_checkpoint
 from calibrl.trl.progress import LOG_HISTORY, log_history_writer, print_summary, progress_callback, summarize
 from calibrl.trl.recipes import (
     TINY,
@@ -119,9 +120,14 @@ def _check_model_spec(spec: ModelSpec, source: str) -> None:
             continue
         if not isinstance(name, str):
             raise RecipeError(f"{source}: model.{key} must be a string, got {name!r}")
-        if _looks_local(name) and not Path(name).expanduser().exists():
+        path = Path(name).expanduser()
+        if _looks_local(name) and not path.exists():
             raise RecipeError(f"{source}: model.{key}: {name} does not exist (a local folder; hub ids look like "
                               "'org/name')")
+        if key == "name_or_path" and path.is_dir() and not any(
+                (path / f).is_file() for f in ("config.json", "adapter_config.json")):
+            raise RecipeError(f"{source}: model.name_or_path: {name} is a folder without config.json (a saved "
+                              "model folder holds config.json and the weights, as save_pretrained writes them)")
     if spec.name_or_path == TINY and spec.tiny is not None and not isinstance(spec.tiny, dict):
         raise RecipeError(f"{source}: model.tiny must be a mapping of TinyModelConfig fields")
 
@@ -179,10 +185,28 @@ def _reward_funcs(recipe: Recipe) -> list:
     return funcs
 
 
+def _check_fields_read(recipe: Recipe, overrides: dict, args) -> None:
+    """An estimator's field that the chosen estimator does not read (``capo_mask`` with ``grpo``) is an error, not a
+    silent no-op (:data:`calibrl.trl.config.ESTIMATOR_FIELDS`): the recipe's fields are checked against the recipe's
+    own estimator, ``--set`` overrides against the estimator the run uses (so ``--set advantage_estimator=grpo``
+    on a CAPO recipe still gives its GRPO baseline)."""
+    from calibrl.trl.config import CalibratedGRPOConfig, ignored_field_error
+
+    own = recipe.trainer
+    for section, settings, estimator, mask in (
+            ("trainer", own, own.get("advantage_estimator", CalibratedGRPOConfig.advantage_estimator),
+             own.get("capo_mask", CalibratedGRPOConfig.capo_mask)),
+            ("overrides", overrides, args.advantage_estimator, args.capo_mask)):
+        problem = ignored_field_error(settings, estimator=estimator, capo_mask=mask)
+        if problem:
+            raise RecipeError(f"{recipe.source}: {section}.{problem}")
+
+
 def validate_recipe(recipe: Recipe, *, overrides: dict | None = None, stand_in_model: bool = False):
     """The recipe's :class:`~calibrl.trl.CalibratedGRPOConfig`, after checking everything that can be checked
-    without loading a model or a dataset: field names and types, value ranges, the estimator name, the reward
-    names and ``correctness_reward``, dataset sections and paths, a local model path. Any problem is a one-line
+    without loading a model or a dataset: field names and types, value ranges, the estimator name and the fields it
+    reads, the reward names and ``correctness_reward``, dataset sections and paths, a local model folder, an
+    ``output_dir`` that can be a folder. Any problem is a one-line
     :class:`RecipeError` naming the file and the key, so ``calibrl train`` fails in a second, not after loading.
     Creates nothing on disk."""
     from calibrl.advantages import available_estimators
@@ -213,6 +237,13 @@ def validate_recipe(recipe: Recipe, *, overrides: dict | None = None, stand_in_m
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise RecipeError(f"{source}: trainer.advantage_estimator: unknown estimator {args.advantage_estimator!r}"
                           f"{hint}; registered: {', '.join(names)}")
+    _check_fields_read(recipe, overrides or {}, args)
+    output = Path(args.output_dir).expanduser().absolute()
+    existing = next((p for p in (output, *output.parents) if p.exists()), None)  # the folder or its nearest parent
+    if existing is not None and not existing.is_dir():
+        key = "overrides.output_dir" if "output_dir" in (overrides or {}) else "trainer.output_dir"
+        what = "" if existing == output else f" ({existing} is a file)"
+        raise RecipeError(f"{source}: {key}: {args.output_dir} is not a folder{what}")
     funcs = _reward_funcs(recipe)
     if args.correctness_reward is not None:
         known = [r.name for r in recipe.rewards] + [getattr(f, "__name__", "") for f in funcs]
@@ -279,13 +310,9 @@ def build_trainer(recipe: Recipe, *, model=None, tokenizer=None, overrides: dict
 # ----------------------------------------------------------------------------------------------------------------
 
 def last_checkpoint(output_dir: str | Path) -> str | None:
-    """The newest ``checkpoint-N`` folder in ``output_dir`` (None if there is none)."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    output_dir = Path(output_dir)
-    if not output_dir.is_dir():
-        return None
-    return get_last_checkpoint(str(output_dir))
+    """The newest complete ``checkpoint-N`` folder in ``output_dir`` (None if there is none): a folder a kill cut
+    off while it was being saved is passed over (:mod:`calibrl.trl.checkpoints`)."""
+    return last_complete_checkpoint(output_dir)[0]
 
 
 def _remove_if_empty(folder: Path, *, existed: bool) -> None:
@@ -311,7 +338,7 @@ def _save_quietly(trainer) -> None:
 
 
 def train(recipe: Recipe, resume: bool = False, *, overrides: dict | None = None, model=None, tokenizer=None,
-          progress: bool = True, console=None) -> dict[str, Any]:
+          progress: bool = True, console=None, callbacks: list | None = None) -> dict[str, Any]:
     """Train ``recipe``; with ``resume`` continue from the last checkpoint in its output_dir.
 
     Returns ``{"output_dir", "global_step", "resumed_from", "summary", "log_history"}``; saves the final model
@@ -321,7 +348,7 @@ def train(recipe: Recipe, resume: bool = False, *, overrides: dict | None = None
 
     console = console or Console()
     overrides = dict(overrides or {})
-    callbacks = []
+    callbacks = list(callbacks or [])  # extra transformers TrainerCallbacks (e.g. calibrl.trl.rehearse's)
     if progress:
         overrides.setdefault("disable_tqdm", True)
         callbacks.append(progress_callback(console))
@@ -352,14 +379,28 @@ def _run(recipe, resume, overrides, model, tokenizer, callbacks, console, progre
             from transformers.trainer_callback import PrinterCallback
 
             trainer.remove_callback(PrinterCallback)  # the rich bar replaces the printed log dicts
-        checkpoint = last_checkpoint(trainer.args.output_dir) if resume else None
+        checkpoint, torn = last_complete_checkpoint(trainer.args.output_dir) if resume else (None, [])
         is_main = trainer.accelerator.is_main_process
+        for folder, problem in torn if is_main else ():
+            console.print(f"--resume: skipping {folder}: incomplete, {problem}", markup=False, highlight=False)
         if resume and checkpoint is None and is_main:
-            console.print(f"[yellow]--resume: no checkpoint in {trainer.args.output_dir}; starting from scratch")
+            console.print(f"[yellow]--resume: no {'complete ' if torn else ''}checkpoint in "
+                          f"{trainer.args.output_dir}; starting from scratch")
         elif checkpoint and is_main:
-            console.print(f"resuming from {checkpoint}")
+            console.print(f"resuming from {checkpoint}" + (" (the last complete checkpoint)" if torn else ""))
+            args = trainer.args
+            if inside_generation_block(int(Path(checkpoint).name.rsplit("-", 1)[1]),
+                                       gradient_accumulation_steps=args.gradient_accumulation_steps,
+                                       steps_per_generation=args.steps_per_generation,
+                                       num_iterations=args.num_iterations):
+                console.print(f"note: {Path(checkpoint).name} ends inside a generation block (steps_per_generation "
+                              f"{args.steps_per_generation} x num_iterations {args.num_iterations}); its completions "
+                              "are generated again, so the run will not be bit-identical to an uninterrupted one",
+                              markup=False, highlight=False)
         trainer.train(resume_from_checkpoint=checkpoint)
-        if trainer.eval_dataset is not None:
+        final = trainer.state.global_step
+        evaluated = any(h.get("step") == final and "eval_runtime" in h for h in trainer.state.log_history)
+        if trainer.eval_dataset is not None and not evaluated:  # eval_strategy "steps" may have run it already
             trainer.evaluate()
         if progress:
             _save_quietly(trainer)

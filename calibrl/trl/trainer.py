@@ -18,9 +18,13 @@ TRL method overridden                  what calibrl adds
                                        completions table (``log_completions``)
 ``_get_per_token_logps_and_entropies`` keeps the loss pass's log-probs for telemetry (no extra forward)
 ``_compute_loss``                      adds ``decision_loss_coef * decision_token_loss`` (arXiv 2601.13284)
+``training_step``                      on a device without Triton (the CPU), TRL's fused LM head projects tiles of
+                                       at most :func:`calibrl.logprobs.fused_head_tile_tokens` positions
 ``log``                                leaves out metrics undefined for the whole logging period (no NaN / None)
 ``_save_checkpoint``                   also writes CAPO's frozen quantile-mask thresholds (``calibrl_capo_mask.json``)
 ``_load_optimizer_and_scheduler``      also restores them on resume (TRL's own pattern for its entropy controller)
+``_get_train_sampler``                 TRL's sampler with ``set_epoch``, so a run resumed after its first epoch
+                                       sees the prompts an uninterrupted run sees (:mod:`.sampler`)
 =====================================  ==============================================================================
 
 Every TRL option that does not conflict keeps working: ``loss_type``, ``importance_sampling_level="sequence"``
@@ -57,6 +61,7 @@ from calibrl.trl.rollout import (
     rollout_forward,
     training_mask,
 )
+from calibrl.trl.sampler import epoch_exact
 from calibrl.trl.telemetry import PendingTelemetry, calibration_metrics, completion_columns, overwrite_last
 
 __all__ = ["CalibratedGRPOTrainer", "CAPO_MASK_STATE_FILE"]
@@ -187,7 +192,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
                 loss = super()._compute_loss(model, inputs)
             else:
                 backbone, _ = self._backbone_and_head(model)
-                with capture_hidden(backbone, hidden_store):
+                with capture_hidden(backbone, hidden_store, select=self._decision_rows_selector(inputs)):
                     loss = super()._compute_loss(model, inputs)
             captured = self._calibrl_capture
         finally:
@@ -197,6 +202,15 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         if decision:
             loss = loss + self._decision_loss(model, inputs, hidden_store)
         return loss
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """Mirrors ``GRPOTrainer.training_step`` (TRL 1.16): TRL's, with its fused LM head's tile shrunk to the
+        memory budget on a device without Triton (:func:`calibrl.logprobs.fused_head_tile`; on the CPU TRL's
+        [4096 x 32768] tile and the temporaries of its torch fold took 4 GB; nothing changes on a GPU)."""
+        from calibrl.logprobs import fused_head_tile
+
+        with fused_head_tile(self.accelerator.device):
+            return super().training_step(model, inputs, num_items_in_batch)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Mirrors ``GRPOTrainer.log`` (TRL 1.16), which averages each metric's non-NaN values and logs ``None`` when
@@ -209,12 +223,15 @@ class CalibratedGRPOTrainer(GRPOTrainer):
 
     def _save_checkpoint(self, model, trial):
         """Mirrors ``GRPOTrainer._save_checkpoint`` (TRL 1.16): TRL's checkpoint, plus the state of CAPO's frozen
-        quantile mask in ``calibrl_capo_mask.json`` (written by the main process, as TRL writes its own json)."""
-        super()._save_checkpoint(model, trial)
+        quantile mask in ``calibrl_capo_mask.json`` (written by the main process, as TRL writes its own json). The
+        file is written first, so transformers' ``trainer_state.json`` stays the last file of a checkpoint: its
+        presence marks a complete one (:mod:`calibrl.trl.checkpoints`)."""
         if self.capo_quantile_mask is not None and self.args.should_save:
             folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, CAPO_MASK_STATE_FILE), "w") as f:
                 json.dump(self.capo_quantile_mask.state_dict(), f)
+        super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         """Mirrors ``Trainer._load_optimizer_and_scheduler`` (transformers 5), which ``train`` calls with the resumed
@@ -230,6 +247,12 @@ class CalibratedGRPOTrainer(GRPOTrainer):
             return
         with open(path) as f:
             self.capo_quantile_mask.load_state_dict(json.load(f))
+
+    def _get_train_sampler(self, dataset=None):
+        """Mirrors ``GRPOTrainer._get_train_sampler`` (TRL 1.16): its ``RepeatSampler``, as one whose
+        ``set_epoch`` (called by transformers before every epoch) replays the shuffle of that epoch, so resuming
+        in epoch 1 or later continues with the uninterrupted run's prompts (:mod:`calibrl.trl.sampler`)."""
+        return epoch_exact(super()._get_train_sampler(dataset))
 
     # ---------------------------------------------------------------------------------------------------- advantage step
 
@@ -312,21 +335,31 @@ class CalibratedGRPOTrainer(GRPOTrainer):
             )
         if rollout.decision_hidden is None:  # neither telemetry nor the completions table asks for it
             return advantages, None, None
-        logits = self._decision_logits(rollout.decision_hidden, output["prompt_ids"].size(1), positions, self.model)
+        logits = self._head_logits(rollout.decision_hidden, self.model)  # [N, V] at the decision positions only
         p_chosen = dec.probability_of_chosen(self._decision_class_logits(logits), chosen)
         return (advantages, self.accelerator.gather(p_chosen),
                 self.accelerator.gather(correct_local.float()) > 0.5)
+
+    def _decision_rows_selector(self, inputs):
+        """For :func:`~calibrl.trl.rollout.capture_hidden` during the loss pass: each forward's last hidden state
+        [r, P+C, D] -> the [r, D] rows predicting its completions' decision tokens (forwards come in row order), so
+        only those rows are kept (with their graph) for the decision term."""
+        positions, prompt_len, seen = inputs["calibrl_decision_positions"], inputs["prompt_ids"].size(1), [0]
+
+        def select(hidden: torch.Tensor) -> torch.Tensor:
+            start = seen[0]
+            seen[0] += hidden.size(0)
+            return dec.decision_hidden(hidden, prompt_len=prompt_len, positions=positions[start:seen[0]])
+
+        return select
 
     def _decision_loss(self, model, inputs, hidden_store: list) -> torch.Tensor:
         """``decision_token_loss`` at the decision tokens of this micro-batch (read from the loss pass's hidden
         states), scaled for gradient accumulation as TRL scales its own loss; logged as ``decision/...``."""
         from calibrl.losses.decision import decision_token_loss
 
-        hidden = hidden_store[0] if len(hidden_store) == 1 else torch.cat(hidden_store, dim=0)
-        positions = inputs["calibrl_decision_positions"]
-        class_logits = self._decision_class_logits(
-            self._decision_logits(hidden, inputs["prompt_ids"].size(1), positions, model)
-        )  # [N, C]
+        h = hidden_store[0] if len(hidden_store) == 1 else torch.cat(hidden_store, dim=0)  # [N, D] decision rows
+        class_logits = self._decision_class_logits(self._head_logits(h, model))  # [N, C]
         d_loss, d_metrics = decision_token_loss(
             decision_logits=class_logits, class_token_ids=torch.arange(class_logits.size(1), device=class_logits.device),
             chosen_class=inputs["calibrl_decision_chosen"], correct=inputs["calibrl_decision_correct"].bool(),
@@ -412,9 +445,11 @@ class CalibratedGRPOTrainer(GRPOTrainer):
     def _can_record_generation_logprobs(self) -> bool:
         return can_record_generation_logprobs(self)
 
-    def _rollout_forward(self, output, mask, *, want_logps: bool, want_embeddings: bool, want_decision: bool):
+    def _rollout_forward(self, output, mask, *, want_logps: bool, want_embeddings: bool, want_decision: bool,
+                         decision_positions: torch.Tensor | None = None):
         """One no-grad forward of the policy (:func:`calibrl.trl.rollout.rollout_forward`)."""
-        return rollout_forward(self, output, mask, want_embeddings=want_embeddings, want_decision=want_decision)
+        return rollout_forward(self, output, mask, want_embeddings=want_embeddings, want_decision=want_decision,
+                               decision_positions=decision_positions)
 
     def _resolve_correctness_reward(self) -> int:
         """Column of ``rewards_per_func`` whose value > 0.5 means correct (``args.correctness_reward``)."""
@@ -448,6 +483,13 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         """[N, V] vocabulary logits -> [N, C] class logits (:func:`calibrl.trl.decision.class_logits`)."""
         return dec.class_logits(logits, token_ids=self._decision_class_ids, owner=self._decision_owner,
                                 n_classes=len(self.args.decision_classes))
+
+    def _head_logits(self, h: torch.Tensor, model) -> torch.Tensor:
+        """Logits [N, V] (at the sampling temperature) of hidden states ``h`` [N, D], post-processed as the model's
+        forward does (:func:`calibrl.trl.decision.head_logits`)."""
+        _, lm_head = self._backbone_and_head(model)
+        postprocess = dec.logit_postprocessing(self.accelerator.unwrap_model(model).config)
+        return dec.head_logits(h, lm_head=lm_head, temperature=self.temperature, postprocess=postprocess)
 
     def _decision_logits(self, hidden, prompt_len: int, positions: torch.Tensor, model) -> torch.Tensor:
         """Logits [N, V] (at the sampling temperature) predicting the token at completion position ``positions``,
