@@ -32,7 +32,7 @@ from pathlib import Path
 
 from calibrl.testbed.realmodel import (REAL_MODEL_LABELS, REAL_MODEL_METHODS, RealModelRunConfig,
                                        matched_accuracy_table, plot_runs, records_table, train_real_model,
-                                       training_table)
+                                       training_table, with_samples)
 
 DONE = "finished"
 
@@ -43,7 +43,8 @@ def report(out: Path, methods: list[str]) -> str:
     runs, logs = {}, {}
     for method in methods:
         path = out / method / "calibration_eval.json"
-        runs[REAL_MODEL_LABELS[method]] = json.loads(path.read_text())["records"] if path.exists() else []
+        runs[REAL_MODEL_LABELS[method]] = (with_samples(json.loads(path.read_text())["records"], out / method)
+                                           if path.exists() else [])
         log = out / method / "trainer_log.json"
         if log.exists():
             logs[REAL_MODEL_LABELS[method]] = json.loads(log.read_text())["log_history"]
@@ -72,6 +73,9 @@ def main() -> None:
     parser.add_argument("--eval-prompts", type=int, default=48)
     parser.add_argument("--eval-k", type=int, default=4)
     parser.add_argument("--eval-every", type=int, default=6)
+    parser.add_argument("--eval-split", default="validation", help="split of the held-out prompts")
+    parser.add_argument("--eval-batch", type=int, default=None,
+                        help="prompts per generate batch of an evaluation (default: all at once)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--report-only", action="store_true")
@@ -91,7 +95,8 @@ def main() -> None:
                 method=method, steps=options.steps, prompts_per_step=options.prompts,
                 num_generations=options.generations, max_completion_length=options.tokens, learning_rate=options.lr,
                 levels=tuple(options.levels), train_prompts=options.train_prompts, eval_prompts=options.eval_prompts,
-                eval_k=options.eval_k, eval_every=options.eval_every, seed=options.seed, threads=options.threads)
+                eval_k=options.eval_k, eval_every=options.eval_every, eval_split=options.eval_split,
+                eval_batch_prompts=options.eval_batch, seed=options.seed, threads=options.threads)
             result = train_real_model(config, options.out / method)
             print(f"{method}: {options.steps} steps in {result['seconds']:.0f} s", flush=True)
     text = report(options.out, methods)

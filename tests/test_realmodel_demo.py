@@ -100,3 +100,11 @@ def test_plot_runs_draws_every_run_with_error_bars(tmp_path):
                {"step": 6, "accuracy": 0.31, "auroc": 0.61, "n_samples": 128}]
     path = plot_runs({"GRPO": records, "CAPO": records[:1]}, tmp_path / "t.png")
     assert path.exists() and path.stat().st_size > 10_000
+
+
+def test_plot_runs_draws_a_run_whose_first_auroc_is_undefined(tmp_path):
+    from calibrl.testbed.realmodel import plot_runs
+
+    records = [{"step": 0, "accuracy": 0.0, "auroc": None, "n_samples": 32},
+               {"step": 2, "accuracy": 0.25, "auroc": 0.6, "n_samples": 32}]
+    assert plot_runs({"GRPO": records}, tmp_path / "t.png").exists()

@@ -25,6 +25,7 @@ from calibrl.metrics.abstention import (
 )
 from calibrl.metrics.accuracy import mean_at_k, pass_at_k, per_prompt_counts
 from calibrl.metrics.bootstrap import BootstrapCI, bootstrap_ci
+from calibrl.metrics.paired import DifferenceCI, hierarchical_bootstrap_difference, paired_bootstrap_difference
 from calibrl.metrics.calibration import (
     PerPromptAUROC,
     ReliabilityBins,
@@ -48,6 +49,7 @@ __all__ = [
     "CalibratedAbstention",
     "DEFAULT_COVERAGES",
     "DEFAULT_THRESHOLD_GRID",
+    "DifferenceCI",
     "PerPromptAUROC",
     "ReliabilityBins",
     "abstention_threshold",
@@ -62,9 +64,11 @@ __all__ = [
     "clopper_pearson_lower",
     "ece",
     "fixed_sequence",
+    "hierarchical_bootstrap_difference",
     "mce",
     "mean_at_k",
     "nll",
+    "paired_bootstrap_difference",
     "pass_at_k",
     "per_prompt_auroc",
     "per_prompt_counts",
