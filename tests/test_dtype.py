@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from calibrl.models import BF16_LOGPROB_TOLERANCE, DTYPES, check_dtype, cpu_bf16_supported, resolve_dtype
-from calibrl.testbed.model import TinyModelConfig, build_tiny_model, save_tiny_model
+from calibrl.models import TinyModelConfig, build_tiny_model, save_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -12,7 +12,7 @@ import torch
 
 from calibrl.evaluation.backends import _decision_fields, _Sample, _TransformersBackend
 from calibrl.evaluation.generate import GenerateError, generate, scan_existing
-from calibrl.testbed.model import TinyModelConfig, build_tiny_model, save_tiny_model
+from calibrl.models import TinyModelConfig, build_tiny_model, save_tiny_model
 from calibrl.tasks.registry import get_dataset_loader
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -69,7 +69,7 @@ def test_chunked_logps_project_only_a_chunk_at_a_time():
 def _tiny_trainer(tmp_path, **kw):
     from datasets import Dataset
 
-    from calibrl.testbed.model import build_tiny_model
+    from calibrl.models import build_tiny_model
     from calibrl.trl import CalibratedGRPOConfig, CalibratedGRPOTrainer
 
     model, tok = build_tiny_model(seed=0)

@@ -69,7 +69,7 @@ def test_two_processes_match_one_process(tmp_path, mode):
 
     # One process, independent inputs: rewards from the decoded completions, log-probs from a plain forward
     # of the initial model (= policy and reference at step 1).
-    from calibrl.testbed.model import build_tiny_model
+    from calibrl.models import build_tiny_model
 
     def parity_reward(prompts, completions, **kwargs):  # the script's reward
         return [float(bool(c) and ord(c[0]) % 2 == 0) for c in completions]

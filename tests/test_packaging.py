@@ -138,3 +138,17 @@ def test_sdist_ships_what_its_tests_read(tmp_path):
                          cwd=unpacked, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(unpacked)})
     assert run.returncode == 0, run.stdout[-3000:]
+
+
+def test_the_engines_and_the_evaluation_pipeline_never_import_the_testbed():
+    """Layers: calibrl.models names every built-in model; the engines (trl, verl) and the evaluation pipeline sit
+    below the testbed and never reach up into it."""
+    import re
+
+    root = Path(__file__).resolve().parents[1] / "calibrl"
+    offenders = []
+    for package in ("trl", "verl", "evaluation", "selection", "metrics", "advantages", "losses", "tasks"):
+        for path in (root / package).rglob("*.py"):
+            if re.search(r"^\s*(from|import)\s+calibrl\.testbed\b", path.read_text(), re.M):
+                offenders.append(str(path.relative_to(root)))
+    assert not offenders, offenders

@@ -246,7 +246,7 @@ def test_runner_evaluates_extra_sets_keeps_their_samples_and_lets_an_arm_set_its
     saved at every evaluation, and an arm's own learning_rate reaching the optimizer."""
     import json
 
-    from calibrl.testbed.model import build_tiny_model
+    from calibrl.models import build_tiny_model
     from calibrl.testbed.runner import run_method
 
     model, tokenizer = build_tiny_model(seed=0)

@@ -37,7 +37,7 @@ def test_the_expected_recipes_exist():
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_recipe_builds_with_the_tiny_stand_in(name, tmp_path):
-    from calibrl.testbed.model import build_tiny_model
+    from calibrl.models import build_tiny_model
 
     recipe = _localise(training.load_recipe(CONFIGS / name))
     model, tokenizer = build_tiny_model()
@@ -117,7 +117,7 @@ def test_tiny_cpu_recipe_trains_and_writes_its_log_history(tmp_path, monkeypatch
 def test_dataset_section_typos_are_errors(tmp_path):
     """A misspelt loader option (`tempalte`) names the key and the file instead of vanishing into the loader's
     **kwargs; hub load_dataset arguments pass only under `load_kwargs:`."""
-    from calibrl.testbed.model import build_tiny_model
+    from calibrl.models import build_tiny_model
 
     text = (CONFIGS / "tiny_cpu.yaml").read_text()
     assert "  template: none" in text and "data/deepscaler.jsonl" in text

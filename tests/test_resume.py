@@ -124,7 +124,7 @@ def _capo_quantile_trainer(out: Path, max_steps: int):
     """In-process tiny trainer with capo_mask="quantile", a checkpoint every step, recording each step's params."""
     from datasets import Dataset
 
-    from calibrl.testbed.model import build_tiny_model
+    from calibrl.models import build_tiny_model
     from calibrl.trl import CalibratedGRPOConfig, CalibratedGRPOTrainer
 
     class Recording(CalibratedGRPOTrainer):

@@ -148,7 +148,7 @@ def test_sft_dataset_follows_the_format(task):
 
 
 def test_sample_completions_scores_exactly():
-    from calibrl.testbed.model import build_tiny_model
+    from calibrl.models import build_tiny_model
     from calibrl.testbed.warmstart import sample_completions
 
     torch.manual_seed(0)
@@ -283,7 +283,7 @@ def test_evaluate_reports_each_tiers_expected_accuracy():
     """On tasks with prompt tiers the evaluation adds expected_accuracy_<tier>: the mean true success probability
     of that tier's samples (their prompt-count-weighted mean is the overall expected accuracy)."""
     from calibrl.testbed.evaluate import evaluate
-    from calibrl.testbed.model import build_tiny_model
+    from calibrl.models import build_tiny_model
 
     torch.manual_seed(0)
     model, tok = build_tiny_model(seed=0)

@@ -16,7 +16,7 @@ import trl  # noqa: E402,F401
 from datasets import Dataset  # noqa: E402
 
 from calibrl import RolloutBatch, compute_advantages  # noqa: E402
-from calibrl.testbed.model import build_tiny_model  # noqa: E402
+from calibrl.models import build_tiny_model  # noqa: E402
 from calibrl.trl.telemetry import calibration_metrics  # noqa: E402
 from calibrl.trl import CalibratedGRPOConfig, CalibratedGRPOTrainer, extract_answer  # noqa: E402
 
@@ -538,7 +538,7 @@ def _space_class_tokenizer():
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from calibrl.testbed.model import CHARACTERS, SPECIAL_TOKENS
+    from calibrl.models import CHARACTERS, SPECIAL_TOKENS
 
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
     for token in list(CHARACTERS) + [" " + c for c in DECISION_CLASSES]:

@@ -311,7 +311,7 @@ def _load_hf(config: GenerateConfig):
         if kind != "tiny":
             raise GenerateError(f"unknown builtin model {config.model!r} (builtin:tiny or "
                                 "builtin:smollm2-135m-instruct)")
-        from calibrl.testbed.model import TinyModelConfig, build_tiny_model
+        from calibrl.models import TinyModelConfig, build_tiny_model
 
         # RoPE has no learned positions: a longer context costs nothing and real prompts fit
         model, tokenizer = build_tiny_model(config=TinyModelConfig(max_position_embeddings=4096), seed=config.seed)

@@ -3,7 +3,7 @@
 Each task is a seeded ``datasets.Dataset`` (registered under ``testbed/<name>``), a TRL-style reward
 (registered under the same name), SFT texts sampled from the TRUE distribution (so the warm start is calibrated
 by construction) and the Bayes ceiling (the AUROC of the true success probability). They are small enough for
-the 0.2M-parameter char-level Llama of :mod:`calibrl.testbed.model` to learn on a CPU in minutes.
+the 0.2M-parameter char-level Llama of :mod:`calibrl.models` to learn on a CPU in minutes.
 
 ``testbed/decision`` (stochastic decision; arXiv 2601.13284's setting in miniature)
     prompt ``abcd=`` (4 digits), completion ``ss:D``: ``ss`` = two-digit digit sum, ``D`` in {``Y``, ``N``}.

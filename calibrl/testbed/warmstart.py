@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from calibrl.testbed.model import TinyModelConfig, build_tiny_model
+from calibrl.models import TinyModelConfig, build_tiny_model
 from calibrl.testbed import tasks as tb
 
 WARMSTART_VERSION = 1  # bump when the procedure changes so stale caches are not reused

@@ -4,7 +4,7 @@ A recipe::
 
     model:                                 # or simply  model: Qwen/Qwen2.5-Math-1.5B  /  model: "builtin:tiny"
       name_or_path: Qwen/Qwen2.5-Math-1.5B # hub id, local folder, .gguf file, "builtin:smollm2-135m-instruct"
-                                           # (calibrl.models) or "builtin:tiny" (calibrl.testbed.model)
+                                           # (calibrl.models) or "builtin:tiny" (calibrl.models)
       dtype: bfloat16                      # float32 | bfloat16 | float16 | auto
       peft: {r: 16, lora_alpha: 32, target_modules: all-linear}   # optional LoRA (peft.LoraConfig fields)
     dataset: {name: deepscaler, split: train, path: null, limit: null}   # calibrl.tasks.registry name
@@ -48,13 +48,14 @@ from typing import Any
 
 import yaml
 
+from calibrl.models import TINY  # light: no torch at import
+
 __all__ = [
     "RecipeError", "ModelSpec", "DatasetSpec", "RewardSpec", "Recipe", "load_recipe", "parse_recipe",
     "trainer_fields", "check_trainer_fields", "unknown_key_error", "load_yaml", "shipped_recipes",
     "resolve_recipe_path", "RECIPES_DIR",
 ]
 
-TINY = "builtin:tiny"
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # the recipes shipped in the package
 
 

@@ -1,7 +1,7 @@
 """``calibrl train``: a parsed recipe (:mod:`calibrl.trl.recipes`) -> a ready ``CalibratedGRPOTrainer`` -> training.
 
 Datasets and rewards are looked up by name in :mod:`calibrl.tasks.registry`; the model is a hub id, a local folder
-or ``builtin:tiny`` (the testbed's model, :mod:`calibrl.testbed.model`). Progress shows reward and calibration
+or ``builtin:tiny`` (the testbed's model, :mod:`calibrl.models`). Progress shows reward and calibration
 while training; the end prints a summary of the last logged steps.
 
 API: :func:`load_recipe` (from :mod:`calibrl.trl.recipes`), :func:`build_trainer`, :func:`train`.
@@ -145,7 +145,7 @@ def _model_init_kwargs(spec: ModelSpec) -> dict:
 def _load_model(spec: ModelSpec):
     """(model or model id, tokenizer or None)."""
     if spec.name_or_path == TINY:
-        from calibrl.testbed.model import TinyModelConfig, build_tiny_model
+        from calibrl.models import TinyModelConfig, build_tiny_model
 
         tiny = dict(spec.tiny or {})
         seed = int(tiny.pop("seed", 0))

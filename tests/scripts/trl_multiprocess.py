@@ -17,7 +17,7 @@ torch.set_num_threads(1)
 
 from datasets import Dataset  # noqa: E402
 
-from calibrl.testbed.model import build_tiny_model  # noqa: E402
+from calibrl.models import build_tiny_model  # noqa: E402
 from calibrl.trl import CalibratedGRPOConfig, CalibratedGRPOTrainer  # noqa: E402
 
 
