@@ -108,3 +108,26 @@ def test_plot_runs_draws_a_run_whose_first_auroc_is_undefined(tmp_path):
     records = [{"step": 0, "accuracy": 0.0, "auroc": None, "n_samples": 32},
                {"step": 2, "accuracy": 0.25, "auroc": 0.6, "n_samples": 32}]
     assert plot_runs({"GRPO": records}, tmp_path / "t.png").exists()
+
+
+def test_demo_prints_each_evaluation_after_its_steps_line(tmp_path, monkeypatch):
+    """The callback evaluates step 2 before TRL logs step 2's training line; the demo prints them in step order."""
+    import calibrl.models
+    from calibrl.testbed import realmodel
+
+    def fake_train(config, out, *, on_log):
+        on_log(0, {"eval_calibration/accuracy": 0.2, "eval_calibration/auroc": 0.6, "eval_calibration/ece": 0.1})
+        on_log(1, {"reward": 0.25, "loss": 0.0})
+        on_log(2, {"eval_calibration/accuracy": 0.3, "eval_calibration/auroc": 0.65, "eval_calibration/ece": 0.1})
+        on_log(2, {"reward": 0.5, "loss": 0.0})
+        records = [{"step": 0, "accuracy": 0.2, "auroc": 0.6, "n_samples": 32},
+                   {"step": 2, "accuracy": 0.3, "auroc": 0.65, "n_samples": 32}]
+        return {"records": records, "log_history": []}
+
+    monkeypatch.setattr(realmodel, "train_real_model", fake_train)
+    monkeypatch.setattr(calibrl.models, "resolve_model", lambda name: name)
+    printed = []
+    realmodel.run_real_model_demo(tmp_path / "demo", model="stand-in", steps=2, eval_prompts=8, eval_k=4,
+                                  print_fn=printed.append)
+    order = [line.split(":")[0] for line in printed if line.startswith(("step", "held-out"))]
+    assert order == ["held-out evaluation at step 0", "step 1/2", "step 2/2", "held-out evaluation at step 2"]

@@ -72,6 +72,19 @@ def test_train_prints_a_line_per_logging_step_when_output_is_not_a_terminal(tmp_
     assert any("last (mean of 2 logged steps)" in line for line in lines)
 
 
+@pytest.mark.slow
+def test_train_writes_its_result_apart_from_its_progress(tmp_path):
+    """calibrl train: progress to stderr, the summary (the run's result) to stdout."""
+    from calibrl.trl.train import load_recipe, train
+
+    progress, progress_text = _console()
+    result, result_text = _console()
+    train(load_recipe("tiny_cpu"), overrides={"max_steps": 1, "output_dir": str(tmp_path / "run")},
+          console=progress, result_console=result)
+    assert "step 1/1" in progress_text.getvalue() and "calibrl train:" not in progress_text.getvalue()
+    assert "calibrl train:" in result_text.getvalue() and "step 1/1" not in result_text.getvalue()
+
+
 def test_heldout_calibration_and_trl_eval_are_named_apart():
     """The held-out calibration callback logs only eval_calibration/* keys; TRL's own evaluation logs the same
     telemetry keys beside eval_loss / eval_runtime. Lines and summary keep them apart."""

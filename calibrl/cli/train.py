@@ -111,7 +111,7 @@ def train_command(
             return
         from calibrl.trl.train import train
 
-        train(recipe, resume=resume, overrides=overrides, console=console)
+        train(recipe, resume=resume, overrides=overrides, console=console, result_console=Console())  # stdout
     except RecipeError as exc:
         console.print(f"error: {' '.join(str(exc).split())}", markup=False, soft_wrap=True, highlight=False)
         raise typer.Exit(2)

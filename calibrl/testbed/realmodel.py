@@ -472,13 +472,20 @@ def run_real_model_demo(out: str | Path, *, model: str = BUILTIN_REAL_MODEL, met
     config = RealModelRunConfig(model=path, method=method, steps=steps, eval_prompts=eval_prompts, eval_k=eval_k,
                                 eval_every=max(1, steps), dtype=dtype)
     step_times: list[float] = []
+    # the callback evaluates a step before TRL logs that step's training line: its line waits for the step's
+    held: dict[int, str] = {}
+    printed = {"step": 0}  # the last training step whose line is out
 
     def on_log(step: int, logs: dict) -> None:
         elapsed = time.perf_counter() - start
         if "eval_calibration/accuracy" in logs:
-            print_fn(f"held-out evaluation at step {step}: accuracy {logs['eval_calibration/accuracy']:.3f}, "
-                     f"AUROC {logs.get('eval_calibration/auroc', float('nan')):.3f}, "
-                     f"ECE {logs.get('eval_calibration/ece', float('nan')):.3f} ({elapsed:.0f} s elapsed)")
+            line = (f"held-out evaluation at step {step}: accuracy {logs['eval_calibration/accuracy']:.3f}, "
+                    f"AUROC {logs.get('eval_calibration/auroc', float('nan')):.3f}, "
+                    f"ECE {logs.get('eval_calibration/ece', float('nan')):.3f} ({elapsed:.0f} s elapsed)")
+            if step > printed["step"]:  # that step's training line is not out yet
+                held[step] = line
+            else:
+                print_fn(line)
         elif "reward" in logs:
             step_times.append(elapsed)
             per_step = (step_times[-1] - step_times[0]) / (len(step_times) - 1) if len(step_times) > 1 else None
@@ -486,11 +493,16 @@ def run_real_model_demo(out: str | Path, *, model: str = BUILTIN_REAL_MODEL, met
             print_fn(f"step {step}/{steps}: reward {logs['reward']:.3f}, rollout AUROC "
                      f"{logs.get('calibration/auroc', float('nan')):.3f}, loss {logs.get('loss', float('nan')):.4f} "
                      f"({elapsed:.0f} s elapsed{eta})")
+            printed["step"] = step
+            for waiting in sorted(k for k in held if k <= step):
+                print_fn(held.pop(waiting))
 
     print_fn(f"{model}: evaluating {eval_prompts} held-out prompts x {eval_k} samples, then {steps} LoRA steps "
              f"of {REAL_MODEL_LABELS[method]} ({config.prompts_per_step} prompts x {config.num_generations} "
              "completions each), then the same evaluation")
     result = train_real_model(config, out / "run", on_log=on_log)
+    for waiting in sorted(held):  # an evaluation after the last logged step
+        print_fn(held.pop(waiting))
     label = REAL_MODEL_LABELS[method]
     runs = {label: result["records"]}
     figure = plot_runs(runs, out / "trajectories.png",

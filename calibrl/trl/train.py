@@ -338,15 +338,18 @@ def _save_quietly(trainer) -> None:
 
 
 def train(recipe: Recipe, resume: bool = False, *, overrides: dict | None = None, model=None, tokenizer=None,
-          progress: bool = True, console=None, callbacks: list | None = None) -> dict[str, Any]:
+          progress: bool = True, console=None, result_console=None,
+          callbacks: list | None = None) -> dict[str, Any]:
     """Train ``recipe``; with ``resume`` continue from the last checkpoint in its output_dir.
 
     Returns ``{"output_dir", "global_step", "resumed_from", "summary", "log_history"}``; saves the final model
-    in ``output_dir`` and prints a rich summary table (main process).
+    in ``output_dir`` and prints a rich summary table (main process). Progress and notes go to ``console``, the
+    summary (the run's result) to ``result_console`` (default: ``console``; ``calibrl train``: stderr and stdout).
     """
     from rich.console import Console
 
     console = console or Console()
+    result_console = result_console or console
     overrides = dict(overrides or {})
     callbacks = list(callbacks or [])  # extra transformers TrainerCallbacks (e.g. calibrl.trl.rehearse's)
     if progress:
@@ -360,7 +363,7 @@ def train(recipe: Recipe, resume: bool = False, *, overrides: dict | None = None
                                             output_dir, existed)
     summary = summarize(trainer.state.log_history)
     if is_main:
-        print_summary(console, summary, trainer)
+        print_summary(result_console, summary, trainer)
     return {
         "output_dir": trainer.args.output_dir,
         "global_step": trainer.state.global_step,
