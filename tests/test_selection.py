@@ -241,6 +241,38 @@ def test_clusters_follow_grading_not_a_looser_parse():
     assert ids[0] != ids[1] and ids[0] != ids[2] and ids[1] != ids[2] and ids[0] == ids[3]
 
 
+def test_literal_shortcut_decides_only_pairs_math_verify_tells_apart():
+    from calibrl.selection.answers import _literal_square, _literals_differ, _verify_pair
+
+    # hand-worked signed squares: (3/6)^2 = 1/4, -(1/2)^2, (3 sqrt 2)^2 = 18
+    assert _literal_square("\\frac{3}{6}") == _literal_square("\\dfrac{1}{2}") == 0.25
+    assert _literal_square("-\\tfrac{1}{2}") == -0.25 and _literal_square("3\\sqrt{2}") == 18
+    assert _literal_square("\\frac{1}{0}") is None and _literal_square("1.5") is None
+    assert not _literals_differ("2\\sqrt{2}", "\\sqrt{8}") and not _literals_differ("2\\sqrt{4}", "4")
+    assert _literals_differ("3\\sqrt{2}", "\\sqrt{17}") and _literals_differ("-\\frac{1}{2}", "\\frac{1}{2}")
+    rng = np.random.default_rng(7)
+
+    def draw() -> str:
+        sign, kind, a, b = "-" * int(rng.uniform() < 0.2), int(rng.integers(0, 3)), *rng.integers(0, 9, 2).tolist()
+        return sign + [f"{a}", f"\\frac{{{a}}}{{{b + 1}}}", f"{a or ''}\\sqrt{{{b}}}"][kind]
+
+    decided = 0
+    for _ in range(40):
+        a, b = sorted((draw(), draw()))
+        if _literals_differ(a, b):  # wherever the shortcut says "different", math-verify agrees
+            decided += 1
+            assert not _verify_pair(a, b, None), (a, b)
+    assert decided > 20
+    rows = [draw() for _ in range(200)]
+    pids = rng.integers(0, 20, 200)
+    fast = S.answer_clusters(rows, pids)
+    from unittest import mock
+
+    with mock.patch("calibrl.selection.answers._literals_differ", return_value=False):
+        slow = S.answer_clusters(rows, pids)
+    np.testing.assert_array_equal(fast, slow)
+
+
 def test_confidence_weighted_vote_lets_a_few_confident_paths_outvote_many_unconfident_ones():
     # prompt 0: A has 4 paths at confidence 0.1 (score 0.4), B 2 paths at 0.9 (1.8): B wins, majority picks A
     # prompt 1: A has 3 paths at 0.7 (2.1), B 2 paths at 0.9 (1.8): the scores add up, A wins (best-of-N: B)

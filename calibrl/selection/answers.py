@@ -15,6 +15,7 @@ import functools
 import re
 import threading
 from collections.abc import Callable, Sequence
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,10 @@ MATH_TIMEOUT_SECONDS = 5
 # a plain integer literal: math-verify parses it to a sympy Integer, and two different Integers are unequal under
 # every comparison it makes (numeric, symbolic, string), so such pairs are decided without parsing them
 _INTEGER = re.compile(r"-?[0-9]+")
+# a plain rational or radical literal: an integer, \frac{p}{q} (also \dfrac, \tfrac) or a\sqrt{b}, with an optional
+# leading minus sign and no spaces; each integer at most 4 digits, without leading zeros (a coefficient not 0)
+_NAT = r"(0|[1-9][0-9]{0,3})"
+_LITERAL = re.compile(rf"(-?)(?:{_NAT}|\\[dt]?frac\{{{_NAT}\}}\{{{_NAT}\}}|([1-9][0-9]{{0,3}})?\\sqrt\{{{_NAT}\}})")
 _LATEX_NOISE = re.compile(r"\\(?:left|right|displaystyle|!|,|;|:)")
 _TEXT = re.compile(r"\\text\{\s*([^{}]*)\}")
 
@@ -71,6 +76,46 @@ def _latex_key(s: str) -> str:
     s = _TEXT.sub(r"\1", _LATEX_NOISE.sub("", s))
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     return re.sub(r"\s+", "", s).rstrip(".")
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _literal_square(s: str) -> Fraction | None:
+    """The signed square ``sign(x) x^2`` of the exact value ``x`` of a plain literal ``s`` (``_LITERAL``: ``-?n``,
+    ``-?\\frac{p}{q}``, ``-?a\\sqrt{b}``), or None when ``s`` is not one (or has a zero denominator). Two real
+    numbers are equal iff their signed squares are; ``x = +-(p/q) sqrt(b)`` gives ``sign(x) x^2 = +-p^2 b / q^2``."""
+    m = _LITERAL.fullmatch(s)
+    if m is None:
+        return None
+    minus, integer, num, den, coef, radicand = m.groups()
+    if integer is not None:
+        square = Fraction(int(integer) ** 2)
+    elif num is not None:
+        if int(den) == 0:
+            return None
+        square = Fraction(int(num) ** 2, int(den) ** 2)
+    else:
+        square = Fraction(int(coef or 1) ** 2 * int(radicand))
+    return -square if minus else square
+
+
+def _literals_differ(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` are both plain literals (:func:`_literal_square`) with different exact values:
+    math-verify then never judges them equal (their sympy values differ exactly; integers and fractions compare as
+    exact Rationals; with a radical, ``simplify(a - b)`` is not 0 and ``(a - b).evalf()`` is at least
+    ``1e-13`` of the values with integers under 10^4), so the pair is decided without parsing it."""
+    x = _literal_square(a)
+    if x is None:
+        return False
+    y = _literal_square(b)
+    return y is not None and x != y
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _exact_forms(answer: str) -> tuple[str, str | None, str]:
+    """``answer`` unwrapped (:func:`_unwrap`) and that string's two exact-match forms (:func:`normalize_answer`,
+    :func:`_latex_key`), computed once per distinct string."""
+    s = _unwrap(answer)
+    return s, normalize_answer(s), _latex_key(s)
 
 
 def _effective_timeout(timeout: int | None) -> int | None:
@@ -125,15 +170,17 @@ def answers_equivalent(a: str | None, b: str | None, *, timeout: int | None = MA
     """
     if a is None or b is None:
         return False
-    a, b = _unwrap(a), _unwrap(b)
+    (a, norm_a, key_a), (b, norm_b, key_b) = _exact_forms(str(a)), _exact_forms(str(b))
     if not a or not b:
         return False
-    if normalize_answer(a) == normalize_answer(b) or _latex_key(a) == _latex_key(b):
+    if norm_a == norm_b or key_a == key_b:
         return True
     if not _math_verify_available():
         return False
     if _INTEGER.fullmatch(a) and _INTEGER.fullmatch(b) and int(a) != int(b):
         return False  # math-verify's verdict on two different integer literals, without parsing them
+    if _literals_differ(a, b):
+        return False  # math-verify's verdict on two literals of different exact values
     x, y = sorted((a, b))
     return _verify_pair(x, y, _effective_timeout(timeout))
 
