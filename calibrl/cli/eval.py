@@ -37,6 +37,13 @@ class Posthoc(str, Enum):
     platt = "platt"
 
 
+class Grader(str, Enum):
+    """The graders of :data:`calibrl.evaluation.readers.GRADERS`."""
+
+    boxed = "boxed"
+    math_verify = "math-verify"
+
+
 class SampleFormat(str, Enum):
     """The input formats :func:`calibrl.evaluation.samples.load_samples` reads (its ``FORMATS``)."""
 
@@ -77,6 +84,30 @@ def _labels(paths: list[Path]) -> list[str]:
     # same stem and folder: x.jsonl vs x.parquet
     labels = [f"{lab}{p.suffix}" if labels.count(lab) > 1 else lab for p, lab in zip(paths, labels)]
     return [f"{lab}#{i + 1}" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels)]
+
+
+def _step_inputs(path: Path, label: str, input_format: Optional[SampleFormat]
+                 ) -> list[tuple[str, Path, tuple[str, str] | None]]:
+    """The inputs ``path`` stands for, as ``(label, file, (format, note) or None)``: itself, or for a TRL / verl
+    folder holding several training steps one input per step in step order, labelled ``<label> step N``, except the
+    last step, the headline, which keeps the folder's ``label``; each noted as such (see
+    :func:`calibrl.evaluation.readers.step_files`)."""
+    from calibrl.evaluation.readers import detect_format, step_files
+
+    if not path.is_dir():
+        return [(label, path, None)]
+    fmt = input_format.value if input_format is not None else detect_format(path)
+    steps = step_files(path, fmt)
+    if not steps:
+        return [(label, path, None)]
+    last = steps[-1][0]
+    listed = ", ".join(str(step) for step, _ in steps)
+
+    def note(step: int) -> str:
+        return (f"{path.name}: step {step} of the {len(steps)} steps in the folder ({listed}); each step is scored "
+                f"as its own input, in step order; the last (step {last}) is the headline, labelled {label!r}")
+
+    return [(label if step == last else f"{label} step {step}", file, (fmt, note(step))) for step, file in steps]
 
 
 def _own_files(out: Path) -> set[str] | None:
@@ -155,6 +186,18 @@ def eval_command(
         None, "--format",
         help="Format of every FILE: calibrl, trl, verl, vllm, openai or lm-eval (default: detected from each file's "
              "fields)."),
+    answers: Optional[str] = typer.Option(
+        None, "--answers",
+        help="Gold answers for files that carry none (OpenAI-style, vLLM): a dataset file (rows with prompt_id, "
+             "custom_id, id or unique_id and answer) or a calibrl dataset name; a line's own gold comes first."),
+    grader: Grader = typer.Option(
+        Grader.boxed, "--grader",
+        help="How completions of files without correctness are graded: boxed (the last \\boxed{}) or math-verify "
+             "(math-verify's parse of the whole completion, as TRL's accuracy_reward)."),
+    strict: bool = typer.Option(
+        False, "--strict",
+        help="Refuse a file with failed rows (a null reward, a failed API request, an empty choice) instead of "
+             "leaving them out with a count in report.md and metrics.json."),
     confidence: Optional[Confidence] = typer.Option(
         None, "--confidence",
         help="Main confidence input (default: the first of logprob_mean, decision_prob, class_probs, "
@@ -187,7 +230,7 @@ def eval_command(
     calibration and inference-time answer selection (majority, weighted, PC, RPC, best-of-N) of sampled
     completions; several FILEs are compared side by side."""
     from calibrl.evaluation.pipeline import write_eval_report
-    from calibrl.evaluation.samples import SamplesError, load_samples
+    from calibrl.evaluation.samples import SamplesError, load_answers, load_samples
     from calibrl.selection import METHODS
 
     for name, value in (("--abstain-precision", abstain_precision), ("--abstain-delta", abstain_delta)):
@@ -203,13 +246,28 @@ def eval_command(
     _check_out_writable(out)
 
     # 1. read and validate everything before writing anything
-    reader_options = {"confidence": confidence.value if confidence else None}
+    reader_options = {"confidence": confidence.value if confidence else None, "strict": strict,
+                      "grader": grader.value}
+    if answers is not None:
+        try:
+            reader_options.update(answers=load_answers(answers), answers_source=answers)
+        except SamplesError as exc:
+            _fail(str(exc))
     if input_format is not None:
         reader_options["format"] = input_format.value
-    loaded = []
-    for path in files:
+    loaded, labels, paths = [], [], []
+    for path, label in zip(files, _labels(files)):
         try:
-            loaded.append(load_samples(path, **reader_options))
+            for step_label, step_path, step_note in _step_inputs(path, label, input_format):
+                options = dict(reader_options)
+                if step_note:  # a file of a folder of steps: the folder's format
+                    options["format"] = step_note[0]
+                samples = load_samples(step_path, **options)
+                if step_note:
+                    samples.notes.append(step_note[1])
+                loaded.append(samples)
+                labels.append(step_label)
+                paths.append(step_path)
         except SamplesError as exc:
             _fail(str(exc))
         except MemoryError:  # nothing is written yet; what was read is freed with the exception
@@ -217,7 +275,7 @@ def eval_command(
                   "inputs held, each about 400 bytes); free memory, or evaluate fewer or smaller files at once")
 
     # 2. build the report in a temporary folder, then swap it in
-    options = dict(labels=_labels(files), files=files, posthoc=posthoc.value if posthoc else None, n_bins=n_bins,
+    options = dict(labels=labels, files=paths, posthoc=posthoc.value if posthoc else None, n_bins=n_bins,
                    n_boot=bootstrap, use_math_verify=not no_math_verify, methods=method_list,
                    scaling_draws=scaling_draws, rpc_draws=rpc_draws, seed=seed,
                    abstain_precision=abstain_precision, abstain_delta=abstain_delta,

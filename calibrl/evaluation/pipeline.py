@@ -189,7 +189,7 @@ def write_eval_report(
     metrics = {scope: {lab: r.metrics for lab, r in by_label.items()} for scope, by_label in scoped.items()}
     inputs = [{"label": lab, "file": str(f), "rows": len(s), "prompts": s.n_prompts,
                "confidence": s.confidence_kind, "confidence_sources": s.confidence_sources(), "format": s.format,
-               "notes": list(s.notes)}
+               "notes": list(s.notes), "skipped": dict(s.skipped)}
               for s, lab, f in zip(loaded, labels, files)]
     settings = {"n_bins": n_bins, "bootstrap": n_boot, "posthoc": posthoc, "math_verify": use_math_verify,
                 "methods": ",".join(methods), "scaling_draws": scaling_draws, "rpc_draws": rpc_draws, "seed": seed}

@@ -13,7 +13,9 @@ One row per sampled completion. Fields (see docs/eval.md for the full table):
   completion states, RLCR's ``<confidence>x</confidence>``; when a row has no such field but a ``completion`` text,
   it is parsed from the text's last tag with :func:`calibrl.tasks.verbalized.parse_verbalized_confidence`).
 - optional: ``answer`` (str, or a number stored as its string; null = no answer extracted), ``benchmark`` (str),
-  ``completion`` (str), ``n_tokens`` (int >= 0), ``classes`` (list of str).
+  ``completion`` (str), ``n_tokens`` (int >= 0), ``classes`` (list of str), ``sample_index`` (int: which sample
+  of the prompt; a repeated (benchmark, prompt_id, sample_index) with the same completion is dropped and counted,
+  with a different one refused).
 
 Which confidence to use is chosen per file (``confidence=`` or the first of logprob_mean, decision_prob,
 class_probs, verbalized_confidence present in the first row); that field is then required on every row. Every
@@ -28,6 +30,8 @@ rows by :mod:`calibrl.evaluation.readers` first (``format=``, or detected from t
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import warnings
 from array import array
@@ -37,11 +41,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from calibrl.evaluation.readers import FORMATS, SamplesError, detect_format, read_rows
+from calibrl.evaluation.readers import FORMATS, Grading, SamplesError, Skips, detect_format, read_rows
 from calibrl.selection.voting import _NO_DIGEST, digest_ids, text_digest
 from calibrl.tasks.verbalized import parse_verbalized_confidence
 
-__all__ = ["CONFIDENCE_KINDS", "FORMATS", "Samples", "SamplesError", "load_samples"]
+__all__ = ["CONFIDENCE_KINDS", "FORMATS", "Samples", "SamplesError", "load_answers", "load_samples"]
 
 # detection order: the first present is the main confidence; verbalized_confidence last, so files that have one of
 # the others keep the meaning their reports had before it existed
@@ -101,6 +105,9 @@ class Samples:
     n_tokens: np.ndarray | None = None  # [N] float (NaN where absent)
     format: str = "calibrl"  # the format the file was read as (calibrl.evaluation.readers.FORMATS)
     notes: list[str] = field(default_factory=list)  # how a foreign format was read (which field gave correct, ...)
+    # rows left out, by cause: failed requests / rewards (see readers.Skips) and repeated samples
+    skipped: dict[str, int] = field(default_factory=dict)
+    grading: Grading | None = field(default=None, repr=False)  # how the file was graded (read again by completions)
     path: Path | None = None  # the file (or folder) read, for `completions`
     rows: np.ndarray | None = None  # [N] int64: each row's position among the rows read from `path`
     prompt_index: np.ndarray = field(init=False, repr=False)
@@ -193,7 +200,7 @@ class Samples:
         slot = np.full(int(self.rows.max(initial=-1)) + 1, -1, dtype=np.int64)  # [rows read] -> index here
         slot[self.rows] = np.arange(len(self))
         texts = np.full(len(self), None, dtype=object)
-        for position, (_where, raw) in enumerate(read_rows(self.path, self.format, [])):
+        for position, (_where, raw) in enumerate(read_rows(self.path, self.format, [], Skips(), self.grading)):
             if position >= len(slot):
                 break
             if slot[position] >= 0:
@@ -279,7 +286,34 @@ def _stated_confidence(row: dict) -> float | None:
     return parse_verbalized_confidence(text) if isinstance(text, str) else None
 
 
-def load_samples(path: str | Path, *, confidence: str | None = None, format: str | None = None) -> Samples:
+def load_answers(spec: str) -> dict[str, dict]:
+    """Gold answers by prompt id for ``--answers``: a dataset file (JSON / JSONL / Parquet rows with ``prompt_id``,
+    ``custom_id``, ``id`` or ``unique_id`` and ``answer`` / ``gold``, or ``label`` with ``classes``), or the name of
+    a registered calibrl dataset (its rows' ``prompt_id`` and gold)."""
+    from calibrl.evaluation.readers import answers_table
+    from calibrl.tasks.datasets import load_table
+    from calibrl.tasks.registry import available_datasets, get_dataset_loader
+
+    path = Path(spec)
+    if path.exists():
+        try:
+            rows = load_table(path)
+        except (OSError, ValueError) as exc:
+            raise SamplesError(f"--answers {spec}: {exc}") from None
+        return answers_table(rows, path.name)
+    if spec in available_datasets():
+        try:
+            rows = list(get_dataset_loader(spec)())
+        except Exception as exc:  # the loaders raise what their source raises (no network, a missing file)
+            raise SamplesError(f"--answers {spec}: cannot load the dataset ({exc})") from None
+        return answers_table(rows, spec)
+    raise SamplesError(f"--answers {spec}: no such file, and not a dataset name (registered: "
+                       f"{', '.join(available_datasets())})")
+
+
+def load_samples(path: str | Path, *, confidence: str | None = None, format: str | None = None,
+                 strict: bool = True, grader: str = "boxed", answers: dict[str, dict] | None = None,
+                 answers_source: str | None = None) -> Samples:
     """Read and validate a samples file: calibrl's ``.jsonl`` / ``.json`` (one object per line) or ``.parquet``,
     or another tool's output (``format``: one of FORMATS; None = detected from the first row's fields, see
     :mod:`calibrl.evaluation.readers`). TRL and verl logs may be given as their folder.
@@ -289,6 +323,16 @@ def load_samples(path: str | Path, *, confidence: str | None = None, format: str
     :class:`SamplesError` naming the file, line and field. A confidence stated in a row's ``completion`` text (no
     ``verbalized_confidence`` field) is read as that row's ``verbalized_confidence``.
     How a foreign format was read (e.g. which column gave ``correct``) is in ``Samples.notes`` and a warning.
+
+    ``strict=False`` leaves out the rows of failed requests or rewards (a null / NaN TRL reward, an API request
+    that failed, an empty choice; see :class:`calibrl.evaluation.readers.Skips`) and counts them by cause in
+    ``Samples.skipped`` and a note; ``strict=True`` (the default here; ``calibrl eval --strict``) refuses them.
+    Malformed rows are refused either way. Repeated samples are dropped (same completion) or refused (another).
+
+    Files without correctness (OpenAI-style, vLLM) are graded with ``grader`` (``"boxed"``: the last
+    ``\\boxed{}``; ``"math-verify"``: math-verify's parse of the whole completion) against each line's gold, else
+    ``answers`` (``{prompt id or custom_id: gold}``, :func:`calibrl.evaluation.readers.answers_table`; named
+    ``answers_source`` in errors and notes).
     """
     path = Path(path)
     if not path.exists():
@@ -299,8 +343,24 @@ def load_samples(path: str | Path, *, confidence: str | None = None, format: str
     if fmt == "calibrl" and not path.is_file():
         raise SamplesError(f"{path}: is a folder; a calibrl samples file is expected")
     notes: list[str] = []
-    samples = _validate(read_rows(path, fmt, notes), path.name, confidence=confidence,
-                        optional=fmt in _CONFIDENCE_OPTIONAL)
+    skips = Skips(strict=strict)
+    grading = Grading(grader=grader, answers=answers, source=answers_source)
+    try:
+        samples = _validate(read_rows(path, fmt, notes, skips, grading), path.name, confidence=confidence,
+                            optional=fmt in _CONFIDENCE_OPTIONAL)
+    except _RepeatedSample as exc:  # name the two rows' lines
+        wheres, index = {}, None
+        for position, (where, raw) in enumerate(read_rows(path, fmt, [], Skips(), grading)):
+            if position in (exc.first, exc.second):
+                wheres[position], index = where, raw.get("sample_index")
+            if position >= exc.second:
+                break
+        raise SamplesError(f"{wheres[exc.second]}: field 'sample_index': prompt_id {exc.prompt_id!r} sample_index "
+                           f"{int(index)} repeats "
+                           f"{wheres[exc.first]} with a different completion (the samples of two runs mixed?)"
+                           ) from None
+    samples.skipped = {**skips.counts, **samples.skipped}
+    samples.grading = grading
     if samples.confidence_kind is None:
         notes.append(f"{path.name}: no confidence input ({', '.join(CONFIDENCE_KINDS)}) in this {fmt} file: "
                      "accuracy and answer selection only")
@@ -327,8 +387,13 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
     classes: list[str] | None = None
     kind: str | None = None
     n_classes: int | None = None
+    # repeated samples are found after the loop from 32 bytes a row: the digest of (benchmark, prompt_id,
+    # sample_index) and of the row's content (zeros for a row without sample_index)
+    key_digests = bytearray()  # [N x 16]
+    content_digests = bytearray()  # [N x 16]
+    positions = array("q")  # [N] each row's position among the rows read
 
-    for where, raw in rows:
+    for position, (where, raw) in enumerate(rows):
         if not isinstance(raw, dict):
             raise SamplesError(f"{where}: expected a JSON object per line, got {type(raw).__name__}")
         r = _Row(where, raw)
@@ -339,11 +404,27 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         if pid is None:
             raise r.fail("prompt_id", "missing")
         if isinstance(pid, str):
-            prompt_ids.append(pid)
+            pid_text = pid
         elif _is_int(pid):
-            prompt_ids.append(str(int(pid)))
+            pid_text = str(int(pid))
         else:
             raise r.fail("prompt_id", f"expected str or int, got {type(pid).__name__} {pid!r}")
+        index = raw.get("sample_index")
+        if index is not None:
+            if not _is_int(index) or int(index) < 0:
+                raise r.fail("sample_index", f"expected an integer >= 0, got {_shown(index)}")
+            # unambiguous: repr has no raw NUL and the index is digits
+            key_digests += hashlib.blake2b(f"{raw.get('benchmark')!r}\0{pid_text}\0{int(index)}".encode(
+                "utf-8", "surrogatepass"), digest_size=16).digest()
+            # the completion's digest is taken below with the others; a row without one is compared whole
+            text = raw.get("completion")
+            content_digests += _NO_DIGEST if isinstance(text, str) else text_digest(
+                json.dumps(raw, sort_keys=True, default=str))
+        else:
+            key_digests += _NO_DIGEST
+            content_digests += _NO_DIGEST
+        prompt_ids.append(pid_text)
+        positions.append(position)
 
         for name in ("reward", "n_tokens"):
             cols[name].append(r.number(name, low=0 if name == "n_tokens" else -math.inf)
@@ -476,7 +557,8 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         return arr
 
     benchmarks = opt_text(texts["benchmark"], fill="(none)")
-    return Samples(
+    keep = _unrepeated(key_digests, content_digests, digests, positions, prompt_ids)
+    samples = Samples(
         source=source,
         prompt_ids=np.asarray(prompt_ids, dtype=str),
         correct=np.asarray(correct, dtype=bool),
@@ -491,8 +573,59 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         answers=opt_text(texts["answer"]),
         benchmarks=None if benchmarks is None else benchmarks.astype(str),
         completion_ids=None if 0 not in no_text else digest_ids(digests, np.frombuffer(no_text, dtype=np.uint8) == 1),
-        rows=np.arange(len(correct), dtype=np.int64),
+        rows=np.frombuffer(positions, dtype=np.int64).copy() if len(positions) else np.zeros(0, dtype=np.int64),
         n_tokens=opt_float(cols["n_tokens"]),
         notes=[f"{source}: verbalized_confidence read from the completion's <confidence> tag on {n_parsed} rows"]
         if n_parsed else [],
     )
+    if keep is None:
+        return samples
+    n_repeated = int((~keep).sum())
+    samples = samples.subset(keep)
+    samples.notes.append(f"{source}: {n_repeated} repeated rows dropped (the same prompt_id, sample_index and "
+                         "completion as an earlier row)")
+    samples.skipped = {"repeated sample": n_repeated}
+    return samples
+
+
+class _RepeatedSample(SamplesError):
+    """A (prompt_id, sample_index) read twice with different contents: the rows' positions among the rows read
+    (``load_samples`` names their lines)."""
+
+    def __init__(self, second: int, first: int, prompt_id: str):
+        super().__init__(f"row {second + 1}: field 'sample_index': prompt_id {prompt_id!r} repeats row {first + 1} "
+                         "with a different completion")
+        self.second, self.first, self.prompt_id = second, first, prompt_id
+
+
+def _unrepeated(keys: bytearray, contents: bytearray, completions: bytearray, positions: array,
+                prompt_ids: list[str]) -> np.ndarray | None:
+    """[N] bool: the rows to keep, False on a repeat of an earlier row's (benchmark, prompt_id, sample_index) with
+    the same content digest; None when there is no repeat. Raises :class:`_RepeatedSample` on the first repeat (in
+    row order) whose content differs from the first occurrence's.
+
+    ``keys``: N x 16 digest bytes (zeros: the row has no sample_index); the content is the completion's digest
+    (``completions``), else, for a row without a completion, the whole row's (``contents``)."""
+    if not keys:
+        return None
+    key = np.frombuffer(bytes(keys), dtype="V16")  # [N]
+    has = key != np.frombuffer(_NO_DIGEST, dtype="V16")[0]
+    rows = np.flatnonzero(has)  # [M]
+    if len(rows) < 2:
+        return None
+    _, first, inverse = np.unique(key[rows], return_index=True, return_inverse=True)  # first occurrences
+    first_of = rows[first][inverse.reshape(-1)]  # [M] the first row with each row's key
+    repeat = first_of != rows
+    if not repeat.any():
+        return None
+    content = np.frombuffer(bytes(contents), dtype="V16")  # [N] zeros where the row has a completion
+    content = np.where(content == np.frombuffer(_NO_DIGEST, dtype="V16")[0],
+                       np.frombuffer(bytes(completions), dtype="V16"), content)
+    differ = repeat & (content[rows] != content[first_of])
+    if differ.any():
+        j = int(np.flatnonzero(differ)[0])
+        raise _RepeatedSample(int(positions[rows[j]]), int(positions[first_of[j]]), prompt_ids[rows[j]])
+    keep = np.ones(len(key), dtype=bool)
+    keep[rows[repeat]] = False
+    return keep
+

@@ -19,13 +19,16 @@ first row; a folder is identified by its first file):
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from calibrl.evaluation.readers import lm_eval, openai, trl, verl, vllm
-from calibrl.evaluation.readers.base import PARQUET_SUFFIXES, SamplesError, file_rows, need_object
+from calibrl.evaluation.readers.base import (GRADERS, PARQUET_SUFFIXES, Grading, SamplesError, Skips, answers_table,
+                                             file_rows, need_object)
 
-__all__ = ["FORMATS", "SIGNATURES", "SamplesError", "detect_format", "read_rows", "source_files"]
+__all__ = ["FORMATS", "GRADERS", "SIGNATURES", "Grading", "SamplesError", "Skips", "answers_table", "detect_format", "read_rows", "source_files",
+           "step_files"]
 
 FORMATS = ("calibrl", "trl", "verl", "vllm", "openai", "lm-eval")
 
@@ -68,6 +71,25 @@ def source_files(path: Path, fmt: str | None) -> list[Path]:
     raise SamplesError(f"{path}: is a folder; only the trl and verl formats read folders (give a file)")
 
 
+def step_files(path: Path, fmt: str) -> list[tuple[int, Path]]:
+    """``(step, file)`` of a TRL or verl folder holding several training steps, in step order: the step is the
+    number ending each file's name (verl's ``<step>.jsonl``, TRL's ``completions_<step>.parquet``). Empty when
+    ``path`` is a file, the format reads no folders, the folder holds one step, or a file's name gives no step or
+    the same step as another's (the files are then read as one input)."""
+    if not path.is_dir() or fmt not in ("trl", "verl"):
+        return []
+    found = []
+    for file in source_files(path, fmt):
+        match = re.search(r"(\d+)$", file.stem)
+        if match is None:
+            return []
+        found.append((int(match.group(1)), file))
+    steps = [step for step, _ in found]
+    if len(set(steps)) != len(steps) or len(steps) < 2:
+        return []
+    return sorted(found, key=lambda item: item[0])
+
+
 def detect_format(path: Path) -> str:
     """The format of ``path`` from the fields of its first row (of its first file, for a folder)."""
     files = source_files(path, None)
@@ -102,12 +124,20 @@ _READERS: dict[str, Callable[[Path, list[str]], Iterator[tuple[str, Any]]]] = {
 }
 
 
-def read_rows(path: Path, fmt: str, notes: list[str]) -> Iterator[tuple[str, Any]]:
-    """``(file:line, calibrl row)`` of ``path`` read as ``fmt``; remarks on how it was read go to ``notes``."""
+def read_rows(path: Path, fmt: str, notes: list[str], skips: Skips | None = None,
+              grading: Grading | None = None) -> Iterator[tuple[str, Any]]:
+    """``(file:line, calibrl row)`` of ``path`` read as ``fmt``; remarks on how it was read go to ``notes``; rows
+    of failed requests or rewards (TRL, OpenAI-style, vLLM) are left out and counted in ``skips`` (None: refused);
+    ``grading``: how files without correctness (OpenAI-style, vLLM) are graded (None: the boxed grader)."""
     if fmt not in _READERS:
         raise SamplesError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if path.is_dir() and fmt not in ("trl", "verl"):
         source_files(path, fmt)  # raises: only the trl and verl formats read folders
     if path.is_dir() and not source_files(path, fmt):
         raise SamplesError(f"{path}: the folder holds no {'.parquet' if fmt == 'trl' else '.jsonl'} file")
+    skips = skips if skips is not None else Skips(strict=True)
+    if fmt in ("openai", "vllm"):
+        return _READERS[fmt](path, notes, skips, grading)
+    if fmt == "trl":
+        return _READERS[fmt](path, notes, skips)
     return _READERS[fmt](path, notes)

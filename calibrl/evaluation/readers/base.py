@@ -12,7 +12,8 @@ from typing import Any, Iterator
 import numpy as np
 
 __all__ = ["MAX_ROW_BYTES", "SamplesError", "rows_jsonl", "rows_parquet", "file_rows", "fail", "too_large",
-           "prompt_text", "prompt_key", "as_float", "grade", "find_gold", "need_object"]
+           "prompt_text", "prompt_key", "as_float", "grade", "find_gold", "need_object", "Skips",
+           "GRADERS", "Grading", "answers_table"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # the largest row read: a JSONL line's bytes, or the text bytes of a Parquet row (its strings, nested ones too).
@@ -23,6 +24,33 @@ MAX_ROW_BYTES = 64 * 2**20
 
 class SamplesError(ValueError):
     """A samples file is unreadable or a row is invalid; the message starts with ``file:line``."""
+
+
+class Skips:
+    """Rows of a run that failed on them, left out and counted by cause (``strict``: refused instead).
+
+    A *failed* row is one the tool wrote for a request or reward that did not succeed: a null / NaN reward (TRL
+    writes a reward function's None as NaN), an API request with an ``error`` object or a status other than 200, a
+    response with no choices, a choice without text. A *malformed* row (wrong types, unparsable JSON, a missing
+    field the format always has) is always refused.
+    """
+
+    def __init__(self, *, strict: bool = False):
+        self.strict = strict
+        self.counts: dict[str, int] = {}
+
+    def skip(self, error: SamplesError, cause: str, n: int = 1) -> None:
+        """Count ``n`` rows left out for ``cause``; with ``strict``, raise ``error`` instead."""
+        if self.strict:
+            raise error
+        self.counts[cause] = self.counts.get(cause, 0) + n
+
+    def note(self, name: str) -> list[str]:
+        """The notes saying what was left out of file ``name`` (none when nothing was)."""
+        if not self.counts:
+            return []
+        causes = ", ".join(f"{n} {cause}" for cause, n in self.counts.items())
+        return [f"{name}: {sum(self.counts.values())} failed rows left out ({causes}); --strict refuses them"]
 
 
 def fail(where: str, name: str, problem: str) -> SamplesError:
@@ -202,6 +230,92 @@ def grade(text: str, gold: dict[str, Any]) -> tuple[str | None, bool]:
         answer, _ = extract_decision(text, gold["classes"])
         return answer, answer is not None and answer == label_to_class(gold["label"], gold["classes"])
     return check_math(text, gold["gold"])
+
+
+GRADERS = ("boxed", "math-verify")
+
+
+def _extract(text: str, grader: str) -> str | None:
+    r"""The final answer of a math completion: ``boxed``, the last ``oxed{}`` content; ``math-verify``, what
+    math-verify's ``parse`` finds in the whole completion (LaTeX or a plain expression, after anchors such as "the
+    answer is"; its string form), as TRL's ``accuracy_reward`` parses completions. None: no parsable answer."""
+    from calibrl.tasks.rewards import last_boxed
+
+    if grader == "boxed":
+        return last_boxed(text)
+    from math_verify import parse
+
+    parsed = parse(text)
+    return str(parsed[1]) if len(parsed) > 1 and str(parsed[1]).strip() else None
+
+
+class Grading:
+    """How completions of files without a correctness field (API responses, vLLM outputs) are graded: the math
+    ``grader`` (one of :data:`GRADERS`; the answer found is compared to the gold with
+    :func:`calibrl.tasks.rewards.math_equal`), and ``answers`` (prompt id / ``custom_id`` -> gold, from
+    ``--answers``) used for the lines that carry no gold of their own. Counts the completions graded and those
+    with no parsable answer, for the report."""
+
+    def __init__(self, *, grader: str = "boxed", answers: dict[str, dict[str, Any]] | None = None,
+                 source: str | None = None):
+        if grader not in GRADERS:
+            raise SamplesError(f"unknown grader {grader!r}; choose one of {', '.join(GRADERS)}")
+        self.grader, self.answers, self.source = grader, answers, source
+        self.n_graded = self.n_unparsed = 0
+
+    def gold(self, places: list[Any], keys: list[Any], where: str) -> dict[str, Any]:
+        """The line's own gold (see :func:`find_gold`), else the ``answers`` entry of the first of ``keys``."""
+        try:
+            return find_gold(places, where)
+        except SamplesError:
+            if self.answers is None:
+                raise
+        for key in keys:
+            if key is not None and str(key) in self.answers:
+                return self.answers[str(key)]
+        shown = ", ".join(repr(str(k)) for k in keys if k is not None) or "none"
+        raise fail(where, "gold", f"missing: the line has no gold and its ids ({shown}) are not in --answers "
+                                  f"{self.source}")
+
+    def grade(self, text: str, gold: dict[str, Any]) -> tuple[str | None, bool]:
+        """``(answer, correct)`` of one completion (see :func:`grade`), counted."""
+        self.n_graded += 1
+        if gold.get("classes") is not None or self.grader == "boxed":
+            answer, correct = grade(text, gold)
+        else:
+            from calibrl.tasks.rewards import math_equal
+
+            answer = _extract(text, self.grader)
+            correct = answer is not None and math_equal(answer, gold["gold"])
+        self.n_unparsed += answer is None
+        return answer, correct
+
+    def note(self, name: str) -> list[str]:
+        """The note saying how ``name``'s completions were graded."""
+        if not self.n_graded:
+            return []
+        how = ("the last \\boxed{} of each completion" if self.grader == "boxed" else
+               "math-verify's parse of the whole completion")
+        given = f"; gold answers from --answers {self.source} where a line has none" if self.answers else ""
+        return [f"{name}: graded with the {self.grader} grader ({how}, compared to the gold with math-verify; "
+                f"decision tasks: the last class string){given}; {self.n_unparsed} of {self.n_graded} completions "
+                "had no parsable answer"]
+
+
+def answers_table(rows: list[dict], source: str) -> dict[str, dict[str, Any]]:
+    """``{id: gold}`` from dataset rows: the id is ``prompt_id`` (else ``custom_id``, ``id``, ``unique_id``), the gold
+    ``answer`` / ``gold``, or ``label`` with ``classes`` (as :func:`find_gold` reads a line)."""
+    table: dict[str, dict[str, Any]] = {}
+    for number, row in enumerate(rows, start=1):
+        where = f"{source}:{number}"
+        row = need_object(row, where)
+        key = next((row[k] for k in ("prompt_id", "custom_id", "id", "unique_id") if row.get(k) is not None), None)
+        if key is None:
+            raise fail(where, "prompt_id", "missing (an answers row needs prompt_id, custom_id, id or unique_id)")
+        table[str(key)] = find_gold([row], where)
+    if not table:
+        raise SamplesError(f"{source}: no answers (the file is empty)")
+    return table
 
 
 def find_gold(places: list[Any], where: str) -> dict[str, Any]:

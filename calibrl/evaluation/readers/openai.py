@@ -11,7 +11,10 @@ Accepted lines:
 Every choice is one sample; the choices of one line share a prompt id: ``prompt_id`` of the line or its
 ``metadata``, else ``custom_id``, else the response ``id``. The files carry no gold answer, so each line (or its
 ``metadata``, or the body's ``metadata``) must give ``gold`` / ``answer`` (math: graded on the last ``\\boxed{}``
-with math-verify) or ``label`` with ``classes`` (decision: the last standalone class string).
+with math-verify, or with ``Grading(grader="math-verify")`` math-verify's parse of the whole completion) or
+``label`` with ``classes`` (decision: the last standalone class string), else ``Grading.answers`` (``--answers``)
+by prompt id or ``custom_id``. Failed requests, responses without choices and choices without text are left out
+and counted (:class:`calibrl.evaluation.readers.base.Skips`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
-from calibrl.evaluation.readers.base import as_float, fail, find_gold, grade, need_object, rows_jsonl
+from calibrl.evaluation.readers.base import Grading, SamplesError, Skips, as_float, fail, need_object, rows_jsonl
+
+
+class _Failed(SamplesError):
+    """A request or choice that failed (left out and counted, not refused); ``cause`` names why."""
+
+    def __init__(self, error: SamplesError, cause: str):
+        super().__init__(str(error))
+        self.error, self.cause = error, cause
 
 
 def _body(raw: dict, where: str) -> tuple[dict, str]:
@@ -27,13 +38,14 @@ def _body(raw: dict, where: str) -> tuple[dict, str]:
     if "choices" in raw:
         return raw, ""
     if raw.get("error") is not None:
-        raise fail(where, "error", f"the request failed: {raw['error']!r}")
+        raise _Failed(fail(where, "error", f"the request failed: {raw['error']!r}"), "failed request")
     response = raw.get("response")
     if not isinstance(response, dict):
         raise fail(where, "response", "missing (a Batch API output line has response.body)")
     status = response.get("status_code", 200)
     if status != 200:
-        raise fail(where, "response.status_code", f"the request failed with status {status!r}")
+        raise _Failed(fail(where, "response.status_code", f"the request failed with status {status!r}"),
+                      "failed request")
     body = response.get("body")
     if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
         raise fail(where, "response.body.choices", "missing")
@@ -47,8 +59,10 @@ def _choice(choice: Any, where: str, field: str) -> tuple[str, list[float]]:
         raise fail(where, field, f"expected an object, got {type(choice).__name__}")
     message = choice.get("message")
     text = message.get("content") if isinstance(message, dict) else choice.get("text")
+    if text is None or text == "":  # a refusal, a content filter, a request cut before any token
+        raise _Failed(fail(where, f"{field}.message.content", "missing (no text in the choice)"), "empty choice")
     if not isinstance(text, str):
-        raise fail(where, f"{field}.message.content", "missing (no text in the choice)")
+        raise fail(where, f"{field}.message.content", f"expected a string, got {type(text).__name__}")
     logprobs = choice.get("logprobs")
     if not isinstance(logprobs, dict):
         raise fail(where, f"{field}.logprobs", "missing (request the response with logprobs)")
@@ -80,18 +94,36 @@ def _prompt_id(places: list[Any], raw: dict, body: dict, where: str) -> str:
     raise fail(where, "prompt_id", "missing (give prompt_id, custom_id or the response id)")
 
 
-def read(path: Path, notes: list[str]) -> Iterator[tuple[str, dict]]:
-    """calibrl rows (one per choice) of an OpenAI-style responses file, graded against each line's gold."""
+def read(path: Path, notes: list[str], skips: Skips | None = None,
+         grading: Grading | None = None) -> Iterator[tuple[str, dict]]:
+    """calibrl rows (one per choice) of an OpenAI-style responses file, graded against each line's gold.
+
+    Failed requests (an ``error`` object, a status other than 200), responses without choices and choices without
+    text are left out and counted in ``skips`` (None: refused); each choice's ``index`` is its ``sample_index``."""
+    skips = skips if skips is not None else Skips(strict=True)
+    grading = grading if grading is not None else Grading()
     for lineno, raw in rows_jsonl(path):
         where = f"{path.name}:{lineno}"
-        body, prefix = _body(need_object(raw, where), where)
+        try:
+            body, prefix = _body(need_object(raw, where), where)
+        except _Failed as failed:
+            skips.skip(failed.error, failed.cause)
+            continue
         places = [raw, raw.get("metadata"), body.get("metadata")]
-        gold = find_gold(places, where)
         prompt_id = _prompt_id(places, raw, body, where)
+        gold = grading.gold(places, [prompt_id, raw.get("custom_id")], where)
         if not body["choices"]:
-            raise fail(where, f"{prefix}choices", "empty")
+            skips.skip(fail(where, f"{prefix}choices", "empty"), "response without choices")
+            continue
         for i, choice in enumerate(body["choices"]):
-            text, values = _choice(choice, where, f"{prefix}choices[{i}]")
-            answer, correct = grade(text, gold)
-            yield where, {"prompt_id": prompt_id, "completion": text, "answer": answer, "correct": correct,
+            try:
+                text, values = _choice(choice, where, f"{prefix}choices[{i}]")
+            except _Failed as failed:
+                skips.skip(failed.error, failed.cause)
+                continue
+            answer, correct = grading.grade(text, gold)
+            index = choice.get("index")
+            yield where, {"prompt_id": prompt_id, "sample_index": index if isinstance(index, int) else i,
+                          "completion": text, "answer": answer, "correct": correct,
                           "logprob_mean": sum(values) / len(values), "n_tokens": len(values)}
+    notes.extend(grading.note(path.name) + skips.note(path.name))

@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterator
 
-from calibrl.evaluation.readers.base import as_float, fail, need_fields, prompt_key, rows_parquet
+from calibrl.evaluation.readers.base import Skips, as_float, fail, need_fields, prompt_key, rows_parquet
 
 REQUIRED = ("step", "prompt", "completion")
 _CALIBRL_EXTRAS = ("logprob_mean", "correct", "decision_prob")
@@ -53,8 +53,10 @@ def _nan_to_none(value: Any) -> Any:
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
-def read(path: Path, notes: list[str]) -> Iterator[tuple[str, dict]]:
-    """calibrl rows of a TRL completions Parquet file or folder of them."""
+def read(path: Path, notes: list[str], skips: Skips | None = None) -> Iterator[tuple[str, dict]]:
+    """calibrl rows of a TRL completions Parquet file or folder of them; a row whose reward is null / NaN (the
+    reward function returned None) is left out and counted in ``skips`` (None: refused)."""
+    skips = skips if skips is not None else Skips(strict=True)
     from calibrl.tasks.rewards import completion_text, last_boxed
 
     noted = False
@@ -74,6 +76,9 @@ def read(path: Path, notes: list[str]) -> Iterator[tuple[str, dict]]:
                 if not rewards:
                     raise fail(where, "correct", "missing (no 'correct' column and no reward column after "
                                                  "'completion' to read correctness from)")
+                if _nan_to_none(raw[rewards[0]]) is None:
+                    skips.skip(fail(where, rewards[0], "missing"), f"null reward '{rewards[0]}'")
+                    continue
                 row["reward"] = as_float(raw[rewards[0]], where, rewards[0])
                 if not noted:
                     notes.append(f"{file.name}: no 'correct' column; correct = reward '{rewards[0]}' > 0.5")
@@ -81,3 +86,4 @@ def read(path: Path, notes: list[str]) -> Iterator[tuple[str, dict]]:
             if "decision_prob" not in raw:
                 row["answer"] = last_boxed(text)
             yield where, row
+    notes.extend(skips.note(path.name))

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
-from calibrl.evaluation.readers.base import as_float, fail, find_gold, grade, need_object, prompt_key, rows_jsonl
+from calibrl.evaluation.readers.base import Grading, Skips, as_float, fail, need_object, prompt_key, rows_jsonl
 
 
 def _token_logprob(entry: Any, token: Any, where: str, field: str) -> float:
@@ -57,21 +57,32 @@ def _prompt_id(raw: dict, where: str) -> str:
     raise fail(where, "prompt_id", "missing (give prompt_id, prompt or request_id)")
 
 
-def read(path: Path, notes: list[str]) -> Iterator[tuple[str, dict]]:
-    """calibrl rows (one per output) of serialised vLLM request outputs, graded against each line's gold."""
+def read(path: Path, notes: list[str], skips: Skips | None = None,
+         grading: Grading | None = None) -> Iterator[tuple[str, dict]]:
+    """calibrl rows (one per output) of serialised vLLM request outputs, graded against each line's gold; a request
+    with an empty ``outputs`` list (it failed or was aborted) is left out and counted in ``skips`` (None: refused).
+    Each output's ``index`` is its ``sample_index``."""
+    skips = skips if skips is not None else Skips(strict=True)
+    grading = grading if grading is not None else Grading()
     for lineno, raw in rows_jsonl(path):
         where = f"{path.name}:{lineno}"
         need_object(raw, where)
         outputs = raw.get("outputs")
-        if not isinstance(outputs, list) or not outputs:
+        if isinstance(outputs, list) and not outputs:
+            skips.skip(fail(where, "outputs", "missing or empty"), "request without outputs")
+            continue
+        if not isinstance(outputs, list):
             raise fail(where, "outputs", "missing or empty")
-        gold = find_gold([raw, raw.get("metadata")], where)
         prompt_id = _prompt_id(raw, where)
+        gold = grading.gold([raw, raw.get("metadata")], [prompt_id, raw.get("request_id")], where)
         for i, output in enumerate(outputs):
             field = f"outputs[{i}]"
             if not isinstance(output, dict) or not isinstance(output.get("text"), str):
                 raise fail(where, f"{field}.text", "missing")
             mean, n_tokens = _logprob_mean(output, where, field)
-            answer, correct = grade(output["text"], gold)
-            yield where, {"prompt_id": prompt_id, "completion": output["text"], "answer": answer,
+            answer, correct = grading.grade(output["text"], gold)
+            index = output.get("index")
+            yield where, {"prompt_id": prompt_id, "sample_index": index if isinstance(index, int) else i,
+                          "completion": output["text"], "answer": answer,
                           "correct": correct, "logprob_mean": mean, "n_tokens": n_tokens}
+    notes.extend(grading.note(path.name) + skips.note(path.name))
