@@ -35,8 +35,7 @@ TORCH_SPEC="torch==$("$VENV/bin/python" -c 'import importlib.metadata as m; prin
 # 2. verl and TransferQueue (imported by verl's V1 trainer) without their dependency trees.
 "${PIP[@]}" --no-deps "verl==0.9.1" "TransferQueue>=0.1.10"
 # 3. What those modules import, within verl's pins; torch repeated so the resolver keeps it.
-echo "setup_verl_env: pip may now print 'ERROR: pip's dependency resolver ...' naming verl's pybind11, tensorboard"
-echo "  and wandb: verl was installed without its dependency tree on purpose and none of those is needed here."
+echo "setup_verl_env: an 'ERROR: pip's dependency resolver' about verl's pins below is expected (verl is installed without its dependency tree on purpose)"
 "${PIP[@]}" "$TORCH_SPEC" \
     "transformers>=5.5.3,<5.11,!=5.6.0" "tensordict==0.10.0" "numpy>=2" "pyarrow>=19" \
     omegaconf hydra-core codetiming pandas packaging dill ray torchdata datasets pillow peft pylatexenc \
