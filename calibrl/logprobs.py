@@ -87,6 +87,39 @@ def fused_head_tile_tokens(*, vocab_chunk: int, budget_bytes: int = FORWARD_BUDG
                                copies=copies)
 
 
+HEAP_RETURN_THRESHOLD_BYTES = 128 * 2**10  # glibc's default M_MMAP_THRESHOLD / M_TRIM_THRESHOLD, held fixed
+_HEAP_BOUNDED = False
+
+
+def bound_heap_cache(*, threshold_bytes: int = HEAP_RETURN_THRESHOLD_BYTES) -> bool:
+    """Hold glibc's malloc to returning freed memory to the system (process-wide; once per process).
+
+    glibc serves a block of at least ``M_MMAP_THRESHOLD`` bytes by ``mmap`` (given back on free), but after the first
+    such block is freed it raises the threshold to that block's size (up to 32 MiB), so the next ones come from the
+    heap, whose freed space it keeps (``M_TRIM_THRESHOLD`` rises with it). A CPU training step allocates and frees
+    many megabyte-sized temporaries, and the heap kept them: one step of the real-model demo peaked at 3.7 GB of
+    resident memory, 1.6 GB with both thresholds fixed at 128 KiB (docs/realmodel.md). The numbers computed do not
+    change. Setting them (``mallopt``) also stops glibc from raising them. Left alone when ``MALLOC_MMAP_THRESHOLD_``
+    or ``MALLOC_TRIM_THRESHOLD_`` is set, or on a C library without ``mallopt``. Returns whether it set them.
+    """
+    global _HEAP_BOUNDED
+    import ctypes
+    import ctypes.util
+    import os
+
+    if _HEAP_BOUNDED or "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
+    mmap_set = bool(mallopt(m_mmap_threshold, threshold_bytes))
+    _HEAP_BOUNDED = mmap_set and bool(mallopt(m_trim_threshold, threshold_bytes))
+    return _HEAP_BOUNDED
+
+
 @contextmanager
 def fused_head_tile(device: torch.device, *, budget_bytes: int = FORWARD_BUDGET_BYTES) -> Iterator[int | None]:
     """While active, TRL's fused LM head projects :func:`fused_head_tile_tokens` positions per tile on ``device``
@@ -100,6 +133,7 @@ def fused_head_tile(device: torch.device, *, budget_bytes: int = FORWARD_BUDGET_
     if vocab_chunk is None or before is None or chunked_logprob._use_triton(torch.device(device)):
         yield None
         return
+    bound_heap_cache()  # the CPU step's freed temporaries go back to the system (no number changes)
     tokens = min(before, fused_head_tile_tokens(vocab_chunk=vocab_chunk, budget_bytes=budget_bytes))
     chunked_logprob.TOKEN_CHUNK_SIZE = tokens
     try:

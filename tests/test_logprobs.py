@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -198,3 +201,37 @@ def test_trl_fused_head_gives_the_same_numbers_with_a_small_tile(tmp_path):
     assert len(small[2]) == len(whole[2]) > 0
     for a, b in zip(small[2], whole[2]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+_HEAP_PROBE = """
+import ctypes, sys
+from calibrl.logprobs import bound_heap_cache
+if sys.argv[1] == "bound":
+    assert bound_heap_cache()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+def block():
+    p = libc.malloc(4 << 20)
+    ctypes.memset(p, 1, 4 << 20)
+    return p
+libc.free(block())  # glibc raises its mmap threshold past 4 MiB after this free
+start = rss()
+blocks = [block() for _ in range(64)]  # 64 x 4 MiB, touched
+for p in blocks[:-1]:  # the last, still live, keeps the heap from shrinking at its top
+    libc.free(p)
+print((rss() - start) / 2**20)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_bound_heap_cache_returns_freed_blocks():
+    """Freed 4 MiB temporaries stay resident under glibc's adaptive thresholds (~256 MiB here) and go back to the
+    system once the thresholds are fixed (each block is then an mmap of its own)."""
+    kept = {mode: float(subprocess.run([sys.executable, "-c", _HEAP_PROBE, mode], capture_output=True, text=True,
+                                       check=True).stdout.split()[-1]) for mode in ("default", "bound")}
+    assert kept["default"] > 128, kept
+    assert kept["bound"] < 32, kept

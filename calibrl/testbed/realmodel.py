@@ -78,12 +78,14 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
     from peft import LoraConfig
     from transformers import TrainerCallback
 
+    from calibrl.logprobs import bound_heap_cache
     from calibrl.tasks.registry import get_dataset_loader, get_reward
     from calibrl.trl import CalibratedGRPOConfig, CalibratedGRPOTrainer
     from calibrl.trl.callbacks import CALIBRATION_EVAL_FILE, CalibrationEvalConfig, attach_calibration_eval
 
     if config.threads:
         torch.set_num_threads(config.threads)
+    bound_heap_cache()  # freed CPU temporaries go back to the system (docs/realmodel.md, Memory)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     loader = get_dataset_loader("multiple_choice")

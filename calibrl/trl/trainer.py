@@ -206,7 +206,9 @@ class CalibratedGRPOTrainer(GRPOTrainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         """Mirrors ``GRPOTrainer.training_step`` (TRL 1.16): TRL's, with its fused LM head's tile shrunk to the
         memory budget on a device without Triton (:func:`calibrl.logprobs.fused_head_tile`; on the CPU TRL's
-        [4096 x 32768] tile and the temporaries of its torch fold took 4 GB; nothing changes on a GPU)."""
+        [4096 x 32768] tile and the temporaries of its torch fold took 4 GB; nothing changes on a GPU). There it
+        also fixes glibc's malloc thresholds (:func:`calibrl.logprobs.bound_heap_cache`), so the step's freed
+        temporaries go back to the system; no number changes."""
         from calibrl.logprobs import fused_head_tile
 
         with fused_head_tile(self.accelerator.device):
