@@ -13,19 +13,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from test_formats import _lines, _write_lines
+
 from calibrl.cli import app
 from calibrl.evaluation.samples import SamplesError, load_samples
 
 F = Path(__file__).parent / "fixtures" / "formats"
-
-
-def _lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _write_lines(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def _load(path, **kwargs):

@@ -8,17 +8,11 @@ import sys
 import pytest
 import torch
 
+from test_trl import _one_torch_thread  # noqa: F401 (autouse fixture: one torch thread)
+
 from calibrl.logprobs import chunked_token_logps, positions_per_chunk, rows_per_forward
 
 pytestmark = pytest.mark.filterwarnings("ignore")
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_budget_arithmetic_by_hand():
