@@ -215,6 +215,27 @@ def test_betting_p_value_hand_worked():
         M.betting_p_value([1.2], null_mean=0.5, delta=0.1)
 
 
+def test_randomized_betting_p_value_hand_worked_and_valid():
+    # x = [1, 0.5], m = 0.5, delta = 0.1: K_1 = 1.99; lambda_2 = 1.98 (cap), K_2 = 1.99 * (1 + 0) = 1.99
+    # deterministic p = 1 / 1.99; randomized with u = 0.3: min(1 / 1.99, 0.3 / 1.99)
+    assert float(M.betting_p_value([1.0, 0.5], null_mean=0.5, delta=0.1, u=0.3)) == pytest.approx(0.3 / 1.99)
+    # the final capital counts even when it is below the running maximum: x = [1, 0] gives K = 1.99, 1.99 * 0.01
+    assert float(M.betting_p_value([1.0, 0.0], null_mean=0.5, delta=0.1, u=0.001)) == pytest.approx(
+        min(1 / 1.99, 0.001 / (1.99 * 0.01)))
+    with pytest.raises(ValueError, match="u must lie"):
+        M.betting_p_value([0.5], null_mean=0.5, delta=0.1, u=0.0)
+    # at the null mean (terms 0 or 1 with mean exactly m), the rejection rate at delta stays <= delta and is close to
+    # it (the rule spends the level that Ville's inequality leaves unused), while the deterministic one is far below
+    rng = np.random.default_rng(12)
+    m, delta, n, reps = 0.9, 0.1, 60, 2000
+    x = (rng.random((n, reps)) < m).astype(float)
+    u = 1.0 - rng.random(reps)
+    rand = np.array([M.betting_p_value(x[:, j], null_mean=m, delta=delta, u=u[j]) for j in range(reps)]) <= delta
+    det = M.betting_p_value(x, null_mean=m, delta=delta) <= delta
+    assert rand.mean() <= delta + 3 * math.sqrt(delta * (1 - delta) / reps)
+    assert rand.mean() > det.mean()
+
+
 def test_betting_p_value_matches_a_plain_loop():
     rng = np.random.default_rng(3)
     x = rng.beta(5, 1, size=(40, 3))
@@ -284,8 +305,9 @@ def test_calibrated_abstention_betting_pipeline_and_fields():
     pids = rng.permutation(np.repeat(np.arange(n), k))
     conf = rng.random(pids.size)
     y = rng.random(pids.size) < conf
-    res = M.calibrated_abstention(conf, y, pids, target_precision=target, delta=delta, seed=5)
-    assert res.method_name == "betting" and res.method == M.ABSTENTION_METHODS["betting"]
+    res = M.calibrated_abstention(conf, y, pids, target_precision=target, delta=delta, seed=5, randomize=True)
+    assert res.method_name == "betting" and res.method.startswith(M.ABSTENTION_METHODS["betting"])
+    assert res.randomized is True and "randomized Ville" in res.method
     assert res.calibration_fraction == 0.8 and res.n_calibration_prompts == 1200 and res.n_heldout_prompts == 300
     assert res.n_calibration_samples == 4800 and res.n_heldout_samples == 1200
     # the same steps by hand: split, per-prompt terms, start on the held-out prompts, fixed sequence
@@ -295,7 +317,9 @@ def test_calibrated_abstention_betting_pipeline_and_fields():
     is_cal = np.zeros(n, dtype=bool)
     is_cal[pids[cal]] = True
     order = np.flatnonzero(is_cal)[np.random.default_rng((5, 1)).permutation(1200)]
-    p = M.betting_p_value(x[order], null_mean=target, delta=delta)
+    u = 1.0 - np.random.default_rng((5, 2)).random()  # the randomized rule's draw: seed only, never the data
+    assert res.randomization_u == u
+    p = M.betting_p_value(x[order], null_mean=target, delta=delta, u=u)
     start = M.sequence_start(x[~is_cal], null_mean=target, n_calibration=1200, delta=delta)
     g = M.fixed_sequence(p, start=start, delta=delta)
     assert g is not None and res.threshold == M.DEFAULT_THRESHOLD_GRID[g]
@@ -307,6 +331,15 @@ def test_calibrated_abstention_betting_pipeline_and_fields():
     assert res.calibration_coverage == pytest.approx(answered[is_cal, g].sum() / 4800)
     with pytest.raises(ValueError, match="method"):
         M.calibrated_abstention(conf, y, pids, target_precision=0.9, delta=0.1, method="holm")
+    # randomize=False (the default): the deterministic p-values, the same split and start
+    det = M.calibrated_abstention(conf, y, pids, target_precision=target, delta=delta, seed=5)
+    p_det = M.betting_p_value(x[order], null_mean=target, delta=delta)
+    g_det = M.fixed_sequence(p_det, start=start, delta=delta)
+    assert det.randomized is False and det.randomization_u is None and det.method == M.ABSTENTION_METHODS["betting"]
+    assert det.threshold == (None if g_det is None else M.DEFAULT_THRESHOLD_GRID[g_det])
+    assert np.all(p <= p_det)  # the randomized p-value is never larger
+    assert res.calibration_p_value_deterministic == pytest.approx(p_det[g])
+    assert ("randomized rule" in (res.note or "")) == bool(p_det[g] > delta)
 
 
 def _true_threshold_violations(chosen, precision, target, tol):
@@ -330,7 +363,12 @@ def test_betting_guarantee_holds_by_simulation_calibrated(case):
         else:
             u = rng.random(n)
             conf, y = u[pids], (rng.random(n) < u)[pids]
-        chosen.append(M.calibrated_abstention(conf, y, pids, target_precision=target, delta=delta, seed=r).threshold)
+        chosen.append(M.calibrated_abstention(conf, y, pids, target_precision=target, delta=delta, seed=r,
+                                              randomize=True).threshold)
+        if r % 4 == 0:  # randomize=False certifies a subset: never a lower threshold than the randomized rule
+            det = M.calibrated_abstention(conf, y, pids, target_precision=target, delta=delta, seed=r,
+                                          randomize=False).threshold
+            assert det is None or (chosen[-1] is not None and det >= chosen[-1])
     violations = _true_threshold_violations(chosen, (1 + M.DEFAULT_THRESHOLD_GRID) / 2, target, 1e-12)
     assert violations <= delta * reps + _tolerance(delta, reps)
     coverage = np.mean([0.0 if t is None else 1 - t for t in chosen])
@@ -384,3 +422,38 @@ def test_betting_is_at_least_as_powerful_as_bonferroni_on_calibrated_iid(n_promp
             coverage[method].append(0.0 if t is None else 1 - t)  # true coverage of conf >= t
     assert np.mean(coverage["betting"]) >= np.mean(coverage["bonferroni"])
     assert np.mean(coverage["betting"]) > 0  # and it certifies something at these sizes
+
+
+# ------------------------------------------------------------- bench/abstention_power.py's upper bound
+def _power_bench():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "abstention_power.py"
+    spec = importlib.util.spec_from_file_location("bench_abstention_power", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_upper_bound_null_laws_are_nulls_and_the_projection_maximises_the_growth():
+    bench = _power_bench()
+    target, m = 0.9, 4
+    for t, t_low in [(0.88, 0.88), (0.86, 0.81)]:
+        prob, x, x_low = bench.iid_prompt_law(t, t_low, m, target)
+        assert prob.sum() == pytest.approx(1.0) and np.all((x >= 0) & (x <= 1))
+        # pooled precision of s >= t in the iid case is (1 + t) / 2: E[c - P a] / m = (1 - t)(t - 0.8) / 2
+        assert np.sum(prob * (x - target)) == pytest.approx((1 - t) * (t - 0.8) / 2)
+        assert np.sum(prob * (x_low - target)) == pytest.approx((1 - t_low) * (t_low - 0.8) / 2)
+    values, where = np.unique(np.round(x, 12), return_inverse=True)
+    p = np.bincount(where, prob)
+    lam = bench.kl_projection_bet(p, values, target)
+    grid = np.linspace(0, 1 / target, 2001)[:-1]
+    growth = [np.sum(p * np.log1p(g * (values - target))) for g in grid]
+    assert np.sum(p * np.log1p(lam * (values - target))) >= max(growth) - 1e-9
+    for k in (1, m):
+        q, a, v = bench._null_member(p, values, target, lam / 2, k, m)
+        assert q.sum() == pytest.approx(1.0) and np.all(q >= 0) and 0 < a < 1
+        assert np.sum(q * values) == pytest.approx(target)  # on the boundary of the null, as the bound needs

@@ -114,7 +114,9 @@ def _abstention_section(by_label: Mapping[str, Mapping[str, Any]], labels: Seque
         fraction = first.get("calibration_fraction")
         how = (f"every sample of {f'{100 * fraction:g}%' if fraction else 'part'} of the prompts, a prompt-level "
                f"betting test and fixed-sequence testing down a fixed grid of {first.get('grid_size')} thresholds "
-               "from a start chosen on the other prompts, which are held out")
+               "from a start chosen on the other prompts, which are held out"
+               + ("; the final capital also counts against a seeded uniform draw (randomized Ville)"
+                  if first.get("randomized") else ""))
     out = ["", f"Abstention: answer only when confidence >= t, with t certified for precision >= {target:g} with "
            f"probability >= {1 - delta:g} ({how}):", "",
            f"Guaranteed: if prompts are exchangeable (calibration prompts and future ones drawn i.i.d. from one "
