@@ -93,3 +93,60 @@ def test_integer_shortcut_agrees_with_math_verify():
         verified = (A.normalize_answer(a) == A.normalize_answer(b) or A._latex_key(a) == A._latex_key(b)
                     or A._verify_pair(x, y, None))
         assert shortcut == verified, (a, b)
+
+
+def test_bfgs_matrix_from_ring_buffers_equals_the_plain_recursion():
+    # problems holding 0 .. 10 pairs, their oldest pair anywhere in the ring: B = theta I, then per pair (oldest
+    # first) B - Bss'B / s'Bs + yy' / s'y, written out with np.matmul on [n, n] matrices one problem at a time
+    from calibrl.selection import _lbfgsb as L
+
+    rng = np.random.default_rng(0)
+    n, m, p = 5, 10, 60
+    S = rng.normal(size=(n, m, p))
+    Y = S + 0.3 * rng.normal(size=(n, m, p))
+    SY = np.einsum("nmp,nmp->mp", S, Y)
+    col, head = rng.integers(0, m + 1, size=p), rng.integers(0, m, size=p)
+    theta = rng.uniform(0.5, 2.0, size=p)
+    rows = np.sort(rng.choice(p, 40, replace=False))
+    got = L._bfgs_matrix(theta[rows], S, Y, SY, col, head, rows)
+    for a, r in enumerate(rows):
+        B = theta[r] * np.eye(n)
+        for j in range(col[r]):
+            slot = (head[r] - col[r] + j) % m
+            s, y = S[:, slot, r], Y[:, slot, r]
+            bs = B @ s
+            B = B - np.outer(bs, bs) / (s @ bs) + np.outer(y, y) / SY[slot, r]
+        np.testing.assert_allclose(got[a], B, rtol=1e-10, atol=1e-12)
+    assert (col[rows] == 0).any() and (col[rows] == m).any()
+
+
+def test_batched_lbfgsb_problems_do_not_affect_each_other():
+    # each problem's steps depend on its own values only: fitting them all at once or a few at a time gives the
+    # same points to the last bit (searches of different lengths interleave within one batch)
+    pid, lpm = _groups(60, 6, seed=3)
+    prob = np.exp(lpm).reshape(60, 6)
+    fit = functools.partial(minimize_lbfgsb_batch, lower=np.array([0.2, 0.01, 0.01, 0.01, 0.01]),
+                            upper=np.array([0.8, np.inf, np.inf, np.inf, np.inf]))
+    x0 = np.broadcast_to(P._RPC_X0, (60, 5))
+    with np.errstate(all="ignore"):
+        together = fit(P._batch_nll_grad(prob), x0)
+        apart = np.concatenate([fit(P._batch_nll_grad(prob[i:i + 7]), x0[i:i + 7]) for i in range(0, 60, 7)])
+    assert np.array_equal(together, apart)
+    assert len({tuple(np.round(r, 6)) for r in together}) > 30  # different optima, so the check means something
+
+
+def test_prompt_bootstrap_auroc_in_blocks_equals_bootstrap_ci(monkeypatch):
+    # replicates split into blocks of 3 and ties between positives and negatives: still bootstrap_ci's AUROCs
+    from calibrl.evaluation import scoring
+
+    rng = np.random.default_rng(7)
+    pid = np.unique(rng.integers(0, 40, size=200), return_inverse=True)[1]
+    correct = rng.uniform(size=pid.size) < 0.5
+    score = np.round(rng.normal(size=pid.size) + 0.8 * correct, 1)  # one decimal: many ties
+    neg_g, pos_g, lo, hi = scoring._ranked_negatives(score, correct, pid)
+    assert (hi > lo).sum() > 20
+    monkeypatch.setattr(scoring, "_AUROC_BLOCK", 3 * pid.size)
+    fast = prompt_bootstrap(correct, pid, score, np.exp(-np.abs(score)), correct, n_bins=10, n_boot=50,
+                            alpha=0.2, seed=3)
+    ref = M.bootstrap_ci(M.auroc, (score, correct), prompt_ids=pid, n_boot=50, alpha=0.2, seed=3)
+    assert fast["auroc"] == (ref.low, ref.high)

@@ -111,6 +111,48 @@ def _source_metrics(samples: Samples, kind: str, n_bins: int) -> tuple[dict[str,
     return figures, (conf, target)
 
 
+def _ranked_negatives(score: np.ndarray, target: np.ndarray, pidx: np.ndarray):
+    """Samples ranked once for :func:`_weighted_auroc_numerators`: the prompt of each negative in increasing
+    score ``neg_g`` [n_neg], and per positive its prompt ``pos_g`` [n_pos] and how many negatives score strictly
+    below it (``lo``) and at most as high (``hi``), [n_pos] each."""
+    order = np.argsort(score, kind="mergesort")
+    s_sorted, t_sorted, g_sorted = score[order], target[order], pidx[order]
+    neg_s, pos_s = s_sorted[~t_sorted], s_sorted[t_sorted]
+    lo = np.searchsorted(neg_s, pos_s, side="left")
+    hi = np.searchsorted(neg_s, pos_s, side="right")
+    return g_sorted[~t_sorted], g_sorted[t_sorted], lo, hi
+
+
+_AUROC_BLOCK = 1 << 21  # replicate x sample entries per block: 16 MB per int64 array, about 5 alive at once
+
+
+def _weighted_auroc_numerators(counts: np.ndarray, neg_g: np.ndarray, pos_g: np.ndarray, lo: np.ndarray,
+                               hi: np.ndarray) -> np.ndarray:
+    """Twice the Mann-Whitney count of each replicate, samples weighted by their prompt's count, [b] int64.
+
+    ``counts`` [b, G] integer-valued prompt counts of b replicates; the rest from :func:`_ranked_negatives`.
+    With w_i = counts[r, prompt of i] and C_r(j) = sum of the weights of the j lowest negatives,
+    2 U_r = sum over positives i of w_i * (C_r(lo_i) + C_r(hi_i)): the weighted negatives below i, ties counting
+    1/2 (twice). Integers throughout, so U_r / (weighted positives x weighted negatives) is exactly the AUROC of
+    replicate r's gathered rows. Replicates go in blocks of at most ``_AUROC_BLOCK`` / n_samples, so memory stays
+    about 5 x 16 MB whatever the number of replicates.
+    """
+    out = np.empty(len(counts), dtype=np.int64)
+    tie = np.flatnonzero(hi > lo)  # positives tied with some negative: C(hi) != C(lo)
+    step = max(1, _AUROC_BLOCK // max(1, neg_g.size + pos_g.size))
+    for a in range(0, len(counts), step):
+        kb = counts[a:a + step].astype(np.int64)  # [r, G]
+        cum = np.zeros((len(kb), neg_g.size + 1), dtype=np.int64)  # [r, n_neg + 1] C_r(0 .. n_neg)
+        np.cumsum(np.take(kb, neg_g, axis=1), axis=1, out=cum[:, 1:])
+        w_pos = np.take(kb, pos_g, axis=1)  # [r, n_pos]
+        twice = 2 * np.einsum("ri,ri->r", w_pos, np.take(cum, lo, axis=1))
+        if tie.size:  # C(lo) + C(hi) = 2 C(lo) + (C(hi) - C(lo))
+            gap = np.take(cum, hi[tie], axis=1) - np.take(cum, lo[tie], axis=1)
+            twice += np.einsum("ri,ri->r", w_pos[:, tie], gap)
+        out[a:a + step] = twice
+    return out
+
+
 def prompt_bootstrap(correct: np.ndarray, pidx: np.ndarray, score: np.ndarray | None, conf: np.ndarray | None,
                      target: np.ndarray | None, *, n_bins: int, n_boot: int, alpha: float, seed: int,
                      progress: Callable[[str], Any] | None = None) -> dict[str, tuple[float, float]]:
@@ -120,9 +162,10 @@ def prompt_bootstrap(correct: np.ndarray, pidx: np.ndarray, score: np.ndarray | 
 
     ``correct``, ``pidx`` (dense prompt index), ``score`` / ``conf`` / ``target`` [N]. A replicate holding prompt p
     ``k_p`` times weighs p's samples by ``k_p``: accuracy is the mean of the drawn prompts' accuracies (the very
-    same sum); AUROC the Mann-Whitney count with weights over samples ranked once (integer counts: the same value
-    exactly); ECE and Brier sums of per-(prompt, bin) and per-prompt totals (equal up to float rounding, ~1e-16
-    relative). Replicates where a metric is nan are ignored, as in :func:`~calibrl.metrics.bootstrap_ci`.
+    same sum); AUROC the Mann-Whitney count with weights over samples ranked once, all replicates of a chunk at
+    once (:func:`_weighted_auroc_numerators`; integer counts: the same value exactly); ECE and Brier sums of
+    per-(prompt, bin) and per-prompt totals (equal up to float rounding, ~1e-16 relative). Replicates where a
+    metric is nan are ignored, as in :func:`~calibrl.metrics.bootstrap_ci`.
     ``progress(description)`` is called before each chunk of replicates.
     """
     from calibrl.metrics.bootstrap import percentile_interval, resampled_prompt_counts
@@ -134,13 +177,7 @@ def prompt_bootstrap(correct: np.ndarray, pidx: np.ndarray, score: np.ndarray | 
     stats: dict[str, list[np.ndarray]] = {"accuracy": []}
     if conf is not None:
         t = np.asarray(target, dtype=bool)
-        order = np.argsort(score, kind="mergesort")
-        _, slot = np.unique(score[order], return_inverse=True)  # [N] equal scores share a slot (ties count 1/2)
-        slot = slot.reshape(-1)
-        n_slots = int(slot.max()) + 1
-        t_sorted, g_sorted = t[order], pidx[order]
-        pos_slot, pos_g = slot[t_sorted], g_sorted[t_sorted]
-        neg_slot, neg_g = slot[~t_sorted], g_sorted[~t_sorted]
+        neg_g, pos_g, lo, hi = _ranked_negatives(np.asarray(score), t, pidx)
         pos_p = np.bincount(pidx[t], minlength=n_groups).astype(np.float64)  # [G] positives per prompt
         neg_p = n_p - pos_p
         edges = M.bin_edges(conf, n_bins=n_bins, strategy="uniform")
@@ -159,12 +196,10 @@ def prompt_bootstrap(correct: np.ndarray, pidx: np.ndarray, score: np.ndarray | 
         stats["accuracy"].append(acc_p[drawn].mean(axis=1))
         if conf is None:
             continue
-        auc = np.empty(len(counts))
-        for r, k in enumerate(counts):
-            negw = np.bincount(neg_slot, weights=k[neg_g], minlength=n_slots)
-            below = np.cumsum(negw) - 0.5 * negw  # weighted negatives below each slot, ties counting 1/2
-            den = float(k @ pos_p) * float(k @ neg_p)
-            auc[r] = float(k[pos_g] @ below[pos_slot]) / den if den > 0 else np.nan
+        twice_u = _weighted_auroc_numerators(counts, neg_g, pos_g, lo, hi)  # [b]
+        den = (counts @ pos_p) * (counts @ neg_p)  # [b] weighted positives x negatives (integer-valued sums)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            auc = np.where(den > 0, (twice_u.astype(np.float64) / 2.0) / den, np.nan)
         stats["auroc"].append(auc)
         cnt, cs, acs = counts @ cnt_pb, counts @ conf_pb, counts @ acc_pb  # [b, n_bins]
         with np.errstate(invalid="ignore", divide="ignore"):

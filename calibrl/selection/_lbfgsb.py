@@ -2,7 +2,7 @@
 
 :func:`minimize_lbfgsb_batch` runs the algorithm of ``scipy.optimize.minimize(method="L-BFGS-B")`` (L-BFGS-B 3.0,
 Byrd, Lu, Nocedal & Zhu 1995; Morales & Nocedal 2011; scipy's defaults m = 10, factr = 1e7, pgtol = 1e-5,
-maxls = 20) on P problems of n variables in lockstep, each with its own iterate, memory, line search and
+maxls = 20) on P problems of n variables at once, each with its own iterate, memory, line search and
 convergence test. It takes the same steps as scipy's code:
 
 - the generalized Cauchy point along the projected steepest-descent path (breakpoints visited in increasing order,
@@ -17,9 +17,16 @@ convergence test. It takes the same steps as scipy's code:
 
 One difference of representation: the limited-memory matrix is held as the dense n x n matrix
 B = BFGS updates of theta * I by the stored pairs (oldest first), which is the compact form theta * I - W M W'
-that scipy's code keeps, written out (n is small here). Results therefore agree with scipy's up to rounding; where
-a problem's path is sensitive to rounding (a line-search comparison falling the other way) the two can end in
-different local optima. :mod:`calibrl.selection.pruning` measures how often that happens.
+that scipy's code keeps, written out (n is small here); it is rebuilt each iteration from ring buffers of the pairs
+with the problems on the last axis (contiguous elementwise passes, blocks that stay in cache). Results therefore
+agree with scipy's up to rounding; where a problem's path is sensitive to rounding (a line-search comparison falling
+the other way) the two can end in different local optima. :mod:`calibrl.selection.pruning` measures how often that
+happens.
+
+Schedule: each round gives every problem that is between iterations its search direction (Cauchy point, subspace
+step) and every problem inside a line search one trial evaluation, so a round never waits for the longest search;
+each problem's own sequence of steps is the same as when it is fitted alone (a problem's numbers never depend on
+the others in the batch).
 """
 
 from __future__ import annotations
@@ -42,23 +49,46 @@ def _projgr(x, g, lo, hi):
     return np.abs(gi).max(axis=1)
 
 
-def _bfgs_matrix(theta, S, Y, SY, col):
-    """Dense L-BFGS matrix per problem: theta * I updated by the stored (s, y) pairs, oldest first.
+def _bfgs_matrix(theta, S, Y, SY, col, head, rows):
+    """Dense L-BFGS matrix of problems ``rows`` [A]: theta * I updated by their stored (s, y) pairs, oldest first.
 
-    theta [A], S / Y [A, m, n] (slot 0 oldest), SY [A, m] the stored s'y, col [A] pairs held; returns [A, n, n].
+    theta [A]; S / Y [n, m, P] and SY [m, P] (the stored s'y) hold the pairs of all P problems in ring buffers:
+    problem r's ``col[r]`` pairs sit in slots (head[r] - col[r] + j) mod m, j = 0 (oldest) .. col[r] - 1; col /
+    head [P]. Returns [A, n, n]. Pair j: B <- B - (B s)(B s)' / (s' B s) + y y' / (s'y). Worked with the problems
+    on the last axis ([n, n, A] blocks of at most ``_BLOCK`` problems), so every step is an elementwise pass over
+    contiguous rows.
     """
-    a, m, n = S.shape
-    B = theta[:, None, None] * np.eye(n)[None]
-    for j in range(int(col.max(initial=0))):
-        on = col > j  # problems holding a pair in slot j
-        s, y = S[:, j], Y[:, j]
-        bs = np.matmul(B, s[:, :, None])[:, :, 0]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            cs = np.where(on, 1.0 / np.einsum("ai,ai->a", s, bs), 0.0)
-            cy = np.where(on, 1.0 / SY[:, j], 0.0)
-        B -= (bs * cs[:, None])[:, :, None] * bs[:, None, :]
-        B += (y * cy[:, None])[:, :, None] * y[:, None, :]
-    return B
+    n, m, _ = S.shape
+    a = rows.size
+    out = np.empty((a, n, n))
+    pairs = int(col[rows].max(initial=0))
+    for lo in range(0, a, _BLOCK):
+        r = rows[lo:lo + _BLOCK]
+        c = col[r]
+        slots = (head[r] - c + np.arange(pairs)[:, None]) % m  # [pairs, b] the slot of each problem's j-th pair
+        St, Yt, SYt = S[:, slots, r], Y[:, slots, r], SY[slots, r]  # [n, pairs, b], [pairs, b]
+        B = np.zeros((n, n, r.size))
+        for i in range(n):
+            B[i, i] = theta[lo:lo + _BLOCK]
+        tmp = np.empty_like(B)
+        bs = np.empty((n, r.size))
+        for j in range(pairs):
+            on = c > j  # problems holding a j-th pair
+            s, y = St[:, j], Yt[:, j]  # [n, b]
+            np.multiply(B, s[None], out=tmp)
+            tmp.sum(axis=1, out=bs)  # B s: B is symmetric
+            with np.errstate(divide="ignore", invalid="ignore"):
+                cs = np.where(on, 1.0 / (s * bs).sum(axis=0), 0.0)
+                cy = np.where(on, 1.0 / SYt[j], 0.0)
+            np.multiply((bs * cs)[:, None], bs[None], out=tmp)
+            B -= tmp
+            np.multiply((y * cy)[:, None], y[None], out=tmp)
+            B += tmp
+        out[lo:lo + _BLOCK] = B.transpose(2, 0, 1)
+    return out
+
+
+_BLOCK = 2048  # problems per block of the matrix build ([n, n, block] temporaries: 400 kB at n = 5, in cache)
 
 
 def _cauchy(x, g, B, lo, hi):
@@ -226,20 +256,30 @@ def _dcstep(stx, fx, dx, sty, fy, dy, stp, fp, dp, brackt, stpmin, stpmax):
 
 
 class _LineSearch:
-    """MINPACK-2 ``dcsrch`` state for a batch of line searches (stpmin = 0)."""
+    """MINPACK-2 ``dcsrch`` state of the line searches of P problems (stpmin = 0), each started by :meth:`start`."""
 
-    def __init__(self, f, g, stp, stpmax):
-        self.stpmax = stpmax
-        self.brackt = np.zeros(f.shape, dtype=bool)
-        self.stage = np.ones(f.shape, dtype=np.int8)
-        self.finit, self.ginit = f.copy(), g.copy()
-        self.gtest = _FTOL * g
-        self.width = stpmax - 0.0
-        self.width1 = self.width / 0.5
-        self.stx, self.fx, self.gx = np.zeros_like(f), f.copy(), g.copy()
-        self.sty, self.fy, self.gy = np.zeros_like(f), f.copy(), g.copy()
-        self.stmin = np.zeros_like(f)
-        self.stmax = stp + 4.0 * stp
+    _FIELDS = ("stpmax", "finit", "ginit", "gtest", "width", "width1", "stx", "fx", "gx", "sty", "fy", "gy", "stmin",
+               "stmax")
+
+    def __init__(self, p):
+        for name in self._FIELDS:
+            setattr(self, name, np.zeros(p))
+        self.brackt = np.zeros(p, dtype=bool)
+        self.stage = np.ones(p, dtype=np.int8)
+
+    def start(self, i, f, g, stp, stpmax):
+        """New searches of problems ``i`` [k] from f, g = derivative along d, first step ``stp``, bound ``stpmax``."""
+        self.stpmax[i] = stpmax
+        self.brackt[i] = False
+        self.stage[i] = 1
+        self.finit[i], self.ginit[i] = f, g
+        self.gtest[i] = _FTOL * g
+        width = stpmax - 0.0
+        self.width[i], self.width1[i] = width, width / 0.5
+        self.stx[i], self.fx[i], self.gx[i] = 0.0, f, g
+        self.sty[i], self.fy[i], self.gy[i] = 0.0, f, g
+        self.stmin[i] = 0.0
+        self.stmax[i] = stp + 4.0 * stp
 
     def step(self, i, stp, f, g):
         """Rows ``i`` evaluated at ``stp`` (f, g = derivative along d); returns (done [k], new stp [k])."""
@@ -252,6 +292,14 @@ class _LineSearch:
         done |= (stp == self.stpmax[i]) & (f <= ftest) & (g <= self.gtest[i])
         done |= (stp == 0.0) & ((f > ftest) | (g >= self.gtest[i]))
         done |= (f <= ftest) & (np.abs(g) <= _GTOL * -self.ginit[i])
+        self.stage[i[done]] = stage[done]
+        go = ~done
+        out = stp.copy()  # a finished search keeps its step
+        if not go.any():
+            return done, out
+        # the searches going on: the next trial step (dcsrch's update), only for them
+        i, stp, f, g, ftest, stage = i[go], stp[go], f[go], g[go], ftest[go], stage[go]
+        br, stmin, stmax = br[go], stmin[go], stmax[go]
         gt = self.gtest[i]
         stx, fx, gx, sty, fy, gy = self.stx[i], self.fx[i], self.gx[i], self.sty[i], self.fy[i], self.gy[i]
         mod = (stage == 1) & (f <= fx) & (f > ftest)
@@ -271,14 +319,12 @@ class _LineSearch:
         nstp = np.clip(nstp, 0.0, self.stpmax[i])
         back = (br & ((nstp <= stmin) | (nstp >= stmax))) | (br & (stmax - stmin <= _XTOL * stmax))
         nstp = np.where(back, stx, nstp)
-        upd = ~done
         for name, val in (("stage", stage), ("brackt", br), ("stx", stx), ("fx", fx), ("gx", gx), ("sty", sty),
                           ("fy", fy), ("gy", gy), ("width", width), ("width1", width1), ("stmin", stmin),
                           ("stmax", stmax)):
-            arr = getattr(self, name)
-            arr[i[upd]] = val[upd]
-        self.stage[i[done]] = stage[done]
-        return done, np.where(done, stp, nstp)
+            getattr(self, name)[i] = val
+        out[go] = nstp
+        return done, out
 
 
 def minimize_lbfgsb_batch(
@@ -306,97 +352,107 @@ def minimize_lbfgsb_batch(
     all_rows = np.arange(p)
     f, g = fun_grad(x, all_rows)
     f, g = np.asarray(f, dtype=np.float64).copy(), np.asarray(g, dtype=np.float64).copy()
-    S, Y = np.zeros((p, m, n)), np.zeros((p, m, n))
-    SY = np.ones((p, m))
+    S, Y = np.zeros((n, m, p)), np.zeros((n, m, p))  # ring buffers of the (s, y) pairs, see _bfgs_matrix
+    SY = np.ones((m, p))
     col = np.zeros(p, dtype=np.int64)
+    head = np.zeros(p, dtype=np.int64)  # the slot the next pair goes to
     theta = np.ones(p)
     iters = np.zeros(p, dtype=np.int64)
     active = _projgr(x, g, lo, hi) > pgtol
     tol = factr * _EPS
+    # every problem is either between iterations or inside a line search; each round gives the first a search
+    # direction and every problem inside a search one evaluation, so no round waits for the longest search
+    searching = np.zeros(p, dtype=bool)
+    d, z = np.zeros((p, n)), np.zeros((p, n))  # search direction and the subspace point (the step of length 1)
+    gd0, fold, stp_cur = np.zeros(p), np.zeros(p), np.zeros(p)
+    nls = np.zeros(p, dtype=np.int64)  # evaluations of the current search
+    x_new, f_new, g_new, gd_last = x.copy(), f.copy(), g.copy(), np.zeros(p)
+    ls = _LineSearch(p)
+    none = np.zeros(0, dtype=np.int64)
     while active.any():
-        A = np.flatnonzero(active)
-        xa, ga = x[A], g[A]
-        B = _bfgs_matrix(theta[A], S[A], Y[A], SY[A], col[A])
-        broken = ~np.isfinite(B).all(axis=(1, 2))
-        if broken.any():  # a failed factorisation in scipy's code: empty the memory, restart the iteration
-            col[A[broken]], theta[A[broken]] = 0, 1.0
-            B[broken] = np.eye(n)
-        z, fixed = _cauchy(xa, ga, B, lo, hi)
-        free = ~fixed
-        sub = (col[A] > 0) & free.any(axis=1)
-        restart = np.zeros(A.size, dtype=bool)
-        if sub.any():
-            j = np.flatnonzero(sub)
-            z[j], restart[j] = _subspace(xa[j], ga[j], B[j], z[j], free[j], lo, hi)
-        if restart.any():  # singular reduced matrix: the memory is emptied and the iteration restarted
-            col[A[restart]], theta[A[restart]] = 0, 1.0
-            keep_on = ~restart
-            A, xa, ga, B, z = A[keep_on], xa[keep_on], ga[keep_on], B[keep_on], z[keep_on]
-        d = z - xa
-        dnorm = np.sqrt(np.einsum("ai,ai->a", d, d))
-        # largest feasible step along d (the first iteration: 1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            r_lo = np.where(lo - xa >= 0, 0.0, (lo - xa) / d)
-            r_hi = np.where(hi - xa <= 0, 0.0, (hi - xa) / d)
-        ratio = np.where((d < 0) & np.isfinite(lo), r_lo, np.where((d > 0) & np.isfinite(hi), r_hi, _BIG))
-        stpmx = np.where(iters[A] == 0, 1.0, np.minimum(_BIG, ratio.min(axis=1)))
-        with np.errstate(divide="ignore"):
-            stp = np.where(iters[A] == 0, np.minimum(1.0 / dnorm, stpmx), 1.0)
-        gd0 = np.einsum("ai,ai->a", ga, d)
-        fold = f[A]
-        ascent = ~(gd0 < 0)
-        # line search, all problems of A whose direction descends
-        L = np.flatnonzero(~ascent)
-        ls = _LineSearch(fold, gd0, stp, stpmx)
-        ok = np.zeros(A.size, dtype=bool)
-        gd_last = gd0.copy()
-        stp_cur = stp.copy()
-        f_new, g_new, x_new = fold.copy(), ga.copy(), xa.copy()
-        searching = L
-        for _ in range(maxls):
-            if not searching.size:
-                break
-            s_ = stp_cur[searching]
-            xt = np.where((s_ == 1.0)[:, None], z[searching], s_[:, None] * d[searching] + xa[searching])
-            ft, gt = fun_grad(xt, A[searching])
-            gdt = np.einsum("ai,ai->a", gt, d[searching])
-            f_new[searching], g_new[searching], x_new[searching], gd_last[searching] = ft, gt, xt, gdt
-            done, nstp = ls.step(searching, s_, ft, gdt)
-            ok[searching[done]] = True
-            stp_cur[searching] = nstp
-            searching = searching[~done]
-        failed = ascent.copy()
-        failed[searching] = True
+        failed = none
+        A = np.flatnonzero(active & ~searching)
+        if A.size:
+            xa, ga = x[A], g[A]
+            B = _bfgs_matrix(theta[A], S, Y, SY, col, head, A)
+            broken = ~np.isfinite(B).all(axis=(1, 2))
+            if broken.any():  # a failed factorisation in scipy's code: empty the memory, restart the iteration
+                col[A[broken]], theta[A[broken]] = 0, 1.0
+                B[broken] = np.eye(n)
+            za, fixed = _cauchy(xa, ga, B, lo, hi)
+            free = ~fixed
+            sub = (col[A] > 0) & free.any(axis=1)
+            restart = np.zeros(A.size, dtype=bool)
+            if sub.any():
+                j = np.flatnonzero(sub)
+                za[j], restart[j] = _subspace(xa[j], ga[j], B[j], za[j], free[j], lo, hi)
+            if restart.any():  # singular reduced matrix: the memory is emptied and the iteration restarted
+                col[A[restart]], theta[A[restart]] = 0, 1.0
+                keep_on = ~restart
+                A, xa, ga, za = A[keep_on], xa[keep_on], ga[keep_on], za[keep_on]
+            da = za - xa
+            dnorm = np.sqrt(np.einsum("ai,ai->a", da, da))
+            # largest feasible step along d (the first iteration: 1)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                r_lo = np.where(lo - xa >= 0, 0.0, (lo - xa) / da)
+                r_hi = np.where(hi - xa <= 0, 0.0, (hi - xa) / da)
+            ratio = np.where((da < 0) & np.isfinite(lo), r_lo, np.where((da > 0) & np.isfinite(hi), r_hi, _BIG))
+            first = iters[A] == 0
+            stpmx = np.where(first, 1.0, np.minimum(_BIG, ratio.min(axis=1)))
+            with np.errstate(divide="ignore"):
+                stp = np.where(first, np.minimum(1.0 / dnorm, stpmx), 1.0)
+            gda = np.einsum("ai,ai->a", ga, da)
+            descent = gda < 0
+            failed = A[~descent]  # not a descent direction: a failed search
+            go = A[descent]
+            d[go], z[go], gd0[go], fold[go], stp_cur[go] = da[descent], za[descent], gda[descent], f[go], stp[descent]
+            nls[go] = 0
+            ls.start(go, f[go], gda[descent], stp[descent], stpmx[descent])
+            searching[go] = True
+        ok = none
+        L = np.flatnonzero(searching)
+        if L.size:  # one trial step of every search
+            s_ = stp_cur[L]
+            xt = np.where((s_ == 1.0)[:, None], z[L], s_[:, None] * d[L] + x[L])
+            ft, gt = fun_grad(xt, L)
+            gdt = np.einsum("ai,ai->a", gt, d[L])
+            f_new[L], g_new[L], x_new[L], gd_last[L] = ft, gt, xt, gdt
+            done, nstp = ls.step(L, s_, ft, gdt)
+            stp_cur[L] = nstp
+            nls[L] += 1
+            ok = L[done]
+            spent = L[~done & (nls[L] >= maxls)]
+            searching[ok], searching[spent] = False, False
+            failed = np.concatenate([failed, spent])
         # failed search: back to the old point; reset the memory, or stop when it is empty
-        fa = A[failed]
-        stop = fa[col[fa] == 0]
+        stop = failed[col[failed] == 0]
         active[stop] = False
-        reset = fa[col[fa] > 0]
+        reset = failed[col[failed] > 0]
         col[reset], theta[reset] = 0, 1.0
+        if not ok.size:
+            continue
         # accepted steps
-        k = np.flatnonzero(ok)
-        Ak = A[k]
-        y = g_new[k] - ga[k]
-        x[Ak], f[Ak], g[Ak] = x_new[k], f_new[k], g_new[k]
+        Ak = ok
+        y = g_new[Ak] - g[Ak]
+        x[Ak], f[Ak], g[Ak] = x_new[Ak], f_new[Ak], g_new[Ak]
         iters[Ak] += 1
-        sk = stp_cur[k]
+        sk = stp_cur[Ak]
         converged = _projgr(x[Ak], g[Ak], lo, hi) <= pgtol
-        fo, fn = fold[k], f_new[k]
+        fo, fn = fold[Ak], f_new[Ak]
         converged |= (fo - fn) <= tol * np.maximum(np.maximum(np.abs(fo), np.abs(fn)), 1.0)
         converged |= iters[Ak] >= maxiter
         active[Ak[converged]] = False
         one = sk == 1.0
-        dr = np.where(one, gd_last[k] - gd0[k], (gd_last[k] - gd0[k]) * sk)
-        s = np.where(one[:, None], d[k], sk[:, None] * d[k])
-        ddum = np.where(one, -gd0[k], -gd0[k] * sk)
+        g0, gl, dk = gd0[Ak], gd_last[Ak], d[Ak]
+        dr = np.where(one, gl - g0, (gl - g0) * sk)
+        s = np.where(one[:, None], dk, sk[:, None] * dk)
+        ddum = np.where(one, -g0, -g0 * sk)
         upd = ~converged & ~(dr <= _EPS * ddum)
         u = Ak[upd]
         if u.size:
-            full = u[col[u] == m]
-            if full.size:
-                S[full, :-1], Y[full, :-1], SY[full, :-1] = S[full, 1:], Y[full, 1:], SY[full, 1:]
-            slot = np.minimum(col[u], m - 1)
-            S[u, slot], Y[u, slot], SY[u, slot] = s[upd], y[upd], dr[upd]
+            h = head[u]
+            S[:, h, u], Y[:, h, u], SY[h, u] = s[upd].T, y[upd].T, dr[upd]
+            head[u] = (h + 1) % m
             col[u] = np.minimum(col[u] + 1, m)
             theta[u] = np.einsum("ai,ai->a", y[upd], y[upd]) / dr[upd]
     return x
