@@ -28,6 +28,11 @@ as the code did before :func:`calibrl.trl.rollout.completion_logps` (the fused h
 on the CPU: :func:`calibrl.logprobs.fused_head_tile`).
 The real-model figures are the peak RSS of the whole process tree of the CLI command (bench/test_memory.py's
 sampler), one torch thread.
+
+``--device cuda`` measures the same three on a GPU: each phase's peak of ``torch.cuda.max_memory_allocated`` (the
+counter is reset as a phase begins) above the allocation once model and batch are on the device, TRL's fused LM
+head in its own tiles with its Triton fold (calibrl shrinks the tile only where Triton is missing).
+``--dtype bfloat16`` loads the model in bf16 (TRL's ``cast_lm_head_to_fp32`` left at its default).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ COMPLETION = 4_096
 PROMPTS, GENERATIONS = 1, 2
 CALLBACK_PROMPTS, CALLBACK_K = 1, 2
 CLASSES = ["A", "B", "C", "D"]
+DEVICE = "cpu"  # --device
+DTYPE = "float32"  # --dtype
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -97,6 +104,39 @@ class PhaseSampler:
         setattr(owner, name, wrapped)
 
 
+class CudaPhaseSampler(PhaseSampler):
+    """:class:`PhaseSampler` for GPU memory: ``peaks[phase]`` is the largest ``torch.cuda.max_memory_allocated``
+    while ``phase`` ran (the peak counter is reset when a phase begins); no sampling thread is needed."""
+
+    def __init__(self):
+        self.phase = "setup"
+        self.peaks = {}
+
+    @staticmethod
+    def rss() -> int:  # the allocation now (the base of the figures)
+        import torch
+
+        return torch.cuda.memory_allocated()
+
+    def _record(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+        self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), torch.cuda.max_memory_allocated())
+
+    def enter(self, phase: str) -> None:
+        import torch
+
+        self._record()
+        self.phase = phase
+        torch.cuda.reset_peak_memory_stats()
+        self._record()
+
+
+def _sampler() -> PhaseSampler:
+    return CudaPhaseSampler() if DEVICE == "cuda" else PhaseSampler()
+
+
 # ---------------------------------------------------------------------------------------------------- the setup
 
 
@@ -123,7 +163,7 @@ def _model():
     config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2 * COMPLETION,
                          tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    model = Qwen2ForCausalLM(config)
+    model = Qwen2ForCausalLM(config).to(device=DEVICE, dtype=getattr(torch, DTYPE))
     model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, 2
     return model
 
@@ -150,8 +190,9 @@ def reward(prompts, completions, **kwargs):
 
 def _args(cls, out: str, **extra):
     return cls(output_dir=out, per_device_train_batch_size=PROMPTS * GENERATIONS, num_generations=GENERATIONS,
-               max_completion_length=COMPLETION, max_steps=1, logging_steps=1, report_to="none", use_cpu=True,
-               save_strategy="no", seed=0, disable_tqdm=True, bf16=False, beta=0.0, **extra)
+               max_completion_length=COMPLETION, max_steps=1, logging_steps=1, report_to="none",
+               use_cpu=DEVICE == "cpu", save_strategy="no", seed=0, disable_tqdm=True, bf16=DTYPE == "bfloat16",
+               beta=0.0, **extra)
 
 
 def _dataset():
@@ -177,7 +218,7 @@ def child_step(kind: str, before: bool) -> dict:
     import trl
 
     torch.set_num_threads(1)
-    sampler = PhaseSampler()
+    sampler = _sampler()
     model, tok = _model(), _tokenizer()
     with tempfile.TemporaryDirectory() as out:
         if kind == "trl":
@@ -216,7 +257,7 @@ def child_callback() -> dict:
     from calibrl.trl.callbacks import CalibrationEvalConfig, sample_completions
 
     torch.set_num_threads(1)
-    sampler = PhaseSampler()
+    sampler = _sampler()
     model, tok = _model(), _tokenizer()
     with tempfile.TemporaryDirectory() as out:
         trainer = CalibratedGRPOTrainer(model=model, reward_funcs=reward, args=_args(CalibratedGRPOConfig, out),
@@ -236,7 +277,8 @@ def child_callback() -> dict:
 
 
 def _run_child(name: str, *extra: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", name, "--tokens", str(COMPLETION), *extra]
+    cmd = [sys.executable, __file__, "--child", name, "--tokens", str(COMPLETION), "--device", DEVICE, "--dtype",
+           DTYPE, *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -282,20 +324,26 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--train", action="store_true", help="also calibrl train smollm2_cpu_capo --max-steps 2")
     parser.add_argument("--skip-step", action="store_true", help="leave out the step and callback figures")
     parser.add_argument("--tokens", type=int, default=COMPLETION, help="completion length (default 4096)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: GPU memory (torch.cuda.max_memory_allocated) instead of RSS")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the model's dtype")
+    parser.add_argument("--skip-callback", action="store_true",
+                        help="leave out the callback (it samples every token one by one: slow at long lengths)")
     args = parser.parse_args(argv)
-    globals()["COMPLETION"] = args.tokens
+    globals().update(COMPLETION=args.tokens, DEVICE=args.device, DTYPE=args.dtype)
     if args.child:
         result = child_callback() if args.child == "callback" else child_step(args.child, args.before)
         print("RESULT " + json.dumps(result), flush=True)
         return 0
 
     if not args.skip_step:
-        print(f"tiny Qwen2 (vocabulary {VOCAB:,}, hidden 64, 2 layers, float32); batch {PROMPTS} prompts x "
-              f"{GENERATIONS} completions x {COMPLETION:,} tokens; peak RSS above the model and batch"
+        what = "peak GPU allocation" if DEVICE == "cuda" else "peak RSS"
+        print(f"tiny Qwen2 (vocabulary {VOCAB:,}, hidden 64, 2 layers, {DTYPE}, {DEVICE}); batch {PROMPTS} prompts "
+              f"x {GENERATIONS} completions x {COMPLETION:,} tokens; {what} above the model and batch"
               + (" [--before: calibrl's forwards through TRL's helper]" if args.before else ""))
         trl_step = _run_child("trl")
         ours = _run_child("calibrl", *(["--before"] if args.before else []))
-        callback = _run_child("callback")
+        callback = None if args.skip_callback else _run_child("callback")
         trl_peak = _above(trl_step)
         print(f"  TRL stock GRPO step                 {_gb(trl_peak):>9}  ({trl_step['seconds']:.0f} s)")
         for phase in ("loss forward", "backward + optimizer"):
@@ -304,12 +352,13 @@ def main(argv: list[str]) -> int:
         print(f"  calibrl step (capo + mask + decision) {_gb(our_peak):>9}  ({ours['seconds']:.0f} s)")
         for phase in ("calibrl forwards", "loss forward", "backward + optimizer"):
             print(f"    {phase:33s} {_gb(_above(ours, [phase])):>9}")
-        cb_peak = _above(callback, ["callback"])
-        print(f"  calibrl callback ({callback['rows']} samples, {callback['tokens']:,} tokens) {_gb(cb_peak):>9}  "
-              f"({callback['seconds']:.0f} s)")
+        cb_peak = None if callback is None else _above(callback, ["callback"])
+        if callback is not None:
+            print(f"  calibrl callback ({callback['rows']} samples, {callback['tokens']:,} tokens) {_gb(cb_peak):>9}"
+                  f"  ({callback['seconds']:.0f} s)")
         print(f"  calibrl's extra memory / TRL's step: step {(our_peak - trl_peak) / trl_peak:+.2f}, "
-              f"its own forwards {_above(ours, ['calibrl forwards']) / trl_peak:.2f}, callback "
-              f"{cb_peak / trl_peak:.2f}")
+              f"its own forwards {_above(ours, ['calibrl forwards']) / trl_peak:.2f}"
+              + ("" if cb_peak is None else f", callback {cb_peak / trl_peak:.2f}"))
     with tempfile.TemporaryDirectory() as tmp:
         if args.demo:
             peak, seconds, status = _command_peak(

@@ -145,6 +145,39 @@ def test_gpu_only_settings_map_to_the_cpu_with_a_note_each():
     assert map_trainer_settings({"fp16": True}, name="r", bf16_ok=True)[0]["fp16"] is False
 
 
+def test_a_gpu_rehearsal_keeps_the_precision_and_drops_use_cpu():
+    from calibrl.trl.recipes import ModelSpec
+    from calibrl.trl.rehearse import map_model_settings, map_trainer_settings
+
+    trainer = {"bf16": True, "use_vllm": True, "deepspeed": "ds.json", "use_cpu": True, "num_generations": 8,
+               "per_device_train_batch_size": 8, "max_completion_length": 3072}
+    mapped, notes = map_trainer_settings(trainer, name="r", bf16_ok=True, device="cuda")
+    assert "use_cpu" not in mapped and mapped["bf16"] is True and mapped["use_vllm"] is False
+    assert "deepspeed" not in mapped and mapped["max_completion_length"] == 8
+    assert "trainer.bf16: true kept (this GPU computes bfloat16 natively)" in notes
+    assert any(n.startswith("trainer.use_cpu: true -> <unset>") for n in notes)
+    # float16 is a GPU's to keep; bfloat16 falls back on a GPU without it
+    assert map_trainer_settings({"fp16": True}, name="r", bf16_ok=False, device="cuda")[0]["fp16"] is True
+    assert map_trainer_settings({"bf16": True}, name="r", bf16_ok=False, device="cuda")[0]["bf16"] is False
+    assert map_model_settings(ModelSpec("m", dtype="float16"), bf16_ok=True, device="cuda")[0] == "float16"
+    assert map_model_settings(ModelSpec("m", dtype="bfloat16"), bf16_ok=False, device="cuda")[1:] == (
+        {}, ["model.dtype: bfloat16 -> float32 (this GPU has no native bfloat16)"])
+
+
+def test_a_gpu_rehearsal_without_a_gpu_is_refused(monkeypatch):
+    import torch
+
+    from calibrl.trl.recipes import RecipeError, load_recipe
+    from calibrl.trl.rehearse import rehearse
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    recipe = load_recipe(RECIPES[0])
+    with pytest.raises(RecipeError, match="torch sees no GPU"):
+        rehearse(recipe, device="cuda", console=Console(file=io.StringIO()))
+    with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
+        rehearse(recipe, device="tpu")
+
+
 def test_model_dtype_and_attention_map_to_the_cpu():
     from calibrl.trl.recipes import ModelSpec
     from calibrl.trl.rehearse import map_model_settings

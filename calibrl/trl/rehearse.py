@@ -25,6 +25,9 @@ reference, LoRA, gradient checkpointing, CAPO's mask, the calibration callbacks,
   and evaluates at the last step, so a rehearsal writes ``checkpoint-2`` as the real run writes its checkpoints.
 
 Nothing is downloaded: every model, tokenizer and dataset the rehearsal reads is local. API: :func:`rehearse`.
+``rehearse(recipe, device="cuda")`` runs the same rehearsal on one GPU instead (bf16 and float16 kept where the GPU
+computes them, no ``use_cpu``): the recipe's GPU path (TRL's fused LM head with its Triton fold, CUDA generation,
+gradient checkpointing, the estimator and callbacks) at tiny width, still one process and without vLLM.
 """
 
 from __future__ import annotations
@@ -142,12 +145,14 @@ def rehearsal_layout(trainer: dict[str, Any], *, num_generations: int = 2) -> di
 
 
 def map_trainer_settings(trainer: dict[str, Any], *, name: str, bf16_ok: bool, steps: int = 2,
-                         output_dir: str | None = None) -> tuple[dict[str, Any], list[str]]:
+                         output_dir: str | None = None, device: str = "cpu") -> tuple[dict[str, Any], list[str]]:
     """(the rehearsal's ``trainer`` section, one note per change) for a recipe's ``trainer`` section.
 
     ``name`` (the recipe's) names the default output folder ``runs/rehearse/<name>``; ``bf16_ok`` is
-    :func:`cpu_supports_bf16`. Settings a CPU runs as they are (gradient checkpointing, LoRA, the estimator,
-    learning rate, clipping, ...) are kept; see the module docstring for what changes."""
+    :func:`cpu_supports_bf16` (on ``device="cuda"``, whether the GPU computes bfloat16). Settings a CPU runs as
+    they are (gradient checkpointing, LoRA, the estimator, learning rate, clipping, ...) are kept; see the module
+    docstring for what changes. ``device="cuda"``: one GPU process; bf16 / fp16 stay (bf16 where supported), no
+    ``use_cpu``, and vLLM, DeepSpeed, FSDP and Liger are still off."""
     out = dict(trainer)
     notes: list[str] = []
 
@@ -164,23 +169,28 @@ def map_trainer_settings(trainer: dict[str, Any], *, name: str, bf16_ok: bool, s
         shown = "<unset>" if value is None else json.dumps(value)
         notes.append(f"trainer.{key}: {json.dumps(old) if old != '<unset>' else old} -> {shown} ({why})")
 
+    gpu = device == "cuda"
+    unit = "this GPU" if gpu else "this CPU"
     if out.get("bf16") and not bf16_ok:
-        put("bf16", False, "this CPU has no native bfloat16: float32")
+        put("bf16", False, f"{unit} has no native bfloat16: float32")
     elif out.get("bf16"):
-        notes.append("trainer.bf16: true kept (this CPU computes bfloat16 natively)")
-    if out.get("fp16"):
+        notes.append(f"trainer.bf16: true kept ({unit} computes bfloat16 natively)")
+    if out.get("fp16") and not gpu:
         put("fp16", False, "float16 mixed precision needs a GPU: float32")
     if out.get("use_vllm"):
-        put("use_vllm", False, "vLLM needs a GPU: transformers generation")
+        put("use_vllm", False, "a rehearsal generates with transformers" if gpu
+            else "vLLM needs a GPU: transformers generation")
     if out.get("deepspeed"):
-        put("deepspeed", None, "DeepSpeed needs GPUs: one CPU process")
+        put("deepspeed", None, "one GPU process" if gpu else "DeepSpeed needs GPUs: one CPU process")
     if out.get("fsdp"):
-        put("fsdp", None, "FSDP needs several devices: one CPU process")
+        put("fsdp", None, "one GPU process" if gpu else "FSDP needs several devices: one CPU process")
         put("fsdp_config", None, "FSDP is off")
     for key in ("use_liger_kernel", "use_liger_loss"):
         if out.get(key):
-            put(key, False, "Liger kernels need a GPU (Triton)")
-    if not out.get("use_cpu"):
+            put(key, False, "Liger kernels are off in a rehearsal" if gpu else "Liger kernels need a GPU (Triton)")
+    if gpu:
+        put("use_cpu", None, "the rehearsal runs on the GPU")
+    elif not out.get("use_cpu"):
         put("use_cpu", True, "the rehearsal runs on the CPU")
     layout = rehearsal_layout(out, num_generations=LAYOUT["num_generations"])
     why = {"steps_per_generation": "one generation round feeds 2 updates, as in the recipe",
@@ -240,27 +250,31 @@ def tiny_width(config: dict[str, Any], *, hidden: int = 64, layers: int = 2, hea
     return out
 
 
-def map_model_settings(spec, *, bf16_ok: bool) -> tuple[str | None, dict[str, Any], list[str]]:
+def map_model_settings(spec, *, bf16_ok: bool, device: str = "cpu") -> tuple[str | None, dict[str, Any], list[str]]:
     """(dtype, from_pretrained keyword arguments, notes) of a recipe's model section on the CPU: bfloat16 stays
     when :func:`cpu_supports_bf16` (``bf16_ok``), float16 and unsupported bfloat16 become float32; flash
-    attention becomes PyTorch's sdpa; device maps and quantized loading (bitsandbytes) are dropped."""
+    attention becomes PyTorch's sdpa; device maps and quantized loading (bitsandbytes) are dropped. On
+    ``device="cuda"`` float16 stays and ``bf16_ok`` is the GPU's bfloat16 support."""
     notes: list[str] = []
     dtype = spec.dtype
-    if dtype == "float16" or (dtype == "bfloat16" and not bf16_ok):
-        why = "float16 weights are for GPUs" if dtype == "float16" else "this CPU has no native bfloat16"
+    unit = "this GPU" if device == "cuda" else "this CPU"
+    if (dtype == "float16" and device != "cuda") or (dtype == "bfloat16" and not bf16_ok):
+        why = "float16 weights are for GPUs" if dtype == "float16" else f"{unit} has no native bfloat16"
         notes.append(f"model.dtype: {dtype} -> float32 ({why})")
         dtype = "float32"
     elif dtype == "bfloat16":
-        notes.append("model.dtype: bfloat16 kept (this CPU computes bfloat16 natively)")
+        notes.append(f"model.dtype: bfloat16 kept ({unit} computes bfloat16 natively)")
     init_kwargs = dict(spec.init_kwargs)
     if init_kwargs.get("attn_implementation") in _FLASH:
         notes.append(f"model.init_kwargs.attn_implementation: {init_kwargs['attn_implementation']} -> sdpa "
-                     "(flash attention needs a GPU)")
+                     + ("(a rehearsal uses PyTorch's attention)" if device == "cuda"
+                        else "(flash attention needs a GPU)"))
         init_kwargs["attn_implementation"] = "sdpa"
     for key in ("device_map", "load_in_4bit", "load_in_8bit", "quantization_config", "tp_plan"):
         if key in init_kwargs:
             notes.append(f"model.init_kwargs.{key}: {json.dumps(init_kwargs.pop(key), default=str)} -> <unset> "
-                         "(GPU placement / quantization: full weights on the CPU)")
+                         + ("(one GPU, full weights)" if device == "cuda"
+                            else "(GPU placement / quantization: full weights on the CPU)"))
     return dtype, init_kwargs, notes
 
 
@@ -391,25 +405,28 @@ def _step_callback(console, *, steps: int, rehearsal: Rehearsal, print_steps: bo
 
 
 def rehearse(recipe: Recipe, *, overrides: dict | None = None, steps: int = 2, output_dir: str | None = None,
-             console=None, progress: bool = True) -> Rehearsal:
+             console=None, progress: bool = True, device: str = "cpu") -> Rehearsal:
     """Runs ``recipe`` on the CPU for ``steps`` optimizer steps with its GPU-only settings mapped (module
     docstring), printing a note per change, a line per step and a last line saying the rehearsal passed.
 
-    ``overrides`` (trainer fields, e.g. from ``--set``) apply to the recipe before the mapping. Returns a
-    :class:`Rehearsal`; a recipe that cannot run raises as the real run would."""
+    ``overrides`` (trainer fields, e.g. from ``--set``) apply to the recipe before the mapping. ``device="cuda"``
+    rehearses on one GPU (module docstring). Returns a :class:`Rehearsal`; a recipe that cannot run raises as the
+    real run would."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
     from rich.console import Console
 
     console = console or Console()
     try:
         return _rehearse(recipe, overrides=overrides, steps=steps, output_dir=output_dir, console=console,
-                         progress=progress)
+                         progress=progress, device=device)
     except RecipeError as exc:
         message = str(exc)
         raise RecipeError(message if message.startswith(recipe.source) else f"{recipe.source}: {message}") from exc
 
 
 def _rehearse(recipe: Recipe, *, overrides: dict | None, steps: int, output_dir: str | None, console,
-              progress: bool) -> Rehearsal:
+              progress: bool, device: str) -> Rehearsal:
     from calibrl.trl.recipes import check_trainer_fields
     from calibrl.trl.train import train
 
@@ -417,8 +434,16 @@ def _rehearse(recipe: Recipe, *, overrides: dict | None, steps: int, output_dir:
 
     trainer = {**check_trainer_fields(recipe.trainer, recipe.source),
                **check_trainer_fields(dict(overrides or {}), recipe.source, "overrides")}
-    bf16_ok = cpu_supports_bf16()
-    mapped, notes = map_trainer_settings(trainer, name=name, bf16_ok=bf16_ok, steps=steps, output_dir=output_dir)
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RecipeError("device 'cuda': torch sees no GPU")
+        bf16_ok = torch.cuda.is_bf16_supported()
+    else:
+        bf16_ok = cpu_supports_bf16()
+    mapped, notes = map_trainer_settings(trainer, name=name, bf16_ok=bf16_ok, steps=steps, output_dir=output_dir,
+                                         device=device)
     rehearsed = copy.deepcopy(recipe)
     rehearsed.trainer = mapped
     for section, rows in (("dataset", LAYOUT["train_rows"]), ("eval_dataset", LAYOUT["eval_rows"]),
@@ -441,13 +466,14 @@ def _rehearse(recipe: Recipe, *, overrides: dict | None, steps: int, output_dir:
                          f"{LAYOUT['max_completion_length']} (a few tokens per completion)")
             config.max_new_tokens = LAYOUT["max_completion_length"]
     result = Rehearsal(recipe=rehearsed, notes=notes)
-    console.print(f"rehearsing {recipe.source} on the CPU ({steps} optimizer steps); changed for the CPU:",
+    unit = "the GPU" if device == "cuda" else "the CPU"
+    console.print(f"rehearsing {recipe.source} on {unit} ({steps} optimizer steps); changed for {unit}:",
                   markup=False, highlight=False, soft_wrap=True)
     with tempfile.TemporaryDirectory(prefix="calibrl-rehearse-") as folder:
         if recipe.model.name_or_path == TINY:
             notes.append("model.name_or_path: builtin:tiny is CPU-sized already: used as is")
         else:
-            dtype, init_kwargs, more = map_model_settings(recipe.model, bf16_ok=bf16_ok)
+            dtype, init_kwargs, more = map_model_settings(recipe.model, bf16_ok=bf16_ok, device=device)
             notes += more
             result.model_class, result.vocab_size, result.tokenizer = _write_stand_in(recipe, Path(folder), notes)
             rehearsed.model = dataclasses.replace(recipe.model, name_or_path=folder, tokenizer=None, dtype=dtype,
