@@ -18,7 +18,10 @@ Each method takes about 30 minutes on one core (36 steps of about 50 s, 7 evalua
 (``--methods grpo,capo`` and ``--methods capo_mask,grpo_decision``, ``OMP_NUM_THREADS=1``), not four.
 
 Each method's run writes ``<out>/<method>/calibration_eval.json`` and ``trainer_log.json``; a method whose file
-says it finished is skipped on a rerun (so an interrupted study resumes by method). The report
+says it finished is skipped on a rerun. Within a method, a checkpoint is saved at every evaluation point (the LoRA
+adapter, optimizer, scheduler, RNG states and step; the newest kept), and a rerun of the same command resumes an
+interrupted method from its newest complete checkpoint, with the records an uninterrupted run gives
+(:func:`calibrl.testbed.realmodel.train_real_model`, ``checkpoints=True``). The report
 (``<out>/report.md``, ``<out>/trajectories.png``) is rebuilt from those files.
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -79,6 +83,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--on-finish", default=None, metavar="COMMAND",
+                        help="a shell command run after each method's run finishes (scripts/realmodel_powered_queue.sh "
+                             "commits the raw records with it); its failure is reported, not fatal")
     options = parser.parse_args()
     methods = [m for m in options.methods.split(",") if m]
     unknown = [m for m in methods if m not in REAL_MODEL_METHODS]
@@ -97,8 +104,15 @@ def main() -> None:
                 levels=tuple(options.levels), train_prompts=options.train_prompts, eval_prompts=options.eval_prompts,
                 eval_k=options.eval_k, eval_every=options.eval_every, eval_split=options.eval_split,
                 eval_batch_prompts=options.eval_batch, seed=options.seed, threads=options.threads)
-            result = train_real_model(config, options.out / method)
-            print(f"{method}: {options.steps} steps in {result['seconds']:.0f} s", flush=True)
+            result = train_real_model(config, options.out / method, checkpoints=True,
+                                      print_fn=lambda line: print(line, flush=True))
+            since = "" if result["resumed_from"] is None else f" (resumed at step {result['resumed_from']})"
+            print(f"{method}: {options.steps} steps in {result['seconds']:.0f} s{since}", flush=True)
+            if options.on_finish:
+                done = subprocess.run(options.on_finish, shell=True, check=False)
+                if done.returncode:
+                    print(f"{method}: --on-finish exited {done.returncode}: {options.on_finish}", file=sys.stderr,
+                          flush=True)
     text = report(options.out, methods)
     (options.out / "report.md").write_text(text + "\n")
     print(text)

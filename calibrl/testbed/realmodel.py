@@ -69,11 +69,27 @@ class RealModelRunConfig:
         check_dtype(self.dtype)
 
 
+RUN_CONFIG_FILE = "run_config.json"
+
+
 def train_real_model(config: RealModelRunConfig, out: str | Path, *,
-                     on_log: Callable[[int, dict], None] | None = None) -> dict:
+                     on_log: Callable[[int, dict], None] | None = None, checkpoints: bool = False,
+                     print_fn: Callable[[str], None] = print) -> dict:
     """Train ``config`` into ``out`` (``calibration_eval.json`` from the callback, ``trainer_log.json``) and
     return ``{"records": evaluation records, "log_history": trainer logs, "seconds": wall time, ...}``.
-    ``on_log(step, logs)`` receives every training log (one per step) and every evaluation."""
+    ``on_log(step, logs)`` receives every training log (one per step) and every evaluation.
+
+    ``checkpoints``: a run that survives interruptions. At every evaluation point (every ``eval_every`` steps,
+    after that step's evaluation) the trainer saves ``checkpoint-<step>`` (the LoRA adapter, AdamW's state, the
+    scheduler, the python / numpy / torch RNG states, the step, and so the data position; CAPO's frozen mask
+    thresholds), the newest one kept; the evaluations so far are in ``calibration_eval.json`` and
+    ``evaluation_samples.json`` (each written then renamed). Called again on the same ``out``, the run resumes from
+    the newest COMPLETE checkpoint (a save cut off by a kill is passed over,
+    :func:`calibrl.trl.checkpoints.last_complete_checkpoint`), keeps the evaluations up to it and gives the records
+    of an uninterrupted run (tests/test_realmodel_resume.py); ``print_fn`` says which checkpoint it resumed from.
+    ``out`` remembers its settings (``run_config.json``): resuming under other settings is refused. Without
+    ``checkpoints`` (the default) nothing is saved and a rerun starts at step 0. The result's ``seconds`` is this
+    call's wall time and ``resumed_from`` the step it resumed from (None for a fresh start)."""
     import torch
     from peft import LoraConfig
     from transformers import TrainerCallback
@@ -88,6 +104,7 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
     bound_heap_cache()  # freed CPU temporaries go back to the system (docs/realmodel.md, Memory)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    checkpoint = _resume_point(config, out) if checkpoints else None
     loader = get_dataset_loader("multiple_choice")
     levels = tuple(config.levels)
     train = loader("train", size=config.train_prompts, seed=0, levels=levels, template="chat-direct")
@@ -96,7 +113,10 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
         output_dir=str(out), per_device_train_batch_size=config.prompts_per_step * config.num_generations,
         num_generations=config.num_generations, max_completion_length=config.max_completion_length,
         max_steps=config.steps, learning_rate=config.learning_rate, lr_scheduler_type="constant", beta=0.0,
-        temperature=1.0, logging_steps=1, report_to="none", use_cpu=True, save_strategy="no", seed=config.seed,
+        temperature=1.0, logging_steps=1, report_to="none", use_cpu=True, seed=config.seed,
+        # checkpoints after each evaluation (the callback runs before the save of its step), the newest kept
+        **({"save_strategy": "steps", "save_steps": config.eval_every, "save_total_limit": 1} if checkpoints else
+           {"save_strategy": "no"}),
         disable_tqdm=True, bf16=False, gradient_checkpointing=True, correctness_reward="decision",
         **{**REAL_MODEL_METHODS[config.method], **config.extra,
            # the base weights in config.dtype; peft keeps the LoRA adapters (and so AdamW's state) in float32
@@ -126,14 +146,46 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
     # after the evaluation callback, so it sees each evaluation's rows
     trainer.add_callback(_keep_samples_callback()(evaluation, out / EVALUATION_SAMPLES_FILE))
     start = time.perf_counter()
-    trainer.train()
+    if checkpoint is not None:
+        print_fn(f"{out}: resuming from {checkpoint.name} (the newest complete checkpoint)")
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
     seconds = time.perf_counter() - start
     records = with_samples(json.loads((out / CALIBRATION_EVAL_FILE).read_text())["records"], out)
     result = {"method": config.method, "label": REAL_MODEL_LABELS[config.method], "settings":
               REAL_MODEL_METHODS[config.method], "config": asdict(config), "seconds": seconds, "records": records,
-              "log_history": trainer.state.log_history, "finished": True}
-    (out / "trainer_log.json").write_text(json.dumps(result, indent=1, default=str))
+              "log_history": trainer.state.log_history, "finished": True,
+              "resumed_from": int(checkpoint.name.rsplit("-", 1)[1]) if checkpoint is not None else None}
+    _write_then_rename(out / "trainer_log.json", json.dumps(result, indent=1, default=str))
     return result
+
+
+def _write_then_rename(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file renamed over it: a kill leaves the old file or the new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _resume_point(config: RealModelRunConfig, out: Path) -> Path | None:
+    """The newest complete ``checkpoint-<step>`` of an earlier run of ``config`` in ``out`` (None: start afresh).
+    ``out/run_config.json`` holds the settings of the run that made the checkpoints; other settings raise
+    ValueError naming the field. Torn checkpoints (a kill while saving) are passed over."""
+    from calibrl.trl.checkpoints import last_complete_checkpoint
+
+    saved_path = out / RUN_CONFIG_FILE
+    mine = json.loads(json.dumps(asdict(config), default=str))
+    found, _torn = last_complete_checkpoint(out)
+    if found is not None and saved_path.exists():
+        saved = json.loads(saved_path.read_text())
+        for key in sorted(set(saved) | set(mine)):
+            if saved.get(key) != mine.get(key):
+                raise ValueError(f"{saved_path}: {key} is {saved.get(key)!r} in the checkpointed run, "
+                                 f"{mine.get(key)!r} now; resume with the same settings or use another folder")
+    elif found is not None:
+        raise ValueError(f"{out}: checkpoints without {RUN_CONFIG_FILE}: not made by this function; use another "
+                         "folder")
+    _write_then_rename(saved_path, json.dumps(mine, indent=1))
+    return Path(found) if found is not None else None
 
 
 EVALUATION_SAMPLES_FILE = "evaluation_samples.json"
@@ -536,7 +588,8 @@ def run_real_model_demo(out: str | Path, *, model: str = BUILTIN_REAL_MODEL, met
 
 
 __all__ = ["BUILTIN_REAL_MODEL", "EVALUATION_SAMPLES_FILE", "HANLEY_MCNEIL_INTERVAL", "PAIRED_INTERVAL",
-           "REAL_MODEL_LABELS", "REAL_MODEL_METHODS", "RealModelRunConfig", "auroc_difference_interval",
+           "REAL_MODEL_LABELS", "REAL_MODEL_METHODS", "RUN_CONFIG_FILE", "RealModelRunConfig",
+           "auroc_difference_interval",
            "auroc_standard_error", "demo_sentences", "evaluation_auroc_standard_error", "evaluation_error_bars",
            "evaluation_samples", "matched_accuracy_rows", "matched_accuracy_table", "plot_runs", "records_table",
            "run_real_model_demo", "train_real_model", "training_table", "with_samples"]
