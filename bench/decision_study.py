@@ -27,7 +27,10 @@ choice) and 256 *test* prompts (read only as below), 8 samples each, common rand
     python bench/decision_study.py --out runs/decision_study        # 26 training runs, about 25 min on one core
     python bench/decision_study.py --out runs/decision_study --report-only
 
-Writes ``<out>/report.md`` and ``<out>/analysis.json``; a run whose history.json exists is not run again.
+Writes ``<out>/report.md`` and ``<out>/analysis.json``; a run whose history.json exists is not run again. With
+``--save FILE`` (``docs/results/decision_results.json.gz``) also the runs' raw records (:func:`collect`: every
+evaluation of every run and the test samples the AURC and post-hoc readings use), from which :func:`analyze` and
+:func:`report` rebuild the tables alone.
 """
 
 from __future__ import annotations
@@ -81,8 +84,36 @@ def run(out: Path, workers: int) -> None:
         run_jobs(jobs, workers=workers, on_progress=progress)
 
 
-def _history(out: Path, arm: str, seed: int) -> list[dict]:
-    return json.loads((out / arm / f"seed{seed}" / "history.json").read_text())["history"]
+def collect(out: Path) -> dict:
+    """Every run's raw records from ``out``: the per-evaluation history of each arm and seed, each run's decision
+    confidences and drawn outcomes on the test prompts at its last step (for the AURC), and GRPO's last-step
+    eval-set and test-set decision samples (for the post-hoc baselines). The data file of docs/results/decision.md
+    (``--save``); :func:`analyze` reads only this."""
+    arms = [a.name for a in DECISION_STUDY_ARMS]
+    data: dict = {"config": {"seeds": list(SEEDS), "steps": STEPS, "eval_every": EVAL_EVERY,
+                             "eval_prompts": EVAL_PROMPTS, "test_prompts": TEST_PROMPTS},
+                  "history": {}, "test_final": {}, "grpo_samples": {}}
+    for arm in arms:
+        for s in SEEDS:
+            run_dir = out / arm / f"seed{s}"
+            history = json.loads((run_dir / "history.json").read_text())["history"]
+            step = history[-1]["step"]
+            data["history"].setdefault(arm, {})[str(s)] = history
+            with np.load(run_dir / "eval_set_samples.npz") as npz:
+                data["test_final"].setdefault(arm, {})[str(s)] = {
+                    "step": step, **_columns({k: npz[f"test/step{step}/{k}"] for k in ("dec_conf", "correct")})}
+    for s in SEEDS:
+        run_dir = out / "grpo" / f"seed{s}"
+        fit = dict(np.load(run_dir / "final_samples.npz"))  # the eval set at the last step
+        with np.load(run_dir / "eval_set_samples.npz") as npz:
+            test = _columns({k: npz[f"test/step{STEPS}/{k}"]
+                             for k in ("dec_conf", "correct", "p_yes", "q_true", "prompt_index")})
+        data["grpo_samples"][str(s)] = {"fit": _columns({k: fit[k] for k in ("dec_conf", "correct")}), "test": test}
+    return data
+
+
+def _history(data: dict, arm: str, seed: int) -> list[dict]:
+    return data["history"][arm][str(seed)]
 
 
 def _mean(values) -> float:
@@ -90,7 +121,21 @@ def _mean(values) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
-def posthoc(out: Path, seed: int) -> dict[str, dict[str, float]]:
+def _columns(arrays: dict[str, np.ndarray]) -> dict:
+    """Sample arrays as JSON lists (NaN as null), with their dtypes so that :func:`_arrays` reads them back exactly."""
+    out: dict = {k: [None if isinstance(v, float) and not np.isfinite(v) else v for v in a.tolist()]
+                 for k, a in arrays.items()}
+    out["dtypes"] = {k: a.dtype.str for k, a in arrays.items()}
+    return out
+
+
+def _arrays(columns: dict) -> dict[str, np.ndarray]:
+    """Inverse of :func:`_columns` (null back to NaN)."""
+    return {k: np.array([np.nan if v is None else v for v in values], dtype=np.dtype(columns["dtypes"][k]))
+            for k, values in columns.items() if k not in ("dtypes", "step")}
+
+
+def posthoc(data: dict, seed: int) -> dict[str, dict[str, float]]:
     """GRPO's final test decisions after temperature scaling / isotonic regression fitted on its final eval-set
     decision confidences and drawn outcomes (and unchanged): decision ECE, and mean |q'(Y) - p(x)| over samples
     with a right sum (q'(Y) = the recalibrated confidence of Y: c' when Y was decided, 1 - c' otherwise)."""
@@ -98,10 +143,8 @@ def posthoc(out: Path, seed: int) -> dict[str, dict[str, float]]:
     from calibrl.posthoc import get_posthoc
     from calibrl.testbed import tasks as tb
 
-    run_dir = out / "grpo" / f"seed{seed}"
-    fit = dict(np.load(run_dir / "final_samples.npz"))  # the eval set at the last step
-    with np.load(run_dir / "eval_set_samples.npz") as data:
-        test = {k: data[f"test/step{STEPS}/{k}"] for k in ("dec_conf", "correct", "p_yes", "q_true", "prompt_index")}
+    samples = data["grpo_samples"][str(seed)]
+    fit, test = _arrays(samples["fit"]), _arrays(samples["test"])
     p_true = np.array([r["p_true"] for r in tb.build_rows(DECISION_COPY_TASK, TEST_PROMPTS, split="test", seed=0)])
     has_fit, has = np.isfinite(fit["dec_conf"]), np.isfinite(test["dec_conf"])
     x_fit, y_fit = fit["dec_conf"][has_fit], fit["correct"][has_fit].astype(bool)
@@ -118,20 +161,20 @@ def posthoc(out: Path, seed: int) -> dict[str, dict[str, float]]:
     return results
 
 
-def decision_aurc(out: Path, arm: str, seed: int, step: int) -> float:
+def decision_aurc(data: dict, arm: str, seed: int) -> float:
     """AURC (area under the risk-coverage curve, lower is better) of the decision confidence against the drawn
-    outcomes of the run's test samples at ``step``: abstaining on the least confident decisions."""
+    outcomes of the run's test samples at its last step: abstaining on the least confident decisions."""
     from calibrl.metrics import aurc
 
-    with np.load(out / arm / f"seed{seed}" / "eval_set_samples.npz") as data:
-        conf, correct = data[f"test/step{step}/dec_conf"], data[f"test/step{step}/correct"].astype(bool)
+    final = _arrays(data["test_final"][arm][str(seed)])
+    conf, correct = final["dec_conf"], final["correct"].astype(bool)
     has = np.isfinite(conf)
     return float(aurc(conf[has], correct[has]))
 
 
-def analyze(out: Path) -> dict:
+def analyze(data: dict) -> dict:
     arms = [a.name for a in DECISION_STUDY_ARMS]
-    hist = {arm: {s: _history(out, arm, s) for s in SEEDS} for arm in arms}
+    hist = {arm: {s: _history(data, arm, s) for s in SEEDS} for arm in arms}
     chosen = {}
     for variant, label, _ in DECISION_VARIANTS:
         scores = {lam: _mean(hist[f"ce_{variant}_lam{lam:g}"][s][-1]["calib_err"] for s in SEEDS)
@@ -142,7 +185,7 @@ def analyze(out: Path) -> dict:
     for arm in ["sft", "grpo"] + [f"ce_{v}_lam{c['lambda']:g}" for v, c in chosen.items()]:
         final[arm] = {k: _mean(hist[arm][s][-1]["test"].get(k) for s in SEEDS) for k in TEST_KEYS}
         final[arm]["eval_expected_accuracy"] = _mean(hist[arm][s][-1]["expected_accuracy"] for s in SEEDS)
-        final[arm]["aurc"] = _mean(decision_aurc(out, arm, s, hist[arm][s][-1]["step"]) for s in SEEDS)
+        final[arm]["aurc"] = _mean(decision_aurc(data, arm, s) for s in SEEDS)
     matched = {}
     for variant, c in chosen.items():
         arm = f"ce_{variant}_lam{c['lambda']:g}"
@@ -154,7 +197,7 @@ def analyze(out: Path) -> dict:
         reached = [r for r in rows if r is not None]
         matched[arm] = {"grpo_steps": [r and r["step"] for r in rows], "n_seeds": len(reached),
                         **{k: _mean(r[k] for r in reached) for k in TEST_KEYS}}
-    per_seed = [posthoc(out, s) for s in SEEDS]
+    per_seed = [posthoc(data, s) for s in SEEDS]
     post = {name: {k: _mean(r[name][k] for r in per_seed) for k in ("dec_ece", "calib_err")}
             for name in ("none", "temperature", "isotonic")}
     return {"chosen": chosen, "final": final, "grpo_at_matched_accuracy": matched, "grpo_posthoc": post}
@@ -162,13 +205,16 @@ def analyze(out: Path) -> dict:
 
 def report(result: dict) -> str:
     cols = ("dec_ece", "calib_err", "expected_accuracy", "greedy_decision_accuracy", "frac_conf_99", "aurc")
-    titles = ("decision ECE ↓", "mean abs(q - p) ↓", "accuracy (expected, sampled) ↑", "accuracy (argmax) ↑",
-              "conf > 0.99", "AURC of the decision confidence ↓")
+    titles = ("decision ECE ↓", "mean abs(q - p) ↓", "accuracy (sampled) ↑", "accuracy (argmax decision) ↑",
+              "decisions with q > 0.99", "AURC ↓")
     fmt = lambda v: "" if v is None or not np.isfinite(v) else f"{v:.3f}"  # noqa: E731
+    names = {"sft": "SFT warm start", "grpo": "GRPO"}
+    names.update({f"ce_{v}_lam{c['lambda']:g}": f"+ CE, {c['label']} (lambda {c['lambda']:g})"
+                  for v, c in result["chosen"].items()})
     lines = ["## Test prompts, last step (mean of seeds " + ", ".join(map(str, SEEDS)) + ")", "",
-             "| arm | " + " | ".join(titles) + " |", "|---|" + "---:|" * len(cols)]
+             "| arm (lambda chosen on eval) | " + " | ".join(titles) + " |", "|---|" + "---:|" * len(cols)]
     for arm, row in result["final"].items():
-        lines.append(f"| {arm} | " + " | ".join(fmt(row[k]) for k in cols) + " |")
+        lines.append(f"| {names.get(arm, arm)} | " + " | ".join(fmt(row[k]) for k in cols) + " |")
     lines += ["", "## GRPO at the chosen arms' sampled accuracy (read on its eval curve)", "",
               "| arm | GRPO steps (per seed) | GRPO decision ECE | GRPO mean abs(q - p) | GRPO accuracy (expected) |",
               "|---|---|---:|---:|---:|"]
@@ -186,16 +232,41 @@ def report(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def save_data(data: dict, path: Path) -> None:
+    """Write :func:`collect`'s records as JSON (gzip-compressed when ``path`` ends in .gz)."""
+    import gzip
+
+    text = json.dumps(data, separators=(",", ":"), default=float)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".gz":
+        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as f:
+            f.write(text.encode())  # mtime 0 and no name: the same records give the same bytes
+    else:
+        path.write_text(text)
+
+
+def load_data(path: Path) -> dict:
+    """Read a file written by :func:`save_data`."""
+    import gzip
+
+    return json.loads(gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/decision_study"))
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--save", type=Path, default=None,
+                        help="also write the runs' raw records (collect(); .json.gz compressed) to this file")
     options = parser.parse_args()
     options.out.mkdir(parents=True, exist_ok=True)
     if not options.report_only:
         run(options.out, options.workers)
-    result = analyze(options.out)
+    data = collect(options.out)
+    if options.save:
+        save_data(data, options.save)
+    result = analyze(data)
     (options.out / "analysis.json").write_text(json.dumps(result, indent=1, default=str))
     text = report(result)
     (options.out / "report.md").write_text(text)

@@ -19,7 +19,9 @@ Usage (the runs first; about 10 minutes on 2 cores)::
 stochastic_reasoning/capo_tau0.2 --out runs/downstream --runs runs/bench_testbed
     python bench/downstream.py runs/downstream/testbed_results.json
 
-Prints markdown: per method mean ± std over seeds, and each method minus GRPO paired by seed.
+Prints markdown: per method mean ± std over seeds, and each method minus GRPO paired by seed. With ``--save FILE``
+(``docs/results/downstream_results.json.gz``) also writes the runs' final samples, from which :func:`metrics_of`
+and :func:`tables` rebuild the tables alone.
 """
 
 from __future__ import annotations
@@ -58,26 +60,63 @@ def run_metrics(samples: dict[str, np.ndarray]) -> dict[str, float]:
     return out
 
 
-def load(results_path: Path) -> tuple[dict[str, dict[int, dict[str, float]]], dict[str, str]]:
-    """{method: {seed: run_metrics}} for every run whose final samples hold answers; labels by method."""
+SAMPLE_FIELDS = ("prompt_index", "answer_id", "q_true", "correct", "logprob_mean", "completion")
+
+
+def collect(results_path: Path, methods: list[str] | None = None) -> dict:
+    """The raw data the tables are read from: every run's final evaluation samples (the fields
+    ``run_metrics`` uses), ``{"labels": {method: label}, "samples": {method: {seed: {field: list}}}}``, for every
+    run whose final samples hold answers (only ``methods``, in that order, when given)."""
     results = json.loads(results_path.read_text())
-    runs: dict[str, dict[int, dict[str, float]]] = {}
-    labels = {}
-    for run in results["results"]:
+    out: dict = {"labels": {}, "samples": {}}
+    runs = results["results"]
+    if methods:
+        runs = sorted((r for r in runs if r["method"] in methods),
+                      key=lambda r: (methods.index(r["method"]), r["seed"]))
+    for run in runs:
         path = final_samples_path(results_path.parent, run)
         if path is None:
             continue
         data = dict(np.load(path, allow_pickle=False))
         if "answer_id" not in data:
             raise SystemExit(f"{path}: no answer_id (a run from before answers were kept): rerun it")
-        runs.setdefault(run["method"], {})[run["seed"]] = run_metrics(data)
-        labels[run["method"]] = run["label"]
-    return runs, labels
+        record = {k: data[k].tolist() for k in SAMPLE_FIELDS}
+        record["dtypes"] = {k: data[k].dtype.str for k in SAMPLE_FIELDS}  # read back exactly as written
+        out["samples"].setdefault(run["method"], {})[str(run["seed"])] = record
+        out["labels"][run["method"]] = run["label"]
+    return out
+
+
+def _samples(record: dict) -> dict[str, np.ndarray]:
+    """One run's saved samples as the arrays its final_samples.npz held (same dtypes)."""
+    return {k: np.asarray(record[k], dtype=np.dtype(record["dtypes"][k])) for k in SAMPLE_FIELDS}
+
+
+def metrics_of(data: dict) -> tuple[dict[str, dict[int, dict[str, float]]], dict[str, str]]:
+    """{method: {seed: run_metrics}} and labels from :func:`collect`'s data."""
+    runs = {method: {int(seed): run_metrics(_samples(record)) for seed, record in seeds.items()}
+            for method, seeds in data["samples"].items()}
+    return runs, dict(data["labels"])
+
+
+def load(results_path: Path) -> tuple[dict[str, dict[int, dict[str, float]]], dict[str, str]]:
+    """{method: {seed: run_metrics}} for every run whose final samples hold answers; labels by method."""
+    return metrics_of(collect(results_path))
+
+
+# column titles of docs/results/downstream.md's tables (a key without one is shown as it is)
+TITLES = {"pc": "PC", "rpc": "RPC", "best_of_n": "best-of-N", "AURC": "AURC ↓",
+          "precision@0.5": "precision at 50% ↑"}
 
 
 def tables(runs: dict, labels: dict) -> str:
+    """Markdown (docs/results/downstream.md): per method mean ± std over seeds; each selection rule's gain over
+    majority voting; each method minus GRPO paired by seed (mean [min, max])."""
     keys = list(next(iter(next(iter(runs.values())).values())))
-    lines = ["| method | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
+    titles = [TITLES.get(k, k) for k in keys]
+    n_seeds = max(len(seeds) for seeds in runs.values())
+    lines = [f"| method (mean ± std over {n_seeds} seeds) | " + " | ".join(titles) + " |",
+             "|---|" + "---:|" * len(keys)]
     for method, seeds in runs.items():
         cells = []
         for k in keys:
@@ -85,7 +124,7 @@ def tables(runs: dict, labels: dict) -> str:
             cells.append(f"{v.mean():.3f} ± {v.std(ddof=1):.3f}" if len(v) > 1 else f"{v[0]:.3f}")
         lines.append(f"| {labels[method]} | " + " | ".join(cells) + " |")
     gain = ["", "Selection gain over majority voting (method minus majority, mean over seeds):", "",
-            "| method | " + " | ".join(m for m in METHODS if m != "majority") + " |",
+            "| method | " + " | ".join(TITLES.get(m, m) for m in METHODS if m != "majority") + " |",
             "|---|" + "---:|" * (len(METHODS) - 1)]
     for method, seeds in runs.items():
         gain.append(f"| {labels[method]} | " + " | ".join(
@@ -94,7 +133,7 @@ def tables(runs: dict, labels: dict) -> str:
     paired = []
     if REFERENCE in runs:
         paired = ["", f"Paired by seed against {labels[REFERENCE]} (method minus it: mean [min, max]):", "",
-                  "| method | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
+                  "| method | " + " | ".join(titles) + " |", "|---|" + "---:|" * len(keys)]
         for method, seeds in runs.items():
             if method == REFERENCE:
                 continue
@@ -107,11 +146,37 @@ def tables(runs: dict, labels: dict) -> str:
     return "\n".join(lines + gain + paired)
 
 
+def save_data(data: dict, path: Path) -> None:
+    """Write :func:`collect`'s data as JSON (gzip-compressed, reproducible bytes, when ``path`` ends in .gz)."""
+    import gzip
+
+    text = json.dumps(data, separators=(",", ":"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".gz":
+        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as f:
+            f.write(text.encode())
+    else:
+        path.write_text(text)
+
+
+def load_data(path: Path) -> dict:
+    """Read a file written by :func:`save_data`."""
+    import gzip
+
+    return json.loads(gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path, help="testbed_results.json of the bench/testbed.py run above")
+    parser.add_argument("--save", type=Path, default=None,
+                        help="also write the runs' final samples (the tables' raw data; .json.gz compressed)")
+    parser.add_argument("--methods", default=None, help="comma-separated methods to read, in this order (default: all)")
     options = parser.parse_args()
-    runs, labels = load(options.results)
+    data = collect(options.results, options.methods.split(",") if options.methods else None)
+    if options.save:
+        save_data(data, options.save)
+    runs, labels = metrics_of(data)
     if not runs:
         raise SystemExit(f"{options.results}: no run with final samples")
     print(tables(runs, labels))

@@ -21,7 +21,8 @@ positively with ``noise`` (negatively with ``snr``); GCPO's scale must do the op
 
 Usage: ``python bench/gcpo_gradients.py [--tasks stochastic_reasoning scratchpad forms] [--groups 128] [--seeds 0 1 2]``
 (warm starts from the cache, trained when missing; about a minute per task and seed once they exist). Writes
-``--out`` (JSON) if given.
+``--out`` (JSON) if given: the correlations, and under ``"measures"`` every group's noise, SNR, tier, mixed flag
+and signals per task and seed (the raw data :func:`rho_table` rebuilds docs/results/gcpo.md's table from).
 """
 
 from __future__ import annotations
@@ -128,6 +129,53 @@ def tier_summary(measures: dict[str, np.ndarray]) -> dict[str, dict[str, float]]
     return out
 
 
+# docs/results/gcpo.md's table: (signal, row label); its columns are the tasks' rho with noise and with SNR
+DOC_ROWS = (("semantic_entropy", "semantic entropy (SEED-GRPO)"), ("cd", "cosine dispersion CD"),
+            ("cd_centred", "CD, batch-centred"), ("bot", "barycentric transport BoT"),
+            ("rd", "reward dispersion rd"), ("cd_x_1_minus_rd", "CD x (1 - rd) (GCPO's damping evidence)"),
+            ("gcpo_scale", "GCPO scale (default reading)"), ("gcpo_scale_centred", "GCPO scale, batch-centred"))
+
+
+def measures_to_json(measures: dict[str, np.ndarray]) -> dict[str, list]:
+    """One task and seed's per-group measures as JSON lists (NaN as null)."""
+    out = {}
+    for name, values in measures.items():
+        if values.dtype.kind in "fc":
+            out[name] = [None if not np.isfinite(v) else float(v) for v in values.tolist()]
+        else:
+            out[name] = values.tolist()
+    return out
+
+
+def measures_from_json(record: dict[str, list]) -> dict[str, np.ndarray]:
+    """Inverse of :func:`measures_to_json` (null back to NaN)."""
+    out = {}
+    for name, values in record.items():
+        if name in ("tier", "mixed"):
+            out[name] = np.array(values, dtype=bool if name == "mixed" else str)
+        else:
+            out[name] = np.array([np.nan if v is None else v for v in values], dtype=float)
+    return out
+
+
+def rho_table(measures: dict[str, dict[str, dict[str, list]]]) -> str:
+    """docs/results/gcpo.md's table from the saved per-group measures ``{task: {seed: measures_to_json(...)}}``:
+    per task, Spearman's rho of each signal with the group's noise and SNR over its mixed groups, mean over seeds
+    with (min, max)."""
+    tasks = list(measures)
+    header = "| signal | " + " | ".join(f"{t}: rho with noise | rho with SNR" for t in tasks) + " |"
+    lines = [header, "|---|" + "---|---|" * len(tasks)]
+    tables = {t: [correlations(measures_from_json(m)) for m in measures[t].values()] for t in tasks}
+    for name, label in DOC_ROWS:
+        cells = []
+        for t in tasks:
+            for target in ("noise", "snr"):
+                v = [table[name][f"rho_{target}"] for table in tables[t]]
+                cells.append(f"{np.mean(v):+.2f} ({min(v):+.2f}, {max(v):+.2f})")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=["stochastic_reasoning", "scratchpad"])
@@ -139,10 +187,12 @@ def main() -> None:
     options = parser.parse_args()
     torch.set_num_threads(1)
     results = {}
+    raw: dict[str, dict[str, dict]] = {}
     for task in options.tasks:
         results[task] = {}
         for seed in options.seeds:
             measures = group_measures(task, groups=options.groups, k=options.k, seed=seed)
+            raw.setdefault(task, {})[str(seed)] = measures_to_json(measures)
             table = correlations(measures)
             results[task][seed] = table
             tiers = tier_summary(measures)
@@ -166,7 +216,10 @@ def main() -> None:
                 cells.append(f"{np.mean(values):+.2f} ({min(values):+.2f}, {max(values):+.2f})")
             print(f"{name:28s} noise {cells[0]:>22s}   snr {cells[1]:>22s}")
     if options.out:
-        options.out.write_text(json.dumps(results, indent=1))
+        config = {"tasks": options.tasks, "groups": options.groups, "k": options.k, "seeds": options.seeds}
+        options.out.parent.mkdir(parents=True, exist_ok=True)
+        options.out.write_text(json.dumps({"config": config, "correlations": results, "measures": raw}))
+    print("\n" + rho_table(raw))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ evaluation and at matched expected accuracy (each arm's own curve, linear betwee
 stochastic_reasoning/capo_frozen_mask,stochastic_reasoning/capo_mask --out runs/mask_ablation --runs runs/bench_testbed
     python bench/mask_ablation.py runs/mask_ablation/testbed_results.json
 
-The first command takes about 10 minutes on 2 cores; this one prints markdown tables (docs/results/mask.md).
+The first command takes about 10 minutes on 2 cores; this one prints markdown tables (docs/results/mask.md), and with
+``--save docs/results/mask_results.json`` writes the ablation's runs (every evaluation), from which
+:func:`final_table` and :func:`paired_rows` rebuild them.
 """
 
 from __future__ import annotations
@@ -35,13 +37,18 @@ MATCHED_KEYS = KEYS[1:]
 FRACTIONS = (0.5, 0.9)  # matched accuracies: start + f x (the accuracy every run of both arms reaches - start)
 
 
+ARMS = ("grpo", "grpo_mask", "capo", "capo_frozen_mask", "capo_mask")  # the ablation's arms, in table order
+
+
 def load(path: Path) -> tuple[dict[str, dict[int, list[dict]]], dict[str, str]]:
-    """{method: {seed: history}} of the task's runs (each record with ``gap`` = ceiling - AUROC), and labels."""
-    results = json.loads(path.read_text())["results"]
+    """{method: {seed: history}} of the task's runs of the ablation's arms (each record with ``gap`` = ceiling -
+    AUROC), in :data:`ARMS` order, and labels."""
+    results = sorted(json.loads(path.read_text())["results"],
+                     key=lambda r: (ARMS.index(r["method"]) if r["method"] in ARMS else len(ARMS), r["seed"]))
     runs: dict[str, dict[int, list[dict]]] = {}
     labels = {}
     for run in results:
-        if run["task"] != TASK:
+        if run["task"] != TASK or run["method"] not in ARMS:
             continue
         history = [{**r, "gap": r["auroc_ceiling"] - r["auroc"]} for r in run["history"]]
         runs.setdefault(run["method"], {})[run["seed"]] = history
@@ -55,8 +62,11 @@ def _spread(values: list[float]) -> str:
 
 
 def final_table(runs: dict, labels: dict) -> str:
-    """Last evaluation, mean ± std over seeds."""
+    """The warm start (every run's step-0 evaluation: one model, one sampling seed) and the last evaluation, mean ±
+    std over seeds."""
     lines = ["| arm | " + " | ".join(name for _, name in KEYS) + " |", "|---|" + "---:|" * len(KEYS)]
+    start = next(iter(next(iter(runs.values())).values()))[0]
+    lines.append("| warm start | " + " | ".join(f"{start[key]:.3f}" for key, _ in KEYS) + " |")
     for method, seeds in runs.items():
         cells = []
         for key, _ in KEYS:
@@ -88,10 +98,25 @@ def paired_rows(runs: dict, labels: dict) -> list[str]:
     return lines
 
 
+def save(results: Path, path: Path) -> None:
+    """Write the runs of ``results`` (a testbed_results.json) that :func:`load` reads, with their per-evaluation
+    histories, as a results file of the same form (train logs and scratch paths left out)."""
+    data = json.loads(results.read_text())
+    keep = [{k: v for k, v in run.items() if k not in ("train_logs", "run_dir")} for run in data["results"]
+            if run["task"] == TASK and run["method"] in ARMS]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"config": data.get("config"), "command": data.get("command"), "results": keep},
+                               indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path, help="testbed_results.json of the bench/testbed.py run above")
+    parser.add_argument("--save", type=Path, default=None,
+                        help="also write the ablation's runs (every evaluation; the tables' raw data) to this file")
     options = parser.parse_args()
+    if options.save:
+        save(options.results, options.save)
     runs, labels = load(options.results)
     if not runs:
         raise SystemExit(f"{options.results}: no {TASK} runs")

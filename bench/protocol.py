@@ -7,7 +7,10 @@
 
 Runs land in ``<out>/<arm>/seed<k>/`` (history.json with the eval-set curve, eval_set_samples.npz with the test
 samples of every evaluation); a run whose history.json exists is not run again. ``pilot`` writes
-``<out>/pilot.json`` and ``<out>/pilot.png`` (the gap and accuracy curves of the pilot runs).
+``<out>/pilot.json`` and ``<out>/pilot.png`` (the gap and accuracy curves of the pilot runs); with ``--save FILE``
+the pilot's record (curves, verdict, tier tables) is also merged into FILE under the task's name (the committed
+data of docs/results/protocol.md: ``docs/results/protocol_results.json``, whose tables :func:`pilot_tables`
+rebuilds).
 """
 
 from __future__ import annotations
@@ -63,6 +66,10 @@ def pilot(config: P.ProtocolConfig, out: Path) -> dict:
     verdict = P.pilot_verdict(histories, min_gap_growth=config.min_gap_growth)
     verdict["curves"] = [[{k: r[k] for k in ("step", "expected_accuracy", "auroc", "auroc_ceiling",
                                              "auroc_per_prompt", "entropy")} for r in h] for h in histories]
+    verdict["config"] = {"task": config.task, "steps": config.steps, "eval_every": config.eval_every,
+                         "eval_prompts": config.eval_prompts, "test_prompts": config.test_prompts,
+                         "eval_samples": config.eval_samples, "learning_rate": config.learning_rate,
+                         "pilot_seeds": list(config.pilot_seeds)}
     (out / "pilot.json").write_text(json.dumps(verdict, indent=1))
     _plot_pilot(verdict, out / "pilot.png")
     for seed, growth, curve in zip(config.pilot_seeds, verdict["gap_growth"], verdict["curves"]):
@@ -70,6 +77,7 @@ def pilot(config: P.ProtocolConfig, out: Path) -> dict:
               f"(growth {growth:+.3f}); accuracy {curve[0]['expected_accuracy']:.3f} -> "
               f"{curve[-1]['expected_accuracy']:.3f}")
     verdict["tiers"] = tier_breakdown(config, out)
+    verdict["test_tiers"] = {str(s): test_tier_curve(config, out, s) for s in config.pilot_seeds}
     (out / "pilot.json").write_text(json.dumps(verdict, indent=1))
     print("premise reproduced" if verdict["reproduced"] else "premise NOT reproduced at this scale", flush=True)
     return verdict
@@ -114,16 +122,83 @@ def tier_breakdown(config: P.ProtocolConfig, out: Path) -> list[dict]:
     return table
 
 
+def test_tier_curve(config: P.ProtocolConfig, out: Path, seed: int) -> list[dict]:
+    """Per test evaluation of a pilot run (its eval_set_samples.npz) and tier of the test prompts: the step,
+    accuracy (drawn outcomes), and mean confidence exp(lpm) of right and of wrong samples (None when there are
+    none)."""
+    import numpy as np
+
+    from calibrl.testbed import tasks as tb
+
+    rows = tb.build_rows(config.task, config.test_prompts, split="test", seed=0)
+    curve = []
+    with np.load(out / P.REFERENCE_ARM / f"seed{seed}" / "eval_set_samples.npz") as data:
+        steps = sorted({int(k.split("/")[1][4:]) for k in data.files if k.startswith("test/step")})
+        for step in steps:
+            pid = data[f"test/step{step}/prompt_index"]
+            right = data[f"test/step{step}/correct"].astype(bool)
+            conf = np.exp(data[f"test/step{step}/logprob_mean"])
+            tier = np.array([rows[i]["tier"] for i in pid])
+            for t in dict.fromkeys(r["tier"] for r in rows):
+                sel = tier == t
+                r, c = right[sel], conf[sel]
+                curve.append({"step": step, "tier": t, "accuracy": float(r.mean()),
+                              "confidence_right": float(c[r].mean()) if r.any() else None,
+                              "confidence_wrong": float(c[~r].mean()) if (~r).any() else None})
+    return curve
+
+
+def pilot_tables(verdict: dict, *, every: int = 100) -> str:
+    """docs/results/protocol.md's tables of one pilot from its record (pilot.json): per seed the eval-set curve's
+    start and end (and the ceiling gap at step ``every``); per tier of the eval prompts, the warm start and each
+    run's last evaluation; per tier of the test prompts, each seed's evaluations every ``every`` steps."""
+    def f(v, digits=3):
+        return "-" if v is None else f"{v:.{digits}f}"
+
+    lines = ["| seed | eval accuracy, first -> last step | pooled AUROC | ceiling gap, first -> step "
+             f"{every} -> last (growth) | per-prompt AUROC | per-token entropy |", "|---|---|---|---|---|---|"]
+    for seed, curve, growth in zip(verdict["config"]["pilot_seeds"], verdict["curves"], verdict["gap_growth"]):
+        a, b = curve[0], curve[-1]
+        mid = next((r for r in curve if r["step"] == every), b)
+        gap = [P.ceiling_gap(r) for r in (a, mid, b)]
+        lines.append(f"| {seed} | {f(a['expected_accuracy'])} -> {f(b['expected_accuracy'])} | {f(a['auroc'])} -> "
+                     f"{f(b['auroc'])} | {gap[0]:.3f} -> {gap[1]:.3f} -> {gap[2]:.3f} ({growth:+.3f}) | "
+                     f"{f(a['auroc_per_prompt'])} -> {f(b['auroc_per_prompt'])} | {f(a['entropy'])} -> "
+                     f"{f(b['entropy'])} |")
+    lines += ["", "| run | tier | accuracy | confidence right | confidence wrong | AUROC within tier |",
+              "|---|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['run']} | {r['tier']} | {f(r['accuracy'])} | {f(r['confidence_right'])} | "
+              f"{f(r['confidence_wrong'])} | {f(r['auroc'])} |" for r in verdict["tiers"]]
+    for seed, curve in verdict["test_tiers"].items():
+        order = ("easy", "medium", "hard")
+        tiers = sorted(dict.fromkeys(r["tier"] for r in curve), key=lambda t: (order.index(t) if t in order else 3, t))
+        lines += ["", f"| seed {seed}, step | " + " | ".join(f"{t}: accuracy, confidence right / wrong" for t in tiers)
+                  + " |", "|---:|" + "---|" * len(tiers)]
+        by_step: dict[int, dict[str, dict]] = {}
+        for r in curve:
+            by_step.setdefault(r["step"], {})[r["tier"]] = r
+        for step, row in by_step.items():
+            if step % every == 0:
+                cells = [f"{f(row[t]['accuracy'], 2)}, {f(row[t]['confidence_right'])} / "
+                         f"{f(row[t]['confidence_wrong'])}" for t in tiers]
+                lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _plot_pilot(verdict: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from calibrl.evaluation.styles import series_style
+
+    color = series_style("GRPO").color  # one method, GRPO's colour; the seeds by marker and line style
+    seeds = (verdict.get("config") or {}).get("pilot_seeds") or list(range(len(verdict["curves"])))
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for i, curve in enumerate(verdict["curves"]):
+    for i, (seed, curve) in enumerate(zip(seeds, verdict["curves"])):
         steps = [r["step"] for r in curve]
-        style = dict(marker="os"[i % 2], linestyle=("-", "--")[i % 2], label=f"GRPO seed {i}")
+        style = dict(color=color, marker="os"[i % 2], linestyle=("-", "--")[i % 2], label=f"GRPO seed {seed}")
         axes[0].plot(steps, [r["expected_accuracy"] for r in curve], **style)
         axes[1].plot(steps, [r["auroc_ceiling"] - r["auroc"] for r in curve], **style)
         axes[2].plot(steps, [r["entropy"] for r in curve], **style)
@@ -145,11 +220,19 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--task", default=P.PROTOCOL_TASK, choices=[P.PROTOCOL_TASK, P.SECOND_PILOT_TASK],
                         help="scratchpad (the first protocol) or scratchpad_unfixable (the second pilot)")
+    parser.add_argument("--save", type=Path, default=None,
+                        help="pilot: also merge its record into this JSON file under the task's name")
     options = parser.parse_args()
     config = P.ProtocolConfig.for_task(options.task, workers=options.workers)
     options.out.mkdir(parents=True, exist_ok=True)
     if options.phase == "pilot":
-        pilot(config, options.out)
+        verdict = pilot(config, options.out)
+        print(pilot_tables(verdict))
+        if options.save:
+            saved = json.loads(options.save.read_text()) if options.save.exists() else {}
+            saved[config.task] = verdict
+            options.save.write_text(json.dumps(saved, indent=1))
+            print(f"written: {options.save} ({config.task})")
         return
     verdict_path = options.out / "pilot.json"
     if not verdict_path.exists() or not json.loads(verdict_path.read_text())["reproduced"]:

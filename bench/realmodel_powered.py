@@ -476,9 +476,9 @@ def report(result: dict, runs: dict[tuple[str, int], dict], *, figure: str | Non
     seeds, n_boot = result["seeds"], result["n_boot"]
 
     lines = ["# Powered real-model study: results", "",
-             f"Protocol: [{PROTOCOL}](../protocols/realmodel_powered.md), committed before any run; this page is "
-             "written by `bench/realmodel_powered.py` from the raw records "
-             "([realmodel_powered/](realmodel_powered/), one file per run).", ""]
+             "Data: `docs/results/realmodel_powered/` (one file per finished run; this page and its figure are "
+             "rebuilt by `python bench/realmodel_powered.py`).", "",
+             f"Protocol: [{PROTOCOL}](../protocols/realmodel_powered.md), committed before any run.", ""]
     if result["left_out"]:
         lines += [f"Seeds left out (a GRPO or CAPO + mask run could not finish after two attempts): "
                   f"{', '.join(map(str, result['left_out']))}.", ""]

@@ -17,8 +17,9 @@ arm) and records expected accuracy (mean true probability), the share of complet
 stated confidence's ECE / AUROC / Brier / mean |stated - true probability| over those, and the sequence
 confidence's AUROC. The tables: the last evaluation (mean and spread
 over seeds) and each metric read at matched expected accuracy (linear interpolation along each arm's own curve at
-accuracies every arm reaches). Nothing here was tuned on these prompts; lr 3e-4 was set after a first 100-step
-run at 1e-4 barely moved the stated confidence. Results: ``--out`` (default runs/rlcr/results.json).
+accuracies every arm reaches). lr 3e-4 was set after a first 100-step run at 1e-4 barely moved the stated
+confidence (see docs/results/rlcr.md on what that run read). Results: ``--out`` (default runs/rlcr/results.json):
+every evaluation of every run (docs/results/rlcr_results.json, from which :func:`tables` rebuilds rlcr.md's).
 """
 
 from __future__ import annotations
@@ -109,25 +110,40 @@ def run_arm(arm: str, *, seed: int, steps: int, eval_every: int, lr: float) -> l
     return history
 
 
+TITLES = ("expected accuracy", "share stating a confidence", "stated ECE ↓", "stated AUROC ↑",
+          "mean abs(stated - true p) ↓", "Brier ↓", "sequence-confidence AUROC ↑")
+STATED = ("stated_ece", "stated_auroc", "stated_calib_err", "brier")  # read over the completions that state one
+RARE = 0.01  # an arm whose mean share stating a confidence is below this: its stated figures in parentheses
+
+
 def tables(results: dict) -> str:
-    """Markdown: last evaluation (mean ± std over seeds) and the metrics at matched expected accuracy."""
-    lines = ["| arm | " + " | ".join(METRICS) + " |", "|---|" + "---:|" * len(METRICS)]
+    """Markdown (docs/results/rlcr.md): the warm start and each arm's last evaluation (mean ± std over seeds; the
+    stated-confidence figures of an arm that almost never states one in parentheses, mean only), then each metric
+    at matched expected accuracy (each run's curve read where it first reaches the level, mean over seeds)."""
+    lines = ["| arm | " + " | ".join(TITLES) + " |", "|---|" + "---:|" * len(METRICS)]
+    first = next(iter(next(iter(results.values())).values()))
+    lines.append("| warm start | " + " | ".join(f"{first[0][k]:.3f}" for k in METRICS) + " |")
     for arm, runs in results.items():
+        rare = np.nanmean([h[-1]["stated_fraction"] for h in runs.values()]) < RARE
         cells = []
         for key in METRICS:
             v = np.array([h[-1][key] for h in runs.values()], dtype=float)
-            cells.append(f"{np.nanmean(v):.3f} ± {np.nanstd(v):.3f}" if len(v) > 1 else f"{v[0]:.3f}")
+            if rare and key in STATED:
+                cells.append(f"({np.nanmean(v):.3f})")
+            else:
+                cells.append(f"{np.nanmean(v):.3f} ± {np.nanstd(v):.3f}" if len(v) > 1 else f"{v[0]:.3f}")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     start = min(h[0]["expected_accuracy"] for runs in results.values() for h in runs.values())
     reach = min(max(e["expected_accuracy"] for e in h) for runs in results.values() for h in runs.values())
     lines += ["", f"At matched expected accuracy (every arm and seed reaches {reach:.3f}; start {start:.3f}):", ""]
     levels = [start + (reach - start) * f for f in (0.5, 0.9)] if reach > start else []
-    lines += ["| arm | accuracy | stated_ece | stated_auroc | stated_calib_err | seq_auroc |", "|---|---:|---:|---:|---:|---:|"]
+    lines += ["| accuracy | arm | stated ECE ↓ | stated AUROC ↑ | mean abs(stated - true p) ↓ | "
+              "sequence-confidence AUROC ↑ |", "|---:|---|---:|---:|---:|---:|"]
     for level in levels:
         for arm, runs in results.items():
             cells = [np.nanmean([at_accuracy(h, k, level) for h in runs.values()])
                      for k in ("stated_ece", "stated_auroc", "stated_calib_err", "seq_auroc")]
-            lines.append(f"| {arm} | {level:.3f} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
+            lines.append(f"| {level:.3f} | {arm} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ number that no longer matches its data."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -20,10 +21,33 @@ def _reproduce():
 
 
 def test_check_passes_on_the_committed_data(capsys):
-    # testbed's rebuild is checked in tests/test_testbed_report.py; these two are fast
-    assert _reproduce().main(["--check", "--only", "abstention,forms", "--no-figures"]) == 0
+    # testbed's rebuild is checked in tests/test_testbed_report.py; these three are fast
+    assert _reproduce().main(["--check", "--only", "abstention,forms,gcpo", "--no-figures"]) == 0
     out = capsys.readouterr().out
-    assert "same as abstention.md" in out and "same as forms.md" in out and "README.md results table: same" in out
+    assert "same as abstention.md" in out and "same as forms.md" in out and "same as gcpo.md" in out
+    assert "README.md results table: same" in out
+
+
+def test_every_results_document_names_its_data():
+    # a "Data:" line near the top of every docs/results/*.md: the committed file(s) it names exist, and a study
+    # with a rebuilder names its data file; a document without one says so
+    reproduce = _reproduce()
+    results = ROOT / "docs" / "results"
+    for doc in sorted(results.glob("*.md")):
+        head = doc.read_text().splitlines()[:8]
+        line = next((i for i, text in enumerate(head) if text.startswith("Data:")), None)
+        assert line is not None, f"{doc.name}: no 'Data:' line in its first 8 lines"
+        text = " ".join(head[line:line + 3])
+        named = re.findall(r"`docs/results/([^`]+)`", text)
+        for name in named:
+            assert (results / name).exists(), f"{doc.name}: names docs/results/{name}, which does not exist"
+        assert named or "no raw data" in text.lower() or doc.name == "README.md", (
+            f"{doc.name}: its Data line names no data file and does not say why none is committed")
+    for study, (data, doc, _) in reproduce.DATA_FILES.items():
+        if doc in reproduce.NOT_COMMITTED and not (results / data).exists():
+            continue  # listed as lacking its data, with the command that makes it
+        assert (results / data).exists(), f"{study}: docs/results/{data} missing"
+        assert (results / data).stat().st_size < 5_000_000, f"docs/results/{data}: over 5 MB"
 
 
 def test_check_fails_when_a_document_disagrees_with_its_data(tmp_path, monkeypatch, capsys):
