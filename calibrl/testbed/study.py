@@ -30,6 +30,8 @@ from calibrl.testbed.report import (aggregate, final_samples_path, format_interv
                                    holm_sentence, matched_note, write_demo_report)
 
 STUDY_TITLE = "Testbed study"
+# the line of every results page naming its raw data (tests/test_reproduce.py)
+DATA_LINE = "Data: `docs/results/testbed_results.json` (rebuilt by `python bench/reproduce.py --only testbed`"
 
 TUNING_NOTES = """\
 ### What was tuned, on what
@@ -92,6 +94,8 @@ def headline(summary: dict, command: str) -> str:
 
     n = len(summary["config"]["seeds"])
     lines = [
+        DATA_LINE + ").",
+        "",
         f"Testbed (tiny char-level Llama, CPU; {summary['config']['steps']} RL steps from one SFT warm start, "
         f"{n} seed(s), mean ± std over seeds; evaluation on held-out prompts):",
         "",
@@ -199,6 +203,10 @@ def write_study_report(summary: dict, out: Path, *, scratch: Path, command: str)
                                extra="\n".join(part for part in (findings, TUNING_NOTES) if part))
     # copy the report and figures into out with a testbed_ prefix
     text = report.read_text()
+    title = f"# {STUDY_TITLE}\n"
+    if text.startswith(title) and "\nData: " not in text[:400]:
+        text = (f"{title}\n{DATA_LINE}; the reliability\ndiagrams need the runs' per-sample files, which are not "
+                f"committed).\n" + text[len(title):])
     for png in scratch.glob("*.png"):
         target = out / f"testbed_{png.name}"
         shutil.copyfile(png, target)
