@@ -18,7 +18,10 @@ choice) and 256 *test* prompts (read only as below), 8 samples each, common rand
 2. the chosen arms, GRPO and SFT are reported on test at their last step: decision ECE (10 equal-count bins),
    calib_err, sampled (expected) accuracy and argmax-decision accuracy;
 3. matched sampled accuracy: GRPO read at the first evaluation where its EVAL expected accuracy reaches the
-   chosen arm's final eval expected accuracy (its test metrics at that step);
+   chosen arm's final eval expected accuracy (its test metrics at that step); added with the regenerated data
+   (2026-11-26, after these results had been seen): the same reading interpolated linearly in eval accuracy
+   between the two GRPO evaluations that bracket the arm's (the start, step 0, included; an arm that ended below
+   GRPO's start is read at the start, and said so);
 4. post-hoc baselines: temperature scaling and isotonic regression (``calibrl.posthoc``) fitted on GRPO's final
    eval-set decision confidences and drawn outcomes, applied to its final test confidences (decision ECE, and
    mean |q(Y) - p(x)| of the recalibrated confidences);
@@ -197,10 +200,39 @@ def analyze(data: dict) -> dict:
         reached = [r for r in rows if r is not None]
         matched[arm] = {"grpo_steps": [r and r["step"] for r in rows], "n_seeds": len(reached),
                         **{k: _mean(r[k] for r in reached) for k in TEST_KEYS}}
+    interpolated = {arm: interpolated_grpo(hist["grpo"], {s: hist[arm][s][-1]["expected_accuracy"] for s in SEEDS})
+                    for arm in matched}
     per_seed = [posthoc(data, s) for s in SEEDS]
     post = {name: {k: _mean(r[name][k] for r in per_seed) for k in ("dec_ece", "calib_err")}
             for name in ("none", "temperature", "isotonic")}
-    return {"chosen": chosen, "final": final, "grpo_at_matched_accuracy": matched, "grpo_posthoc": post}
+    return {"chosen": chosen, "final": final, "grpo_at_matched_accuracy": matched,
+            "grpo_interpolated_at_matched_accuracy": interpolated, "grpo_posthoc": post}
+
+
+def interpolated_grpo(grpo: dict[int, list[dict]], targets: dict[int, float]) -> dict:
+    """GRPO's test metrics at each seed's ``targets[seed]`` eval expected accuracy, interpolated linearly in eval
+    accuracy between the first two consecutive evaluations that bracket it (step 0 included); a target at or below
+    the start's accuracy is read at the start (``below_start`` counts those seeds), one above every evaluation is
+    left out (``n_seeds`` counts the rest). Returns the seed means of :data:`TEST_KEYS` and the per-seed bracket."""
+    rows, brackets, below = [], [], 0
+    for s, target in targets.items():
+        curve = grpo[s]
+        if target <= curve[0]["expected_accuracy"]:
+            below += 1
+            rows.append({k: curve[0]["test"].get(k) for k in TEST_KEYS})
+            brackets.append("start")
+            continue
+        i = next((i for i in range(1, len(curve)) if curve[i]["expected_accuracy"] >= target), None)
+        if i is None:
+            brackets.append(None)
+            continue
+        a, b = curve[i - 1], curve[i]
+        w = (target - a["expected_accuracy"]) / (b["expected_accuracy"] - a["expected_accuracy"])
+        rows.append({k: None if a["test"].get(k) is None or b["test"].get(k) is None
+                     else (1 - w) * a["test"][k] + w * b["test"][k] for k in TEST_KEYS})
+        brackets.append(f"{a['step']}-{b['step']}")
+    return {"brackets": brackets, "n_seeds": len(rows), "below_start": below,
+            **{k: _mean(r[k] for r in rows) for k in TEST_KEYS}}
 
 
 def report(result: dict) -> str:
@@ -221,6 +253,13 @@ def report(result: dict) -> str:
     for arm, row in result["grpo_at_matched_accuracy"].items():
         lines.append(f"| {arm} | {row['grpo_steps']} | {fmt(row['dec_ece'])} | {fmt(row['calib_err'])} | "
                      f"{fmt(row['expected_accuracy'])} |")
+    if "grpo_interpolated_at_matched_accuracy" in result:
+        lines += ["", "## GRPO at the chosen arms' sampled accuracy, interpolated on its eval curve", "",
+                  "| arm | GRPO evaluations bracketing it (per seed) | GRPO decision ECE | GRPO mean abs(q - p) | "
+                  "GRPO accuracy (expected) |", "|---|---|---:|---:|---:|"]
+        for arm, row in result["grpo_interpolated_at_matched_accuracy"].items():
+            lines.append(f"| {arm} | {', '.join(str(b) for b in row['brackets'])} | {fmt(row['dec_ece'])} | "
+                         f"{fmt(row['calib_err'])} | {fmt(row['expected_accuracy'])} |")
     post = result["grpo_posthoc"]
     lines += ["", "## Post-hoc calibration of GRPO (fitted on eval, read on test)", "",
               "| recalibration | decision ECE ↓ | mean abs(q - p) ↓ |", "|---|---:|---:|"]
