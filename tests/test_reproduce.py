@@ -9,6 +9,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -62,3 +64,22 @@ def test_check_fails_when_a_document_disagrees_with_its_data(tmp_path, monkeypat
     monkeypatch.setattr(reproduce, "RESULTS", results)
     assert reproduce.main(["--check", "--only", "forms", "--no-figures"]) == 1
     assert "forms.md lacks 1 rebuilt row" in capsys.readouterr().out
+
+
+def test_decision_study_interpolates_grpo_between_the_bracketing_evaluations():
+    decision = _reproduce()._script("decision_study")
+
+    def evaluation(step, accuracy, ece):
+        return {"step": step, "expected_accuracy": accuracy,
+                "test": {k: ece if k == "dec_ece" else accuracy for k in decision.TEST_KEYS}}
+
+    curve = [evaluation(0, 0.5, 0.4), evaluation(25, 0.7, 0.2), evaluation(50, 0.8, 0.1)]
+    grpo = {0: curve, 1: curve, 2: curve}
+    # seed 0: 0.6 lies halfway between steps 0 and 25 -> ECE 0.3; seed 1: 0.45 is below the start -> read there
+    # (0.4); seed 2: 0.9 is above every evaluation -> left out
+    got = decision.interpolated_grpo(grpo, {0: 0.6, 1: 0.45, 2: 0.9})
+    assert got["brackets"] == ["0-25", "start", None] and got["n_seeds"] == 2 and got["below_start"] == 1
+    assert got["dec_ece"] == pytest.approx((0.3 + 0.4) / 2)
+    assert got["expected_accuracy"] == pytest.approx((0.6 + 0.5) / 2)
+    # a target between steps 25 and 50: the first bracketing pair, not the start
+    assert decision.interpolated_grpo({0: curve}, {0: 0.75})["dec_ece"] == pytest.approx(0.15)
