@@ -47,7 +47,6 @@ RESULTS = ROOT / "docs" / "results"
 # documents whose data is not in the repository: the command that makes it (into the data file the rebuilder reads)
 NOT_COMMITTED = {
     "realmodel.md": "python bench/realmodel_study.py (about 40 minutes per pair of methods per seed on 2 cores)",
-    "rlcr.md": "python bench/rlcr.py --seeds 3 --steps 800 --eval-every 100 --out docs/results/rlcr_results.json",
 }
 
 
