@@ -157,15 +157,19 @@ def _clustered_prompts(rng, n_prompts, k):
     return conf, correct, pids
 
 
+def _clustered_population(rng, *, target: float, delta: float):
+    """(precision [G], coverage [G], oracle index) of the clustered population at every grid threshold, from one
+    large fresh draw; the oracle is the lowest grid threshold meeting ``target``."""
+    conf, correct, _ = _clustered_prompts(rng, 200_000, 1)
+    pop = M.abstention_threshold(conf, correct, target_precision=target, delta=delta)
+    precision = pop.n_correct / np.maximum(pop.n_answered, 1)
+    return precision, pop.n_answered / conf.size, int(np.flatnonzero(precision >= target)[0])
+
+
 def test_guarantee_holds_by_simulation_prompt_level():
     target, delta, reps, n_prompts, k = 0.85, 0.1, 150, 1200, 8
     rng = np.random.default_rng(2)
-    # population precision and coverage at every grid threshold, from one large fresh draw
-    conf, correct, _ = _clustered_prompts(rng, 200_000, 1)
-    pop = M.abstention_threshold(conf, correct, target_precision=target, delta=delta)
-    pop_precision = pop.n_correct / np.maximum(pop.n_answered, 1)
-    pop_coverage = pop.n_answered / conf.size
-    oracle = int(np.flatnonzero(pop_precision >= target)[0])  # lowest grid threshold meeting the target
+    pop_precision, pop_coverage, oracle = _clustered_population(rng, target=target, delta=delta)
     violations, coverages = 0, []
     for r in range(reps):
         c, y, p = _clustered_prompts(rng, n_prompts, k)
@@ -378,11 +382,7 @@ def test_betting_guarantee_holds_by_simulation_calibrated(case):
 def test_betting_guarantee_holds_by_simulation_clustered():
     target, delta, reps, n_prompts, k = 0.85, 0.1, 100, 1200, 8
     rng = np.random.default_rng(8)
-    conf, correct, _ = _clustered_prompts(rng, 200_000, 1)
-    pop = M.abstention_threshold(conf, correct, target_precision=target, delta=delta)
-    pop_precision = pop.n_correct / np.maximum(pop.n_answered, 1)
-    pop_coverage = pop.n_answered / conf.size
-    oracle = int(np.flatnonzero(pop_precision >= target)[0])
+    pop_precision, pop_coverage, oracle = _clustered_population(rng, target=target, delta=delta)
     chosen = []
     for r in range(reps):
         c, y, p = _clustered_prompts(rng, n_prompts, k)
