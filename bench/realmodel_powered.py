@@ -64,6 +64,7 @@ EVAL_STEPS = (0, 12, 24, 36, 48, 60)
 TOLERANCE = 0.03  # the fallback's margin above every reference evaluation
 N_BOOT, BOOT_SEED, ALPHA = 2000, 0, 0.05
 PLANNED_HALF_WIDTH = 0.05
+DEVICE_WORDS = {"cpu": "the CPU", "cuda": "one GPU (amendment 5)"}
 
 # arm -> (bench/realmodel_study.py method, learning rate, label): the protocol's table "Arms"
 ARMS: dict[str, tuple[str, float, str]] = {
@@ -331,6 +332,7 @@ def run_record(folder: Path) -> dict | None:
         evaluations.append({**keep, "samples": r["samples"]})
     return {"arm": arm, "method": config["method"], "label": ARMS[arm][2], "seed": int(config["seed"]),
             "lr": float(config["learning_rate"]), "steps": int(config["steps"]),
+            "device": config.get("device", "cpu"),
             "seconds": log.get("seconds"), "resumed_from": log.get("resumed_from"), "evaluations": evaluations}
 
 
@@ -479,6 +481,12 @@ def report(result: dict, runs: dict[tuple[str, int], dict], *, figure: str | Non
              "Data: `docs/results/realmodel_powered/` (one file per finished run; this page and its figure are "
              "rebuilt by `python bench/realmodel_powered.py`).", "",
              f"Protocol: [{PROTOCOL}](../protocols/realmodel_powered.md), committed before any run.", ""]
+    devices: dict[str, int] = {}
+    for run in runs.values():  # records gathered before the device was recorded ran on the CPU
+        devices[run.get("device", "cpu")] = devices.get(run.get("device", "cpu"), 0) + 1
+    if devices:
+        lines += ["Computed on: " + ", ".join(f"{DEVICE_WORDS.get(d, d)} ({n} run{'s' * (n != 1)})"
+                                              for d, n in sorted(devices.items())) + ".", ""]
     if result["left_out"]:
         lines += [f"Seeds left out (a GRPO or CAPO + mask run could not finish after two attempts): "
                   f"{', '.join(map(str, result['left_out']))}.", ""]

@@ -82,6 +82,8 @@ def main() -> None:
                         help="prompts per generate batch of an evaluation (default: all at once)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where each run computes: the CPU (default) or one GPU (strict float32 either way)")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--on-finish", default=None, metavar="COMMAND",
                         help="a shell command run after each method's run finishes (scripts/realmodel_powered_queue.sh "
@@ -103,7 +105,8 @@ def main() -> None:
                 num_generations=options.generations, max_completion_length=options.tokens, learning_rate=options.lr,
                 levels=tuple(options.levels), train_prompts=options.train_prompts, eval_prompts=options.eval_prompts,
                 eval_k=options.eval_k, eval_every=options.eval_every, eval_split=options.eval_split,
-                eval_batch_prompts=options.eval_batch, seed=options.seed, threads=options.threads)
+                eval_batch_prompts=options.eval_batch, seed=options.seed, threads=options.threads,
+                device=options.device)
             result = train_real_model(config, options.out / method, checkpoints=True,
                                       print_fn=lambda line: print(line, flush=True))
             since = "" if result["resumed_from"] is None else f" (resumed at step {result['resumed_from']})"

@@ -80,6 +80,8 @@ def test_methods_are_checked_before_anything_loads():
     with pytest.raises(ValueError, match="unknown method 'foo'"):
         RealModelRunConfig(method="foo")
     assert set(REAL_MODEL_METHODS) == {"grpo", "capo", "capo_mask", "grpo_decision"}
+    with pytest.raises(ValueError, match="device must be 'cpu' or 'cuda', not 'gpu'"):
+        RealModelRunConfig(device="gpu")
     runner = CliRunner()
     bad = runner.invoke(app, ["demo", "--model", "builtin:smollm2-135m-instruct", "--methods", "foo"])
     assert bad.exit_code == 2 and "grpo_decision" in bad.output

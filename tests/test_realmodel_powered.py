@@ -303,6 +303,48 @@ def test_the_queue_runs_the_protocols_commands():
     assert all(r[-2:] == ["--on-finish", "scripts/realmodel_powered_queue.sh --publish"] for r in runs)
 
 
+def test_the_gpu_pool_runs_the_protocols_commands_on_the_gpu_primary_runs_first(tmp_path):
+    """scripts/realmodel_powered_gpu.sh (amendment 5): the same 20 runs, each the pre-registered arguments plus
+    ``--device cuda``, GRPO and CAPO + mask of every seed before the other arms; a run that fails is logged as
+    stopped and the pool goes on; the records are gathered at the end. The interpreter is a stand-in that writes
+    down its arguments (one process at a time, so the order is the script's)."""
+    import re
+    import shlex
+    import subprocess
+
+    protocol = (ROOT / "docs" / "protocols" / "realmodel_powered.md").read_text()
+    common = shlex.split(re.search(r'COMMON="(.*?)"', protocol, re.S).group(1).replace("\\\n", " "))
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/bash\nprintf "%s\\t" "$@" >> {calls}\necho >> {calls}\n'
+                    '[[ "$*" == *"--methods capo_mask"*"--seed 3"* || "$*" == *"--seed 3"*"capo_mask"* ]] && exit 3\n'
+                    'exit 0\n')
+    fake.chmod(0o755)
+    runs = tmp_path / "runs"
+    subprocess.run(["bash", str(ROOT / "scripts" / "realmodel_powered_gpu.sh")], check=True, capture_output=True,
+                   env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "RUNS": str(runs), "SLOTS": "1",
+                        "RECORDS": str(tmp_path / "records")})
+    lines = [line.rstrip("\t").split("\t") for line in calls.read_text().splitlines()]
+    assert lines[0][0] == "-c" and "resolve_model" in lines[0][1]  # the model converted once, first
+    assert lines[-1] == ["bench/realmodel_powered.py", "--gather", "--runs", str(runs), "--records",
+                         str(tmp_path / "records")]
+    study = lines[1:-1]
+    expected = []
+    for s in P.SEEDS:
+        for method in ("grpo", "capo_mask"):
+            expected.append([*common, "--device", "cuda", "--seed", str(s), "--lr", "3e-4", "--out",
+                             f"{runs}/seed{s}", "--methods", method])
+    for s in P.SEEDS:
+        expected += [[*common, "--device", "cuda", "--seed", str(s), "--lr", "3e-4", "--out", f"{runs}/seed{s}",
+                      "--methods", "grpo_decision"],
+                     [*common, "--device", "cuda", "--seed", str(s), "--lr", "1e-4", "--out",
+                      f"{runs}/slow/seed{s}", "--methods", "grpo"]]
+    assert [r[0] for r in study] == ["bench/realmodel_study.py"] * 20
+    assert [r[1:] for r in study] == expected
+    pool = (runs / "logs" / "gpu_pool.log").read_text()
+    assert pool.count(": finished") == 19 and "capo_mask_seed3: stopped, exit 3" in pool
+
+
 def test_publishing_commits_the_records_file_and_nothing_else(tmp_path):
     import shutil
     import subprocess

@@ -82,3 +82,23 @@ def test_resuming_under_other_settings_is_refused(tiny_chat_model, tmp_path):
     with pytest.raises(ValueError, match=rf"{RUN_CONFIG_FILE}: learning_rate is 0.01 in the checkpointed run, "
                                          r"0.001 now"):
         train_real_model(replace(_config(tiny_chat_model), learning_rate=1e-3), tmp_path, checkpoints=True)
+
+
+def test_a_checkpointed_run_from_before_the_device_field_resumes_on_the_cpu(tmp_path, monkeypatch):
+    """run_config.json written before ``device`` existed reads as device "cpu": such a run resumes under the same
+    settings, and is refused on the GPU (naming the field)."""
+    from dataclasses import asdict
+
+    import calibrl.trl.checkpoints as checkpoints
+    from calibrl.testbed.realmodel import _resume_point
+
+    config = RealModelRunConfig(model="m", steps=4)
+    saved = json.loads(json.dumps(asdict(config), default=str))
+    del saved["device"]
+    (tmp_path / RUN_CONFIG_FILE).write_text(json.dumps(saved))
+    checkpoint = tmp_path / "checkpoint-2"
+    monkeypatch.setattr(checkpoints, "last_complete_checkpoint", lambda out: (str(checkpoint), []))
+    assert _resume_point(config, tmp_path) == checkpoint
+    (tmp_path / RUN_CONFIG_FILE).write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"device is 'cpu' in the checkpointed run, 'cuda' now"):
+        _resume_point(RealModelRunConfig(model="m", steps=4, device="cuda"), tmp_path)

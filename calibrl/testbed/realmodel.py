@@ -57,6 +57,9 @@ class RealModelRunConfig:
     seed: int = 0
     threads: int | None = None  # torch threads; None keeps torch's default
     dtype: str = "float32"  # the model's weights (LoRA adapters stay float32): float32, bfloat16, float16, auto
+    # where the run computes: "cpu" (TRL's use_cpu) or "cuda" (one GPU, the engine's own placement; matmuls stay
+    # strict float32: PyTorch's default leaves TF32 off)
+    device: str = "cpu"
     extra: dict = field(default_factory=dict)  # further CalibratedGRPOConfig fields
 
     def __post_init__(self) -> None:
@@ -67,6 +70,8 @@ class RealModelRunConfig:
         if self.method not in REAL_MODEL_METHODS:
             raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(REAL_MODEL_METHODS)}")
         check_dtype(self.dtype)
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', not {self.device!r}")
 
 
 RUN_CONFIG_FILE = "run_config.json"
@@ -99,6 +104,8 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
     from calibrl.trl import CalibratedGRPOConfig, CalibratedGRPOTrainer
     from calibrl.trl.callbacks import CALIBRATION_EVAL_FILE, CalibrationEvalConfig, attach_calibration_eval
 
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda': torch sees no GPU")
     if config.threads:
         torch.set_num_threads(config.threads)
     bound_heap_cache()  # freed CPU temporaries go back to the system (docs/realmodel.md, Memory)
@@ -113,7 +120,7 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
         output_dir=str(out), per_device_train_batch_size=config.prompts_per_step * config.num_generations,
         num_generations=config.num_generations, max_completion_length=config.max_completion_length,
         max_steps=config.steps, learning_rate=config.learning_rate, lr_scheduler_type="constant", beta=0.0,
-        temperature=1.0, logging_steps=1, report_to="none", use_cpu=True, seed=config.seed,
+        temperature=1.0, logging_steps=1, report_to="none", use_cpu=config.device == "cpu", seed=config.seed,
         # checkpoints after each evaluation (the callback runs before the save of its step), the newest kept
         **({"save_strategy": "steps", "save_steps": config.eval_every, "save_total_limit": 1} if checkpoints else
            {"save_strategy": "no"}),
@@ -176,7 +183,9 @@ def _resume_point(config: RealModelRunConfig, out: Path) -> Path | None:
     mine = json.loads(json.dumps(asdict(config), default=str))
     found, _torn = last_complete_checkpoint(out)
     if found is not None and saved_path.exists():
-        saved = json.loads(saved_path.read_text())
+        # a field added since the checkpointed run was made reads as its default there (device: "cpu")
+        saved = {**json.loads(json.dumps(asdict(RealModelRunConfig()), default=str)),
+                 **json.loads(saved_path.read_text())}
         for key in sorted(set(saved) | set(mine)):
             if saved.get(key) != mine.get(key):
                 raise ValueError(f"{saved_path}: {key} is {saved.get(key)!r} in the checkpointed run, "
