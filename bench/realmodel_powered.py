@@ -64,7 +64,7 @@ EVAL_STEPS = (0, 12, 24, 36, 48, 60)
 TOLERANCE = 0.03  # the fallback's margin above every reference evaluation
 N_BOOT, BOOT_SEED, ALPHA = 2000, 0, 0.05
 PLANNED_HALF_WIDTH = 0.05
-DEVICE_WORDS = {"cpu": "the CPU", "cuda": "one GPU (amendment 5)"}
+DEVICE_WORDS = {"cpu": "the CPU", "cuda": "one GPU, amendment 5"}
 
 # arm -> (bench/realmodel_study.py method, learning rate, label): the protocol's table "Arms"
 ARMS: dict[str, tuple[str, float, str]] = {
@@ -487,6 +487,13 @@ def report(result: dict, runs: dict[tuple[str, int], dict], *, figure: str | Non
     if devices:
         lines += ["Computed on: " + ", ".join(f"{DEVICE_WORDS.get(d, d)} ({n} run{'s' * (n != 1)})"
                                               for d, n in sorted(devices.items())) + ".", ""]
+    resumed = sorted((run["label"], seed, run["resumed_from"]) for (_, seed), run in runs.items()
+                     if run.get("resumed_from") is not None)
+    if resumed:
+        lines += [f"Runs interrupted and resumed from their newest checkpoint ({len(resumed)}): "
+                  + "; ".join(f"{label} seed {seed} at step {step}" for label, seed, step in resumed)
+                  + ". A resumed run's records are those of an uninterrupted run (tests/test_realmodel_resume.py, "
+                  "checked on the CPU).", ""]
     if result["left_out"]:
         lines += [f"Seeds left out (a GRPO or CAPO + mask run could not finish after two attempts): "
                   f"{', '.join(map(str, result['left_out']))}.", ""]

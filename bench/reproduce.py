@@ -18,7 +18,9 @@ Each study with committed data is rebuilt by the same code that wrote it, from i
   tables (``bench/downstream.py``);
 - ``decision``: ``decision_results.json.gz`` (every evaluation, and the test samples of the AURC and post-hoc
   readings) -> ``decision.md``'s tables (``bench/decision_study.py``);
-- ``rlcr``: ``rlcr_results.json`` (every evaluation) -> ``rlcr.md``'s tables (``bench/rlcr.py``).
+- ``rlcr``: ``rlcr_results.json`` (every evaluation) -> ``rlcr.md``'s tables (``bench/rlcr.py``);
+- ``realmodel_powered``: the folder ``realmodel_powered/`` (one raw-records file per run) ->
+  ``realmodel_powered.md`` and ``realmodel_powered.png`` (``bench/realmodel_powered.py``, about 15 s).
 
 Without ``--check`` the figures are redrawn into docs/results/ and every table row that is not in its document is
 printed. With ``--check`` nothing is written and the exit status is 1 when a rebuilt table row is missing from its
@@ -131,6 +133,15 @@ def rebuild_rlcr(scratch: Path) -> Rebuilt:
     return Rebuilt({"rlcr.md": rlcr.tables(data["results"])}, {})
 
 
+def rebuild_realmodel_powered(scratch: Path) -> Rebuilt:
+    powered = _script("realmodel_powered")
+    runs = powered.load_records(RESULTS / "realmodel_powered")
+    figure = scratch / "realmodel_powered.png"
+    powered.plot_paths(runs, figure, powered.SEEDS)
+    text = powered.report(powered.analyse(runs), runs, figure=figure.name)
+    return Rebuilt({"realmodel_powered.md": text}, {figure.name: figure})
+
+
 def rebuild_mask(scratch: Path) -> Rebuilt:
     mask = _script("mask_ablation")
     runs, labels = mask.load(RESULTS / "mask_results.json")
@@ -162,12 +173,28 @@ DATA_FILES: dict[str, tuple[str, str, str]] = {
     "rlcr": ("rlcr_results.json", "rlcr.md",
              "python bench/rlcr.py --seeds 3 --steps 800 --eval-every 100 --out docs/results/rlcr_results.json "
              "(about 20 minutes on 2 idle cores)"),
+    "realmodel_powered": ("realmodel_powered", "realmodel_powered.md",
+                          "scripts/realmodel_powered_gpu.sh on one GPU (docs/protocols/realmodel_powered.md)"),
 }
 DATA = {study: data for study, (data, _, _) in DATA_FILES.items()}
+
+
+def _powered_readme_phrases(texts: dict[str, str]) -> list[str]:
+    """The primary endpoint's "difference [interval]" as the rebuilt realmodel_powered.md gives it: the README's
+    real-model sentence quotes it."""
+    for row in table_rows(texts["realmodel_powered.md"]):
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if cells[0] == "primary" and "matched accuracy" in cells[1]:
+            return [cells[2]]
+    return ["(no primary row in the rebuilt realmodel_powered.md)"]
+
+
+# study -> the phrases of its rebuilt documents that README.md quotes (checked like the results table)
+README_PHRASES: dict[str, Callable[[dict[str, str]], list[str]]] = {"realmodel_powered": _powered_readme_phrases}
 STUDIES: dict[str, Callable[[Path], Rebuilt]] = {
     "testbed": rebuild_testbed, "abstention": rebuild_abstention, "forms": rebuild_forms, "gcpo": rebuild_gcpo,
     "protocol": rebuild_protocol, "mask": rebuild_mask, "downstream": rebuild_downstream,
-    "decision": rebuild_decision, "rlcr": rebuild_rlcr,
+    "decision": rebuild_decision, "rlcr": rebuild_rlcr, "realmodel_powered": rebuild_realmodel_powered,
 }
 
 
@@ -219,6 +246,11 @@ def main(argv: list[str] | None = None) -> int:
             for doc, rows in lacking.items():
                 failures += len(rows)
                 print(f"{name}: docs/results/{doc} lacks {len(rows)} rebuilt row(s), e.g.\n  {rows[0]}")
+            readme_text = (ROOT / "README.md").read_text()
+            for phrase in README_PHRASES.get(name, lambda texts: [])(rebuilt.texts):
+                if phrase not in readme_text:
+                    failures += 1
+                    print(f"{name}: README.md does not quote {phrase!r} from the rebuilt data")
             rows = sum(len(table_rows(t)) for t in rebuilt.texts.values())
             print(f"{name}: {rows} table rows rebuilt from docs/results/{DATA[name]}: "
                   f"{'differs' if lacking else 'same as ' + ', '.join(sorted(rebuilt.texts))}")
