@@ -83,3 +83,17 @@ def test_decision_study_interpolates_grpo_between_the_bracketing_evaluations():
     assert got["expected_accuracy"] == pytest.approx((0.6 + 0.5) / 2)
     # a target between steps 25 and 50: the first bracketing pair, not the start
     assert decision.interpolated_grpo({0: curve}, {0: 0.75})["dec_ece"] == pytest.approx(0.15)
+
+
+def test_the_readme_quotes_the_powered_studys_primary_interval_from_its_rebuilt_report():
+    """The phrase --check looks for in README.md is the primary row's difference cell of the rebuilt page (the
+    secondary rows, which share the table, are not it), and the README holds the committed page's."""
+    reproduce = _reproduce()
+    page = ("| endpoint | question | difference [95% interval] | half-width |\n|---|---|---:|---:|\n"
+            "| S1 | slow GRPO vs GRPO, AUROC | +0.003 [-0.027, +0.037] | 0.032 |\n"
+            "| primary | CAPO + mask vs GRPO, AUROC at matched accuracy | -0.001 [-0.056, +0.052] | 0.054 |\n"
+            "| primary | 0 | 60 | 0.227 |\n")
+    assert reproduce._powered_readme_phrases({"realmodel_powered.md": page}) == ["-0.001 [-0.056, +0.052]"]
+    committed = (ROOT / "docs" / "results" / "realmodel_powered.md").read_text()
+    [phrase] = reproduce._powered_readme_phrases({"realmodel_powered.md": committed})
+    assert phrase in (ROOT / "README.md").read_text()
