@@ -150,3 +150,81 @@ def test_prompt_bootstrap_auroc_in_blocks_equals_bootstrap_ci(monkeypatch):
                             alpha=0.2, seed=3)
     ref = M.bootstrap_ci(M.auroc, (score, correct), prompt_ids=pid, n_boot=50, alpha=0.2, seed=3)
     assert fast["auroc"] == (ref.low, ref.high)
+
+
+def test_rpc_masks_are_the_same_bits_split_over_processes(monkeypatch):
+    """RPC's fits split by prompts over worker processes (``CALIBRL_WORKERS``) give this process's masks exactly."""
+    rng = np.random.default_rng(5)
+    pid = np.repeat(np.arange(700), 4)
+    lpm = rng.normal(-1.0, 0.6, pid.size)
+    monkeypatch.setattr(P, "_MIN_CHUNK", 100)  # small chunks, so 700 prompts are split
+    monkeypatch.setenv("CALIBRL_WORKERS", "1")
+    P._KEEP_CACHE.clear()
+    alone = P.rpc_keep_mask(pid, lpm)
+    monkeypatch.setenv("CALIBRL_WORKERS", "3")
+    P._KEEP_CACHE.clear()
+    split = P.rpc_keep_mask(pid, lpm)
+    assert P._POOL  # the pool ran (two other processes)
+    np.testing.assert_array_equal(split, alone)
+    assert 0 < (~alone).sum() < alone.size
+    monkeypatch.setenv("CALIBRL_WORKERS", "two")
+    with pytest.raises(ValueError, match="CALIBRL_WORKERS must be a whole number"):
+        P.rpc_workers()
+
+
+def _vote_accuracy(weights, ans, correct, pid):
+    from calibrl.selection.voting import _vote
+
+    prompts, _ = np.unique(pid, return_inverse=True)
+    return _vote("rpc", weights, ans, correct, pid, prompts.size, prompts).correct  # [P] per prompt
+
+
+def test_prompts_whose_winner_pruning_cannot_change_keep_their_accuracy_under_every_pruning():
+    """Where :func:`_pruning_cannot_change_winner` says so, zeroing ANY set of below-mean paths leaves the
+    vote's accuracy as it is; and it does not say so where some pruning changes the winner."""
+    rng = np.random.default_rng(7)
+    groups, k = 400, 6
+    pid = np.repeat(np.arange(groups), k)
+    ans = rng.integers(0, 3, pid.size)
+    correct = ans == 0
+    prob = np.exp(rng.normal(-1.0, 0.7, pid.size))
+    prob[rng.random(pid.size) < 0.1] = 0.3  # ties
+    weights = np.where(rng.random(pid.size) < 0.1, 0.0, prob)  # a few duplicates zeroed
+    safe = P._pruning_cannot_change_winner(weights, prob, ans, pid, groups)
+    assert 0.2 < safe.mean() < 0.95  # both kinds occur
+    below = prob < (np.bincount(pid, prob) / k)[pid]
+    base = _vote_accuracy(weights, ans, correct, pid)
+    changed = np.zeros(groups, dtype=bool)
+    for _ in range(60):
+        zero = below & (rng.random(pid.size) < rng.uniform(0.2, 1.0))
+        acc = _vote_accuracy(np.where(zero, 0.0, weights), ans, correct, pid)
+        np.testing.assert_array_equal(acc[safe], base[safe])
+        changed |= acc != base
+    assert changed[~safe].any()  # the flagged prompts include ones a pruning does change
+    # by hand: one prompt, answers A A B with probabilities 0.9, 0.1, 0.5 (mean 0.5): pruning can take A's 0.1
+    # (A keeps 0.9 > B's 0.5): safe; with 0.4, 0.1, 0.45 (mean 0.317; A may drop to 0.4 < B's 0.45): not safe
+    one = np.zeros(3, dtype=np.int64)
+    for probs, expect in (([0.9, 0.1, 0.5], True), ([0.4, 0.1, 0.45], False)):
+        probs = np.array(probs)
+        assert P._pruning_cannot_change_winner(probs, probs, np.array([0, 0, 1]), one, 1)[0] == expect
+
+
+def test_rpc_scaling_curve_fits_only_undecided_prompts_and_equals_the_full_computation(monkeypatch):
+    from calibrl.selection import scaling
+
+    rng = np.random.default_rng(3)
+    groups, k = 600, 8
+    pid = np.repeat(np.arange(groups), k)
+    ans = rng.integers(0, rng.integers(1, 5, groups), (k, groups)).T.reshape(-1)
+    lpm = np.round(rng.normal(-1.0, 0.6, pid.size), 1)  # ties of probability too
+    P._KEEP_CACHE.clear()
+    fitted = []
+    real_mask = P.rpc_keep_mask
+    monkeypatch.setattr(P, "rpc_keep_mask", lambda p, l, **kw: fitted.append(len(np.unique(p))) or real_mask(p, l))
+    fast = scaling.scaling_curve("rpc", ans, ans == 0, pid, logprob_mean=lpm, n_draws=3)
+    assert fitted[-1] == groups and all(n < groups for n in fitted[:-1])  # only the full group fits them all
+    monkeypatch.setattr(P, "_pruning_cannot_change_winner", lambda w, pr, a, p, n: np.zeros(n, dtype=bool))
+    P._KEEP_CACHE.clear()
+    full = scaling.scaling_curve("rpc", ans, ans == 0, pid, logprob_mean=lpm, n_draws=3)
+    np.testing.assert_array_equal(fast.accuracy, full.accuracy)
+    np.testing.assert_array_equal(fast.std, full.std)

@@ -15,12 +15,18 @@ Cost: one small fit per prompt; ``solver="batched"`` (the default) fits all prom
 scipy's L-BFGS-B steps (:mod:`calibrl.selection._lbfgsb`): 4-6 ms per prompt for 120 prompts against 0.1-0.8 s
 per prompt for the per-prompt scipy calls in the same run (``bench/eval_scale.py --agreement``, 2 shared cores
 under heavy load), cheaper per prompt as more prompts share a batch (about 0.25 ms per prompt of 4 paths with
-25,000 prompts); still the slowest selection method.
+25,000 prompts); still the slowest selection method. Two things keep it affordable at a million samples: the
+scaling curve's random subsets fit only the prompts whose winner pruning could change (``rpc(accuracy_only=True)``),
+and the fits are split by prompts over ``CALIBRL_WORKERS`` processes (default: every core this process may use).
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import os
+import sys
+import warnings
 from typing import Any
 
 import numpy as np
@@ -35,7 +41,7 @@ from calibrl.selection.voting import (
     _vote,
 )
 
-__all__ = ["rpc", "rpc_keep_mask"]
+__all__ = ["rpc", "rpc_keep_mask", "rpc_workers"]
 
 _RPC_X0 = np.array([0.5, 1.0, 1.0, 1.5, 2.0])
 _RPC_BOUNDS = [(0.2, 0.8), (0.01, None), (0.01, None), (0.01, None), (0.01, None)]
@@ -151,6 +157,79 @@ def _rpc_prune_batch(prob: np.ndarray) -> np.ndarray:
     return keep
 
 
+_MIN_CHUNK = 4096  # prompts per process at least: below 2 x this, the fits run in this process alone
+
+
+def rpc_workers() -> int:
+    """Processes RPC's batched fits use: ``$CALIBRL_WORKERS`` if set (1: this process only), else the cores this
+    process may run on."""
+    value = os.environ.get("CALIBRL_WORKERS", "").strip()
+    if value:
+        try:
+            workers = int(value)
+        except ValueError:
+            raise ValueError(f"CALIBRL_WORKERS must be a whole number of processes, got {value!r}") from None
+        return max(1, workers)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+_POOL: dict[int, Any] = {}  # workers -> a process pool kept for later calls (an eval prunes 5-6 times)
+
+
+def _pool(processes: int):
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing
+
+    if processes not in _POOL:
+        for old in _POOL.values():
+            old.shutdown(wait=False, cancel_futures=True)
+        _POOL.clear()
+        # fork: the workers need no import of the caller's main module (spawn would run a script that lacks a
+        # __main__ guard again); they only run numpy on the arrays they are sent
+        _POOL[processes] = ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("fork"))
+    return _POOL[processes]
+
+
+@atexit.register
+def _close_pool() -> None:
+    for pool in _POOL.values():
+        pool.shutdown(wait=False, cancel_futures=True)
+    _POOL.clear()
+
+
+def _prune_rows(prob: np.ndarray) -> np.ndarray:
+    """:func:`_rpc_prune_batch` of ``prob`` [P, n], split by prompts over :func:`rpc_workers` processes (this one
+    and a pool of the others) when there are at least 2 x ``_MIN_CHUNK`` prompts. A prompt's fit never depends on
+    the other prompts of its batch (:mod:`calibrl.selection._lbfgsb`), so the masks are the same bits whatever the
+    split. Where processes cannot be forked (not Linux / macOS, or inside a daemonic worker), or the pool breaks,
+    everything runs here."""
+    import multiprocessing
+
+    parts = min(rpc_workers(), prob.shape[0] // _MIN_CHUNK)
+    can_fork = "fork" in multiprocessing.get_all_start_methods() and sys.platform != "win32"
+    if parts < 2 or not can_fork or multiprocessing.current_process().daemon:
+        return _rpc_prune_batch(prob)
+    chunks = np.array_split(prob, parts)
+    # what a worker runs is imported here first: a forked child that imported it could wait forever on an import
+    # lock another thread of this process held at the fork
+    import scipy.special  # noqa: F401  (_weibull_mean)
+
+    import calibrl.selection._lbfgsb  # noqa: F401
+    try:
+        with warnings.catch_warnings():  # python >= 3.12 warns on fork in a threaded process; the workers run numpy
+            warnings.simplefilter("ignore", DeprecationWarning)
+            futures = [_pool(parts - 1).submit(_rpc_prune_batch, chunk) for chunk in chunks[1:]]
+        first = _rpc_prune_batch(chunks[0])  # this process takes the first part meanwhile
+        return np.concatenate([first, *(f.result() for f in futures)])
+    except (OSError, RuntimeError) as error:  # BrokenProcessPool is a RuntimeError
+        warnings.warn(f"RPC's fits fall back to one process: {error}", RuntimeWarning, stacklevel=2)
+        _close_pool()
+        return _rpc_prune_batch(prob)
+
+
 SOLVERS = ("batched", "scipy")
 
 
@@ -202,14 +281,60 @@ def _rpc_keep_mask(pidx: np.ndarray, lpm: np.ndarray, solver: str) -> np.ndarray
         return keep
     for n in np.unique(sizes[sizes >= 2]):
         rows = order[starts[sizes == n][:, None] + np.arange(n)]  # [P_n, n] path indices of the prompts with n
-        keep[rows] = _rpc_prune_batch(prob[rows])
+        keep[rows] = _prune_rows(prob[rows])
     return keep
 
 
-def rpc(answer_ids, correct, prompt_ids, *, logprob_mean=None, completions=None, **_: Any) -> SelectionResult:
-    """RPC = Reasoning Pruning (Weibull mixture, see :func:`rpc_keep_mask`) + Perplexity Consistency."""
+def rpc(answer_ids, correct, prompt_ids, *, logprob_mean=None, completions=None, accuracy_only: bool = False,
+        **_: Any) -> SelectionResult:
+    """RPC = Reasoning Pruning (Weibull mixture, see :func:`rpc_keep_mask`) + Perplexity Consistency.
+
+    ``accuracy_only`` (the scaling curve's random subsets, which read only the accuracy): the mixture is fitted
+    only for the prompts whose winner pruning could change (:func:`_pruning_cannot_change_winner`); the other
+    prompts' paths are all kept. The accuracy is exactly the full computation's; the result's ``confidence`` (and,
+    for a tie the pruning would have broken, nothing else: such prompts are fitted) is that of PC without pruning
+    on the prompts not fitted."""
     a, c, p, n, prompts = _prepare(answer_ids, correct, prompt_ids)
     lpm = _need_logprob("rpc", logprob_mean)
     prob = np.exp(lpm)
-    keep = _first_occurrence(p, a, _text_ids(completions, len(a))) & rpc_keep_mask(p, lpm)
+    keep = _first_occurrence(p, a, _text_ids(completions, len(a)))
+    if not accuracy_only:
+        keep &= rpc_keep_mask(p, lpm)
+    else:
+        fit = ~_pruning_cannot_change_winner(np.where(keep, prob, 0.0), prob, a, p, n)[p]  # [N] paths to fit
+        if fit.any():
+            keep[fit] &= rpc_keep_mask(p[fit], lpm[fit])
     return _vote("rpc", np.where(keep, prob, 0.0), a, c, p, n, prompts)
+
+
+def _pruning_cannot_change_winner(weights: np.ndarray, prob: np.ndarray, answer_ids: np.ndarray, pidx: np.ndarray,
+                                  n_prompts: int) -> np.ndarray:
+    """[P] True where no keep-mask of RPC's pruning can change the prompt's winning answer cluster, so the fit
+    need not run for the accuracy: pruning only zeroes paths below their prompt's mean probability, so the
+    winner of the unpruned vote (``weights`` [N]: PC's, duplicates zeroed) stays the only top cluster when its
+    weight without ANY of its below-mean paths still exceeds every other cluster's full weight (margin 1e-9,
+    far above the vote's 1e-12 tie tolerance; "below the mean" read with a 1e-12 margin the other way, so
+    rounding in the mean can only make this answer False). A prompt with one answer cluster is always True: its
+    accuracy is that cluster's, whatever the weights."""
+    sizes = np.bincount(pidx, minlength=n_prompts)
+    mean = np.bincount(pidx, weights=prob, minlength=n_prompts) / np.maximum(sizes, 1)
+    prunable = prob <= mean[pidx] * (1.0 + 1e-12)  # [N] a superset of the paths pruning may zero
+    _, aidx = _dense(answer_ids)
+    pair = pidx.astype(np.int64) * (int(aidx.max(initial=0)) + 1) + aidx
+    _, first, pair_idx = np.unique(pair, return_index=True, return_inverse=True)
+    pair_idx = pair_idx.reshape(-1)
+    full = np.bincount(pair_idx, weights=weights, minlength=first.size)  # [pairs] nothing pruned
+    least = np.bincount(pair_idx, weights=np.where(prunable, 0.0, weights), minlength=first.size)  # all pruned
+    pair_prompt = pidx[first]
+    top = np.full(n_prompts, -np.inf)
+    np.maximum.at(top, pair_prompt, full)
+    # the unpruned winner: the first pair reaching the top (any pair reaching it: if two do, the test below fails)
+    winner = np.full(n_prompts, first.size, dtype=np.int64)
+    np.minimum.at(winner, pair_prompt[full >= top[pair_prompt]], np.flatnonzero(full >= top[pair_prompt]))
+    others = full.copy()
+    others[winner[winner < first.size]] = -np.inf
+    second = np.full(n_prompts, -np.inf)
+    np.maximum.at(second, pair_prompt, others)  # [P] the best other cluster's full weight (-inf: none)
+    pairs_per_prompt = np.bincount(pair_prompt, minlength=n_prompts)
+    safe = least[np.minimum(winner, first.size - 1)] > second * (1.0 + 1e-9) + 1e-300
+    return (pairs_per_prompt <= 1) | safe

@@ -112,6 +112,9 @@ def scaling_curve(
                 logprob_mean=None if lpm is None else lpm[m],
                 completions=text_ids[m],
                 confidence=None if conf is None else conf[m],
+                # a random subset's accuracy only: RPC fits only the prompts whose winner pruning could change
+                # (the full group, one draw, reuses the selection's cached fit instead)
+                **({"accuracy_only": True} if method == "rpc" and draws > 1 else {}),
             )
             accs.append(res.accuracy)
         means.append(float(np.mean(accs)))
