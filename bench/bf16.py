@@ -19,7 +19,14 @@ Prints three comparisons, each measured within this one run (the machine is shar
   whose float32 confidences are closer than twice the largest shift can change order, so
   |AUROC_bf16 - AUROC_fp32| <= the fraction of such pairs.
 
-Usage: ``python bench/bf16.py [--threads 1] [--skip generation step logprob]``; about 5 minutes on 2 busy cores.
+* ``--profile``: where generation's time goes, fp32 and bf16 (one profiled ``calibrl generate`` round each, after a
+  warm-up round): torch's self CPU time of the matrix products (``aten::mm``, ``addmm``, ``bmm``, the attention
+  kernel) against every other op, and the wall time no op accounts for (Python, the generation loop). bf16 can
+  only speed up the matrix products, so ``fp32 wall / (fp32 wall - fp32 matrix time)`` bounds its speed-up
+  whatever its matrix products cost (Amdahl's law).
+
+Usage: ``python bench/bf16.py [--threads 1] [--skip generation step logprob] [--profile]``; about 5 minutes on 2
+busy cores.
 """
 
 from __future__ import annotations
@@ -78,6 +85,36 @@ def measure_generation(models: dict, root: Path, *, prompts: int, samples: int, 
         print(f"  round {k + 1}/{len(order)} {dtype}: {summary['samples_written']} samples in "
               f"{summary['seconds']:.1f} s, {summary['samples_per_s']:.2f} samples/s", flush=True)
     return rates
+
+
+MATRIX_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
+              "aten::_scaled_dot_product_attention_math", "aten::_weight_int8pack_mm")
+
+
+def profile_generation(models: dict, root: Path, *, prompts: int, samples: int, tokens: int) -> dict:
+    """dtype -> {"wall", "matrix", "other_ops"} seconds of one profiled generation round (after one unprofiled
+    round), from torch.profiler's self CPU times."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from calibrl.evaluation.generate import generate
+
+    out = {}
+    for k, dtype in enumerate(("float32", "bfloat16")):
+        model, tokenizer = models[dtype]
+        options = dict(model=BUILTIN, dataset="arithmetic", n=samples, limit=prompts, batch_size=prompts,
+                       max_new_tokens=tokens, temperature=1.0, progress=False, overwrite=True, dtype=dtype,
+                       hf_model=model, hf_tokenizer=tokenizer)
+        generate(out=root / f"warm{k}.jsonl", **options)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            generate(out=root / f"prof{k}.jsonl", **options)
+            wall = time.perf_counter() - start
+        events = prof.key_averages()
+        matrix = sum(e.self_cpu_time_total for e in events if e.key in MATRIX_OPS) / 1e6
+        every = sum(e.self_cpu_time_total for e in events) / 1e6
+        out[dtype] = {"wall": wall, "matrix": matrix, "other_ops": every - matrix,
+                      "top": sorted(((e.self_cpu_time_total / 1e6, e.key) for e in events), reverse=True)[:6]}
+    return out
 
 
 # --------------------------------------------------------------------------------------------------- LoRA step
@@ -245,6 +282,7 @@ def main() -> None:
     parser.add_argument("--setups", nargs="*", default=["float32", "bf16-weights", "fp32-autocast"],
                         choices=["float32", "bf16-weights", "fp32-autocast"])
     parser.add_argument("--skip", nargs="*", default=[], choices=["generation", "step", "logprob"])
+    parser.add_argument("--profile", action="store_true", help="also: where generation's time goes (torch.profiler)")
     options = parser.parse_args()
     import torch
 
@@ -265,6 +303,20 @@ def main() -> None:
             med = {d: statistics.median(r) for d, r in rates.items()}
             print(f"generation, samples/s (median of {options.repeats}): float32 {med['float32']:.2f} | bfloat16 "
                   f"{med['bfloat16']:.2f} | bf16 / fp32 {med['bfloat16'] / med['float32']:.2f}x", flush=True)
+        if options.profile:
+            prof = profile_generation(models, root, prompts=options.prompts, samples=options.samples,
+                                      tokens=options.tokens)
+            for dtype, r in prof.items():
+                untracked = r["wall"] - r["matrix"] - r["other_ops"]
+                print(f"profile, {dtype}: wall {r['wall']:.2f} s = matrix products {r['matrix']:.2f} s "
+                      f"({r['matrix'] / r['wall']:.0%}) + other ops {r['other_ops']:.2f} s + outside ops "
+                      f"{untracked:.2f} s; largest self times: "
+                      + ", ".join(f"{k} {t:.2f} s" for t, k in r["top"]), flush=True)
+            f32, b16 = prof["float32"], prof["bfloat16"]
+            print(f"profile: bf16 made the matrix products {f32['matrix'] / b16['matrix']:.2f}x faster and the rest "
+                  f"{(f32['wall'] - f32['matrix']) / (b16['wall'] - b16['matrix']):.2f}x; wall {f32['wall'] / b16['wall']:.2f}x."
+                  f" Bound on bf16's speed-up if the rest stays as in fp32 (matrix products free): "
+                  f"{f32['wall'] / (f32['wall'] - f32['matrix']):.2f}x", flush=True)
         if "logprob" not in options.skip:
             for dataset, tokens, extra in (("multiple_choice", 8, {"split": "validation", "template": "chat-direct"}),
                                            ("arithmetic", options.tokens, {})):
