@@ -33,6 +33,7 @@ import numpy as np
 
 from calibrl.selection.voting import (
     SelectionResult,
+    _answer_pairs,
     _dense,
     _first_occurrence,
     _need_logprob,
@@ -291,9 +292,8 @@ def rpc(answer_ids, correct, prompt_ids, *, logprob_mean=None, completions=None,
 
     ``accuracy_only`` (the scaling curve's random subsets, which read only the accuracy): the mixture is fitted
     only for the prompts whose winner pruning could change (:func:`_pruning_cannot_change_winner`); the other
-    prompts' paths are all kept. The accuracy is exactly the full computation's; the result's ``confidence`` (and,
-    for a tie the pruning would have broken, nothing else: such prompts are fitted) is that of PC without pruning
-    on the prompts not fitted."""
+    prompts' paths are all kept. The accuracy is exactly the full computation's; on the prompts not fitted, the
+    result's ``confidence`` is PC's without pruning."""
     a, c, p, n, prompts = _prepare(answer_ids, correct, prompt_ids)
     lpm = _need_logprob("rpc", logprob_mean)
     prob = np.exp(lpm)
@@ -319,10 +319,7 @@ def _pruning_cannot_change_winner(weights: np.ndarray, prob: np.ndarray, answer_
     sizes = np.bincount(pidx, minlength=n_prompts)
     mean = np.bincount(pidx, weights=prob, minlength=n_prompts) / np.maximum(sizes, 1)
     prunable = prob <= mean[pidx] * (1.0 + 1e-12)  # [N] a superset of the paths pruning may zero
-    _, aidx = _dense(answer_ids)
-    pair = pidx.astype(np.int64) * (int(aidx.max(initial=0)) + 1) + aidx
-    _, first, pair_idx = np.unique(pair, return_index=True, return_inverse=True)
-    pair_idx = pair_idx.reshape(-1)
+    first, pair_idx = _answer_pairs(pidx, answer_ids)
     full = np.bincount(pair_idx, weights=weights, minlength=first.size)  # [pairs] nothing pruned
     least = np.bincount(pair_idx, weights=np.where(prunable, 0.0, weights), minlength=first.size)  # all pruned
     pair_prompt = pidx[first]

@@ -53,6 +53,15 @@ def _dense(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return uniq, inv.reshape(-1).astype(np.int64)
 
 
+def _answer_pairs(pidx: np.ndarray, answer_ids) -> tuple[np.ndarray, np.ndarray]:
+    """The (prompt, answer cluster) pairs of paths with dense prompt indices ``pidx`` [N]: the first path of each
+    pair [pairs] (pairs sorted by prompt, then answer) and each path's pair index [N]."""
+    _, aidx = _dense(answer_ids)
+    pair = pidx.astype(np.int64) * (int(aidx.max(initial=0)) + 1) + aidx
+    _, pair_first, pair_idx = np.unique(pair, return_index=True, return_inverse=True)
+    return pair_first, pair_idx.reshape(-1)
+
+
 def _vote(
     method: str,
     weights: np.ndarray,
@@ -63,10 +72,7 @@ def _vote(
     prompts: np.ndarray,
 ) -> SelectionResult:
     """Sum ``weights`` per (prompt, answer); the top answer of each prompt wins, ties split fractionally."""
-    _, aidx = _dense(answer_ids)
-    pair = pidx * (int(aidx.max()) + 1) + aidx
-    _, pair_first, pair_idx = np.unique(pair, return_index=True, return_inverse=True)
-    pair_idx = pair_idx.reshape(-1)
+    pair_first, pair_idx = _answer_pairs(pidx, answer_ids)
     n_pairs = len(pair_first)
     score = np.bincount(pair_idx, weights=weights, minlength=n_pairs)
     pair_correct = np.bincount(pair_idx, weights=correct.astype(np.float64), minlength=n_pairs) / np.bincount(
