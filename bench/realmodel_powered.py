@@ -492,8 +492,8 @@ def report(result: dict, runs: dict[tuple[str, int], dict], *, figure: str | Non
     if resumed:
         lines += [f"Runs interrupted and resumed from their newest checkpoint ({len(resumed)}): "
                   + "; ".join(f"{label} seed {seed} at step {step}" for label, seed, step in resumed)
-                  + ". A resumed run's records are those of an uninterrupted run (tests/test_realmodel_resume.py, "
-                  "checked on the CPU).", ""]
+                  + ". On the CPU a resumed run's records equal an uninterrupted run's (tests/test_realmodel_resume.py); "
+                  "on the GPU that was not checked.", ""]
     if result["left_out"]:
         lines += [f"Seeds left out (a GRPO or CAPO + mask run could not finish after two attempts): "
                   f"{', '.join(map(str, result['left_out']))}.", ""]

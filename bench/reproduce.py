@@ -24,7 +24,7 @@ Each study with committed data is rebuilt by the same code that wrote it, from i
 
 Without ``--check`` the figures are redrawn into docs/results/ and every table row that is not in its document is
 printed. With ``--check`` nothing is written and the exit status is 1 when a rebuilt table row is missing from its
-document, or the README's results table differs from ``headline.md``'s, or a study's data file is missing while its
+document (any rebuilt line, for a page its script writes whole: ``WHOLE_PAGES``), or the README's results table differs from ``headline.md``'s, or a study's data file is missing while its
 document is not listed as lacking data. The documents whose raw data is not committed (yet) are listed with the
 command that makes it.
 """
@@ -198,12 +198,22 @@ STUDIES: dict[str, Callable[[Path], Rebuilt]] = {
 }
 
 
+# documents written whole by their script (no hand-written text): every line is checked, not only the tables
+WHOLE_PAGES = {"realmodel_powered.md"}
+
+
 def missing_rows(rebuilt: Rebuilt) -> dict[str, list[str]]:
-    """``{document: rebuilt table rows it lacks}`` (empty lists dropped)."""
+    """``{document: rebuilt table rows it lacks}`` (empty lists dropped); for the :data:`WHOLE_PAGES`, every
+    rebuilt line it lacks."""
     out = {}
     for doc, text in rebuilt.texts.items():
-        have = set(table_rows((RESULTS / doc).read_text()))
-        lacking = [row for row in table_rows(text) if row not in have]
+        committed = (RESULTS / doc).read_text()
+        if doc in WHOLE_PAGES:
+            have = set(line.rstrip() for line in committed.splitlines())
+            lacking = [line.rstrip() for line in text.splitlines() if line.strip() and line.rstrip() not in have]
+        else:
+            have = set(table_rows(committed))
+            lacking = [row for row in table_rows(text) if row not in have]
         if lacking:
             out[doc] = lacking
     return out

@@ -97,3 +97,15 @@ def test_the_readme_quotes_the_powered_studys_primary_interval_from_its_rebuilt_
     committed = (ROOT / "docs" / "results" / "realmodel_powered.md").read_text()
     [phrase] = reproduce._powered_readme_phrases({"realmodel_powered.md": committed})
     assert phrase in (ROOT / "README.md").read_text()
+
+
+def test_a_page_written_whole_by_its_script_is_checked_line_by_line(tmp_path, monkeypatch):
+    """For WHOLE_PAGES a changed sentence is a difference too; elsewhere only table rows are compared."""
+    reproduce = _reproduce()
+    monkeypatch.setattr(reproduce, "RESULTS", tmp_path)
+    page = "# Title\n\nComputed on: one GPU (20 runs).\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"
+    for doc in ("realmodel_powered.md", "other.md"):
+        (tmp_path / doc).write_text(page.replace("one GPU", "the CPU"))
+    rebuilt = reproduce.Rebuilt({"realmodel_powered.md": page, "other.md": page}, {})
+    assert "realmodel_powered.md" in reproduce.WHOLE_PAGES
+    assert reproduce.missing_rows(rebuilt) == {"realmodel_powered.md": ["Computed on: one GPU (20 runs)."]}
