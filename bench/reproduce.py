@@ -5,7 +5,8 @@ Each study with committed data is rebuilt by the same code that wrote it, from i
 
 - ``testbed``: ``testbed_results.json`` -> the tables of ``testbed.md`` and ``headline.md`` (the README's table is
   ``headline.md``'s first one), ``testbed_curves_*.png`` and ``testbed_tradeoff_*.png`` (``bench/testbed.py
-  --report-only``; the reliability diagrams need the runs' per-sample files, which are not committed);
+  --report-only``; the reliability diagrams need the runs' per-sample files, which are not committed, so they are
+  not redrawn, and per-sample files a local run left in runs/ are not read);
 - ``abstention``: ``abstention_results.json`` -> ``abstention.md``'s tables and ``abstention.png``;
 - ``forms``: ``forms_results.json`` -> ``forms.md``'s tables and ``forms_study.png``;
 - ``gcpo``: ``gcpo_results.json`` (every prompt group's gradient noise, SNR and signals) -> ``gcpo.md``'s table
@@ -77,9 +78,16 @@ class Rebuilt:
 def rebuild_testbed(scratch: Path) -> Rebuilt:
     testbed = _script("testbed")
     out = scratch / "testbed"
+    # the committed data alone: without their run_dir the records cannot pick up per-sample files a local run left
+    # in runs/ (the reliability diagrams, whose per-sample files are not committed, are then not redrawn)
+    summary = json.loads((RESULTS / "testbed_results.json").read_text())
+    for record in summary["results"]:
+        record.pop("run_dir", None)
+    scratch.mkdir(parents=True, exist_ok=True)
+    data = scratch / "testbed_results.json"
+    data.write_text(json.dumps(summary))
     with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):  # its report and its missing-samples note
-        testbed.main(["--report-only", "--merge", str(RESULTS / "testbed_results.json"), "--out", str(out),
-                      "--runs", str(scratch / "testbed_runs")])
+        testbed.main(["--report-only", "--merge", str(data), "--out", str(out), "--runs", str(scratch / "testbed_runs")])
     figures = {p.name: p for p in out.glob("testbed_*.png")}
     return Rebuilt({"testbed.md": (out / "testbed.md").read_text(), "headline.md": (out / "headline.md").read_text()},
                    figures)

@@ -109,3 +109,24 @@ def test_a_page_written_whole_by_its_script_is_checked_line_by_line(tmp_path, mo
     rebuilt = reproduce.Rebuilt({"realmodel_powered.md": page, "other.md": page}, {})
     assert "realmodel_powered.md" in reproduce.WHOLE_PAGES
     assert reproduce.missing_rows(rebuilt) == {"realmodel_powered.md": ["Computed on: one GPU (20 runs)."]}
+
+
+def test_the_testbed_rebuild_reads_no_per_sample_file_a_local_run_left(tmp_path, monkeypatch):
+    """The committed records name their runs' folders (runs/bench_testbed/...); a local run there must not feed
+    the rebuilt reliability diagrams, which the committed data cannot draw: they are left out, not redrawn."""
+    import json
+
+    import numpy as np
+
+    record = json.loads((ROOT / "docs" / "results" / "testbed_results.json").read_text())["results"][0]
+    local = tmp_path / record["run_dir"]
+    local.mkdir(parents=True)
+    # a local run's file, as the testbed writes it (the fields the reliability diagram reads)
+    np.savez(local / "final_samples.npz", prompt_index=np.array([0, 0, 1, 1]), logprob_mean=np.log([0.9, 0.2, 0.6, 0.4]),
+             seq_prob=np.array([0.9, 0.2, 0.6, 0.4]), correct=np.array([True, False, True, False]),
+             q_true=np.array([0.8, 0.3, 0.5, 0.5]), answer_id=np.array([0, 1, 0, 1]),
+             completion=np.array(["a", "b", "a", "b"]))
+    monkeypatch.chdir(tmp_path)
+    rebuilt = _reproduce().rebuild_testbed(tmp_path / "scratch")
+    assert "testbed_curves_stochastic_reasoning.png" in rebuilt.figures
+    assert not [f for f in rebuilt.figures if "reliability" in f]
