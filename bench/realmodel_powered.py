@@ -47,6 +47,7 @@ import json
 import math
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -481,9 +482,8 @@ def report(result: dict, runs: dict[tuple[str, int], dict], *, figure: str | Non
              "Data: `docs/results/realmodel_powered/` (one file per finished run; this page and its figure are "
              "rebuilt by `python bench/realmodel_powered.py`).", "",
              f"Protocol: [{PROTOCOL}](../protocols/realmodel_powered.md), committed before any run.", ""]
-    devices: dict[str, int] = {}
-    for run in runs.values():  # records gathered before the device was recorded ran on the CPU
-        devices[run.get("device", "cpu")] = devices.get(run.get("device", "cpu"), 0) + 1
+    # records gathered before the device was recorded ran on the CPU
+    devices = Counter(run.get("device", "cpu") for run in runs.values())
     if devices:
         lines += ["Computed on: " + ", ".join(f"{DEVICE_WORDS.get(d, d)} ({n} run{'s' * (n != 1)})"
                                               for d, n in sorted(devices.items())) + ".", ""]

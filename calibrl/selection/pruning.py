@@ -326,8 +326,9 @@ def _pruning_cannot_change_winner(weights: np.ndarray, prob: np.ndarray, answer_
     top = np.full(n_prompts, -np.inf)
     np.maximum.at(top, pair_prompt, full)
     # the unpruned winner: the first pair reaching the top (any pair reaching it: if two do, the test below fails)
+    at_top = full >= top[pair_prompt]
     winner = np.full(n_prompts, first.size, dtype=np.int64)
-    np.minimum.at(winner, pair_prompt[full >= top[pair_prompt]], np.flatnonzero(full >= top[pair_prompt]))
+    np.minimum.at(winner, pair_prompt[at_top], np.flatnonzero(at_top))
     others = full.copy()
     others[winner[winner < first.size]] = -np.inf
     second = np.full(n_prompts, -np.inf)
