@@ -4,9 +4,9 @@
 Each study with committed data is rebuilt by the same code that wrote it, from its data file in docs/results/:
 
 - ``testbed``: ``testbed_results.json`` -> the tables of ``testbed.md`` and ``headline.md`` (the README's table is
-  ``headline.md``'s first one), ``testbed_curves_*.png`` and ``testbed_tradeoff_*.png`` (``bench/testbed.py
-  --report-only``; the reliability diagrams need the runs' per-sample files, which are not committed, so they are
-  not redrawn, and per-sample files a local run left in runs/ are not read);
+  ``headline.md``'s first one), ``testbed_curves_*.png``, ``testbed_tradeoff_*.png`` and, from the runs'
+  per-sample files in ``testbed_samples/``, ``testbed_reliability_*.png`` (``bench/testbed.py --report-only``;
+  per-sample files a local run left in runs/ are not read);
 - ``abstention``: ``abstention_results.json`` -> ``abstention.md``'s tables and ``abstention.png``;
 - ``forms``: ``forms_results.json`` -> ``forms.md``'s tables and ``forms_study.png``;
 - ``gcpo``: ``gcpo_results.json`` (every prompt group's gradient noise, SNR and signals) -> ``gcpo.md``'s table
@@ -25,9 +25,10 @@ Each study with committed data is rebuilt by the same code that wrote it, from i
 
 Without ``--check`` the figures are redrawn into docs/results/ and every table row that is not in its document is
 printed. With ``--check`` nothing is written and the exit status is 1 when a rebuilt table row is missing from its
-document (any rebuilt line, for a page its script writes whole: ``WHOLE_PAGES``), or the README's results table differs from ``headline.md``'s, or a study's data file is missing while its
-document is not listed as lacking data. The documents whose raw data is not committed (yet) are listed with the
-command that makes it.
+document (any rebuilt line, for a page its script writes whole: ``WHOLE_PAGES``), or a copy of ``headline.md``'s
+tables differs from it (README.md's results table, docs/results/README.md's tables), or a study's data file is
+missing while its document is not listed as lacking data. The documents whose raw data is not committed (yet) are
+listed with the command that makes it.
 """
 
 from __future__ import annotations
@@ -78,11 +79,12 @@ class Rebuilt:
 def rebuild_testbed(scratch: Path) -> Rebuilt:
     testbed = _script("testbed")
     out = scratch / "testbed"
-    # the committed data alone: without their run_dir the records cannot pick up per-sample files a local run left
-    # in runs/ (the reliability diagrams, whose per-sample files are not committed, are then not redrawn)
+    # the committed data alone: every record's per-sample file is the committed one, so a run_dir pointing into
+    # runs/ (a local run's) cannot feed the reliability diagrams
     summary = json.loads((RESULTS / "testbed_results.json").read_text())
     for record in summary["results"]:
-        record.pop("run_dir", None)
+        run = (record["task"], record["method"], f"seed{record['seed']}")
+        record["run_dir"] = str(RESULTS.joinpath("testbed_samples", *run))
     scratch.mkdir(parents=True, exist_ok=True)
     data = scratch / "testbed_results.json"
     data.write_text(json.dumps(summary))
@@ -227,17 +229,22 @@ def missing_rows(rebuilt: Rebuilt) -> dict[str, list[str]]:
     return out
 
 
-def readme_differences() -> list[str]:
-    """Rows of headline.md's first table (the README's results table) that the README lacks."""
-    headline = (RESULTS / "headline.md").read_text().splitlines()
+def readme_differences() -> dict[str, list[str]]:
+    """``{copy: rows of headline.md it lacks}`` for the two documents that copy headline.md's tables: README.md
+    (its results table is headline.md's first table) and docs/results/README.md (every table of headline.md)."""
+    headline = (RESULTS / "headline.md").read_text()
     first: list[str] = []
-    for line in headline:
+    for line in headline.splitlines():
         if line.startswith("|"):
             first.append(line)
         elif first:
             break
-    readme = set(table_rows((ROOT / "README.md").read_text()))
-    return [row for row in table_rows("\n".join(first)) if row not in readme]
+    out = {}
+    for name, copy, wanted in (("README.md", ROOT / "README.md", table_rows("\n".join(first))),
+                               ("docs/results/README.md", RESULTS / "README.md", table_rows(headline))):
+        have = set(table_rows(copy.read_text()))
+        out[name] = [row for row in wanted if row not in have]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,9 +283,10 @@ def main(argv: list[str] | None = None) -> int:
                 for figure, path in rebuilt.figures.items():
                     shutil.copyfile(path, RESULTS / figure)
                 print(f"{name}: redrew {', '.join(sorted(rebuilt.figures))}")
-    readme = readme_differences()
-    failures += len(readme)
-    print(f"README.md results table: {'same as headline.md' if not readme else f'{len(readme)} row(s) differ'}")
+    for copy, lacking in readme_differences().items():
+        failures += len(lacking)
+        print(f"{copy} copy of headline.md's tables: "
+              f"{'same as headline.md' if not lacking else f'{len(lacking)} row(s) differ, e.g. {lacking[0]}'}")
     pending = {DATA_FILES[name][1] for name in names if not (RESULTS / DATA_FILES[name][0]).exists()}
     for doc, how in NOT_COMMITTED.items():
         if doc not in pending:  # those were named above with their command

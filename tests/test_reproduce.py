@@ -27,7 +27,23 @@ def test_check_passes_on_the_committed_data(capsys):
     assert _reproduce().main(["--check", "--only", "abstention,forms,gcpo", "--no-figures"]) == 0
     out = capsys.readouterr().out
     assert "same as abstention.md" in out and "same as forms.md" in out and "same as gcpo.md" in out
-    assert "README.md results table: same" in out
+    assert "README.md copy of headline.md's tables: same" in out
+    assert "docs/results/README.md copy of headline.md's tables: same" in out
+
+
+def test_check_fails_when_a_copy_of_the_headline_tables_differs(tmp_path, monkeypatch, capsys):
+    """docs/results/README.md repeats every table of headline.md: a stale row there is a difference."""
+    reproduce = _reproduce()
+    results = tmp_path / "docs" / "results"
+    shutil.copytree(ROOT / "docs" / "results", results, ignore=shutil.ignore_patterns("*.png", "*samples*"))
+    copy = results / "README.md"
+    row = next(line for line in copy.read_text().splitlines() if line.startswith("| SEED-GRPO | "))
+    copy.write_text(copy.read_text().replace(row, row.replace("±", "+-", 1)))
+    monkeypatch.setattr(reproduce, "RESULTS", results)
+    assert reproduce.main(["--check", "--only", "gcpo", "--no-figures"]) == 1
+    out = capsys.readouterr().out
+    assert "docs/results/README.md copy of headline.md's tables: 1 row(s) differ" in out
+    assert "README.md copy of headline.md's tables: same" in out
 
 
 def test_every_results_document_names_its_data():
@@ -111,9 +127,10 @@ def test_a_page_written_whole_by_its_script_is_checked_line_by_line(tmp_path, mo
     assert reproduce.missing_rows(rebuilt) == {"realmodel_powered.md": ["Computed on: one GPU (20 runs)."]}
 
 
-def test_the_testbed_rebuild_reads_no_per_sample_file_a_local_run_left(tmp_path, monkeypatch):
-    """The committed records name their runs' folders (runs/bench_testbed/...); a local run there must not feed
-    the rebuilt reliability diagrams, which the committed data cannot draw: they are left out, not redrawn."""
+def test_the_testbed_rebuild_draws_its_reliability_diagrams_from_the_committed_samples_only(tmp_path, monkeypatch):
+    """The records name their per-sample files by a path relative to the checkout; a file a local run left at that
+    path elsewhere (here: under the working directory) must not feed the rebuilt diagrams, which equal the
+    committed ones to the byte."""
     import json
 
     import numpy as np
@@ -128,5 +145,7 @@ def test_the_testbed_rebuild_reads_no_per_sample_file_a_local_run_left(tmp_path,
              completion=np.array(["a", "b", "a", "b"]))
     monkeypatch.chdir(tmp_path)
     rebuilt = _reproduce().rebuild_testbed(tmp_path / "scratch")
-    assert "testbed_curves_stochastic_reasoning.png" in rebuilt.figures
-    assert not [f for f in rebuilt.figures if "reliability" in f]
+    reliability = sorted(f for f in rebuilt.figures if "reliability" in f)
+    assert reliability == [f"testbed_reliability_{t}.png" for t in ("addition", "decision", "stochastic_reasoning")]
+    for figure in reliability:
+        assert rebuilt.figures[figure].read_bytes() == (ROOT / "docs" / "results" / figure).read_bytes(), figure

@@ -360,6 +360,9 @@ def write_figures(summary: dict, out: str | Path, task: str) -> list[Path]:
                 hist, x="expected_accuracy", y="auroc", path=out / f"tradeoff_{task}.png",
                 references={"auroc": (frontier[:, 0], frontier[:, 1], "ideal sampler at temperature T")}))
     samples = _final_samples(out, summary, task)
+    # the legend's ECE is that of the pooled samples, which is not the tables' mean of per-seed ECEs: say so
+    seeds = len({r["seed"] for r in summary["results"] if r["task"] == task})
+    pooled = f"\n({seeds} seeds pooled; the legend's ECE is that of the pooled samples)" if seeds > 1 else ""
     if samples:
         if task == "decision":
             series = {}
@@ -367,11 +370,11 @@ def write_figures(summary: dict, out: str | Path, task: str) -> list[Path]:
                 has = np.isfinite(s["dec_conf"])
                 series[label] = (s["dec_conf"][has], s["correct"][has])
             paths.append(plot_reliability(series, out / f"reliability_{task}.png", strategy="quantile",
-                                          title="Decision-token reliability (final models, equal-count bins)"))
+                                          title=f"Decision-token reliability, final models, equal-count bins{pooled}"))
         else:
             series = {label: (s["seq_prob"], s["correct"]) for label, s in samples.items()}
             paths.append(plot_reliability(series, out / f"reliability_{task}.png",
-                                          title="Sequence-probability reliability (final models)"))
+                                          title=f"Sequence-probability reliability, final models{pooled}"))
     return paths
 
 

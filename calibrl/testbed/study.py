@@ -205,8 +205,9 @@ def write_study_report(summary: dict, out: Path, *, scratch: Path, command: str)
     text = report.read_text()
     title = f"# {STUDY_TITLE}\n"
     if text.startswith(title) and "\nData: " not in text[:400]:
-        text = (f"{title}\n{DATA_LINE}; the reliability\ndiagrams need the runs' per-sample files, which are not "
-                f"committed).\n" + text[len(title):])
+        text = (f"{title}\n{DATA_LINE}; the reliability\ndiagrams from the runs' per-sample files, "
+                f"`docs/results/testbed_samples/`, one `<task>/<method>/seed<k>/final_samples.npz` per run).\n"
+                + text[len(title):])
     for png in scratch.glob("*.png"):
         target = out / f"testbed_{png.name}"
         shutil.copyfile(png, target)
