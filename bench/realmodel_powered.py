@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import io
 import json
 import math
 import sys
@@ -337,27 +336,13 @@ def run_record(folder: Path) -> dict | None:
             "seconds": log.get("seconds"), "resumed_from": log.get("resumed_from"), "evaluations": evaluations}
 
 
-def _write_if_changed(path: Path, doc: dict) -> bool:
-    """``doc`` as gzip-compressed JSON (no timestamp: equal records give equal bytes), written then renamed, only
-    when the bytes differ from the file's. True when written."""
-    raw = io.BytesIO()
-    with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as handle:
-        handle.write(json.dumps(doc, separators=(",", ":")).encode())
-    data = raw.getvalue()
-    if path.exists() and path.read_bytes() == data:
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-    return True
-
-
 def gather(runs_dir: Path, out: Path) -> list[dict]:
     """Every finished run under ``runs_dir`` (``seed<s>/<method>``, ``slow/seed<s>/grpo``) into the folder ``out``,
     one file per run, ``<arm>_seed<s>.json.gz``, written once (a file whose bytes would not change is left alone),
     so the study's history holds each run's records once (about 0.25 MB each) rather than a growing file
     recommitted after every run. Returns the run records, sorted by arm and seed."""
+    from calibrl.testbed.realmodel import write_json_gz
+
     folders = sorted(runs_dir.glob("seed*/*")) + sorted(runs_dir.glob("slow/seed*/*"))
     runs = [r for r in (run_record(f) for f in folders if f.is_dir()) if r is not None]
     order = list(ARMS)
@@ -368,10 +353,10 @@ def gather(runs_dir: Path, out: Path) -> list[dict]:
             raise ValueError(f"{runs_dir}: two finished runs of {r['arm']} seed {r['seed']}")
         seen.add((r["arm"], r["seed"]))
     for r in runs:
-        _write_if_changed(out / f"{r['arm']}_seed{r['seed']}.json.gz",
-                          {"study": "powered real-model study", "protocol": PROTOCOL,
-                           "note": "confidence = exp(logprob_mean); decision_prob null where a completion named no "
-                                   "letter", "run": r})
+        write_json_gz(out / f"{r['arm']}_seed{r['seed']}.json.gz",
+                      {"study": "powered real-model study", "protocol": PROTOCOL,
+                       "note": "confidence = exp(logprob_mean); decision_prob null where a completion named no "
+                               "letter", "run": r})
     return runs
 
 

@@ -17,12 +17,16 @@ Each method takes about 30 minutes on one core (36 steps of about 50 s, 7 evalua
 (the 192-sample evaluation batch): on 24 GB run two methods at a time, each in its own process
 (``--methods grpo,capo`` and ``--methods capo_mask,grpo_decision``, ``OMP_NUM_THREADS=1``), not four.
 
-Each method's run writes ``<out>/<method>/calibration_eval.json`` and ``trainer_log.json``; a method whose file
-says it finished is skipped on a rerun. Within a method, a checkpoint is saved at every evaluation point (the LoRA
-adapter, optimizer, scheduler, RNG states and step; the newest kept), and a rerun of the same command resumes an
-interrupted method from its newest complete checkpoint, with the records an uninterrupted run gives
-(:func:`calibrl.testbed.realmodel.train_real_model`, ``checkpoints=True``). The report
-(``<out>/report.md``, ``<out>/trajectories.png``) is rebuilt from those files.
+Each method's run writes ``<out>/<method>/calibration_eval.json``, ``evaluation_samples.json`` and
+``trainer_log.json``; a method whose file says it finished is skipped on a rerun. ``--pack`` also writes each
+finished run's records into ``docs/results/realmodel_study/<method>_seed<s>.json.gz`` (the study's committed data:
+settings, every evaluation with its per-sample arrays, the trainer's log), from which ``python bench/reproduce.py
+--only realmodel`` rebuilds docs/results/realmodel.md's tables and ``realmodel_study.png``.
+
+Within a method, a checkpoint is saved at every evaluation point (the LoRA adapter, optimizer, scheduler, RNG
+states and step; the newest kept), and a rerun of the same command resumes an interrupted method from its newest
+complete checkpoint, with the records an uninterrupted run gives (:func:`calibrl.testbed.realmodel.train_real_model`,
+``checkpoints=True``). The report (``<out>/report.md``, ``<out>/trajectories.png``) is rebuilt from those files.
 """
 
 from __future__ import annotations
@@ -35,15 +39,18 @@ import sys
 from pathlib import Path
 
 from calibrl.testbed.realmodel import (REAL_MODEL_LABELS, REAL_MODEL_METHODS, RealModelRunConfig,
-                                       matched_accuracy_table, plot_runs, records_table, train_real_model,
-                                       training_table, with_samples)
+                                       evaluation_error_bars, matched_accuracy_table, plot_runs, records_table,
+                                       train_real_model, training_table, with_samples, write_json_gz)
 
 DONE = "finished"
+ROOT = Path(__file__).resolve().parents[1]
+RECORDS = ROOT / "docs" / "results" / "realmodel_study"  # the committed data: one <method>_seed<s>.json.gz per run
+TITLE = "SmolLM2-135M-Instruct with LoRA: multiple-choice, held-out prompts"
 
 
-def report(out: Path, methods: list[str]) -> str:
-    """Markdown: every evaluation of every method, the methods read against GRPO at matched held-out accuracy,
-    and the trainer's own per-step logs (first and last steps); writes ``trajectories.png``."""
+def load_run_folders(out: Path, methods: list[str]) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
+    """The runs under ``out`` (one folder per method) as (label -> held-out evaluation records with their
+    per-sample arrays, label -> the trainer's log_history); a method without records comes back empty."""
     runs, logs = {}, {}
     for method in methods:
         path = out / method / "calibration_eval.json"
@@ -52,8 +59,12 @@ def report(out: Path, methods: list[str]) -> str:
         log = out / method / "trainer_log.json"
         if log.exists():
             logs[REAL_MODEL_LABELS[method]] = json.loads(log.read_text())["log_history"]
-    plot_runs(runs, out / "trajectories.png",
-              title="SmolLM2-135M-Instruct with LoRA: multiple-choice, held-out prompts")
+    return runs, logs
+
+
+def tables(runs: dict[str, list[dict]], logs: dict[str, list[dict]]) -> str:
+    """Markdown: every evaluation of every method, the methods read against GRPO at matched held-out accuracy,
+    and the trainer's own per-step logs (first and last steps)."""
     sections = ["## Held-out evaluations", "", records_table(runs)]
     if REAL_MODEL_LABELS["grpo"] in runs:
         sections += ["", "## At matched held-out accuracy (against GRPO's own path)", "",
@@ -61,6 +72,107 @@ def report(out: Path, methods: list[str]) -> str:
     if logs:
         sections += ["", "## Training rollouts (trainer logs)", "", training_table(logs)]
     return "\n".join(sections)
+
+
+def report(out: Path, methods: list[str]) -> str:
+    """:func:`tables` of the runs under ``out``; writes ``trajectories.png``."""
+    runs, logs = load_run_folders(out, methods)
+    plot_runs(runs, out / "trajectories.png", title=TITLE)
+    return tables(runs, logs)
+
+
+def pack(out: Path, methods: list[str], dest: Path = RECORDS) -> list[Path]:
+    """Each finished method's run under ``out`` into ``dest/<method>_seed<s>.json.gz``: its settings
+    (``run_config.json``), every held-out evaluation with its per-sample arrays (prompt id, correctness,
+    ``logprob_mean``, decision probability) and the trainer's log. The study's committed data, from which
+    :func:`load_packed` and ``bench/reproduce.py`` rebuild its tables and figure. Returns the files written."""
+    written = []
+    for method in methods:
+        folder = out / method
+        log = folder / "trainer_log.json"
+        if not (log.exists() and json.loads(log.read_text()).get(DONE)):
+            continue
+        config = json.loads((folder / "run_config.json").read_text())
+        runs, logs = load_run_folders(out, [method])
+        label = REAL_MODEL_LABELS[method]
+        path = dest / f"{method}_seed{config['seed']}.json.gz"
+        doc = {"study": "equal-budget real-model study (docs/results/realmodel.md)", "method": method,
+               "seed": config["seed"], "config": config, "records": runs[label], "log_history": logs[label],
+               "note": "confidence = exp(logprob_mean); decision_prob null where a completion named no letter"}
+        if write_json_gz(path, doc):
+            written.append(path)
+    return written
+
+
+def load_packed(dest: Path = RECORDS) -> dict[int, tuple[dict[str, list[dict]], dict[str, list[dict]]]]:
+    """The committed data (:func:`pack`) as seed -> (label -> evaluation records, label -> log_history), the
+    methods in the order of ``REAL_MODEL_METHODS``."""
+    import gzip
+
+    docs = [json.loads(gzip.decompress(f.read_bytes())) for f in sorted(dest.glob("*_seed*.json.gz"))]
+    order = list(REAL_MODEL_METHODS)
+    out: dict[int, tuple[dict, dict]] = {}
+    for doc in sorted(docs, key=lambda d: (d["seed"], order.index(d["method"]))):
+        runs, logs = out.setdefault(int(doc["seed"]), ({}, {}))
+        runs[REAL_MODEL_LABELS[doc["method"]]] = doc["records"]
+        logs[REAL_MODEL_LABELS[doc["method"]]] = doc["log_history"]
+    return out
+
+
+def plot_study(by_seed: dict[int, tuple[dict[str, list[dict]], dict]], path: Path) -> Path:
+    """The study's figure: held-out accuracy over training for the first seed (bars: 95% prompt-bootstrap
+    intervals), then one panel per seed of each method's (accuracy, AUROC) path in step order, its final
+    evaluation drawn larger (intervals of the AUROC differences are in the matched-accuracy tables)."""
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from calibrl.evaluation.styles import series_style
+
+    seeds = sorted(by_seed)
+    fig, axes = plt.subplots(1, 1 + len(seeds), figsize=(4.4 * (1 + len(seeds)), 4.2), squeeze=False)
+    axes = axes[0]
+    first_runs = by_seed[seeds[0]][0]
+    for label, records in first_runs.items():
+        style = series_style(label)
+        bars = np.array([evaluation_error_bars(r) for r in records])  # [E, 2, 2]: accuracy/AUROC, below/above
+        axes[0].errorbar([r["step"] for r in records], [r["accuracy"] for r in records], yerr=bars[:, 0].T,
+                         capsize=3, label=label, **style.kwargs())
+    axes[0].set(xlabel="training step", ylabel="held-out accuracy (higher is better)",
+                title=f"Accuracy over training, seed {seeds[0]}\n(bars: 95% prompt-bootstrap intervals)")
+    for ax, seed in zip(axes[1:], seeds):
+        for i, (label, records) in enumerate(by_seed[seed][0].items()):
+            style = series_style(label)
+            acc = [r["accuracy"] for r in records]
+            auc = [r["auroc"] if isinstance(r.get("auroc"), (int, float)) else np.nan for r in records]
+            ax.plot(acc, auc, label=label, **style.kwargs())
+            ax.plot(acc[-1:], auc[-1:], marker=style.marker, markersize=11, color=style.color, linestyle="none")
+            if i == 0:  # every method starts from the same evaluation of the same model
+                ax.annotate("start", (acc[0], auc[0]), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        ax.set(xlabel="held-out accuracy (higher is better)", ylabel="AUROC of mean token log-prob (higher is better)",
+               title=f"Seed {seed}: AUROC against accuracy, every 6 steps\n(large marker: the last step)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    handles, labels = [], []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h), labels.append(lab)
+    fig.suptitle(TITLE)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), frameon=False)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def study_text(by_seed: dict[int, tuple[dict[str, list[dict]], dict[str, list[dict]]]]) -> str:
+    """:func:`tables` of every seed of the committed data, under one heading per seed (docs/results/realmodel.md
+    quotes them)."""
+    return "\n\n".join(f"### Seed {seed}\n\n" + tables(*by_seed[seed]).replace("## ", "#### ")
+                       for seed in sorted(by_seed))
 
 
 def main() -> None:
@@ -85,6 +197,9 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where each run computes: the CPU (default) or one GPU (strict float32 either way)")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--pack", action="store_true",
+                        help="also write each finished method's records into docs/results/realmodel_study/ (the "
+                             "study's committed data, rebuilt by bench/reproduce.py --only realmodel)")
     parser.add_argument("--on-finish", default=None, metavar="COMMAND",
                         help="a shell command run after each method's run finishes (scripts/realmodel_powered_queue.sh "
                              "commits the raw records with it); its failure is reported, not fatal")
@@ -119,6 +234,9 @@ def main() -> None:
     text = report(options.out, methods)
     (options.out / "report.md").write_text(text + "\n")
     print(text)
+    if options.pack:
+        for path in pack(options.out, methods):
+            print(f"packed {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,10 @@ Each study with committed data is rebuilt by the same code that wrote it, from i
   readings) -> ``decision.md``'s tables (``bench/decision_study.py``);
 - ``rlcr``: ``rlcr_results.json`` (every evaluation) -> ``rlcr.md``'s tables (``bench/rlcr.py``);
 - ``realmodel_powered``: the folder ``realmodel_powered/`` (one raw-records file per run) ->
-  ``realmodel_powered.md`` and ``realmodel_powered.png`` (``bench/realmodel_powered.py``, about 15 s).
+  ``realmodel_powered.md`` and ``realmodel_powered.png`` (``bench/realmodel_powered.py``, about 15 s);
+- ``realmodel``: the folder ``realmodel_study/`` (one raw-records file per run of the equal-budget study) ->
+  ``realmodel.md``'s tables of every seed and ``realmodel_study.png`` (``bench/realmodel_study.py``); the untrained
+  baseline's samples ``realmodel_baseline/*.jsonl`` -> its tables (``calibrl eval``'s, about 10 s).
 
 Without ``--check`` the figures are redrawn into docs/results/ and every table row that is not in its document is
 printed. With ``--check`` nothing is written and the exit status is 1 when a rebuilt table row is missing from its
@@ -38,6 +41,7 @@ import importlib.util
 import io
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -49,9 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 
 # documents whose data is not in the repository: the command that makes it (into the data file the rebuilder reads)
-NOT_COMMITTED = {
-    "realmodel.md": "python bench/realmodel_study.py (about 40 minutes per pair of methods per seed on 2 cores)",
-}
+NOT_COMMITTED: dict[str, str] = {}
 
 
 def _script(name: str):
@@ -152,6 +154,27 @@ def rebuild_realmodel_powered(scratch: Path) -> Rebuilt:
     return Rebuilt({"realmodel_powered.md": text}, {figure.name: figure})
 
 
+def _baseline_tables(scratch: Path) -> str:
+    """The tables of ``calibrl eval``'s report section "overall" on the untrained baseline's committed samples
+    (``realmodel_baseline/*.jsonl``, written by the ``calibrl generate`` commands of realmodel.md)."""
+    files = sorted((RESULTS / "realmodel_baseline").glob("*.jsonl"))
+    out = scratch / "realmodel_baseline_eval"
+    done = subprocess.run([sys.executable, "-m", "calibrl", "eval", *map(str, files), "--out", str(out)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"calibrl eval on the baseline samples failed:\n{done.stderr[-2000:]}")
+    return (out / "report.md").read_text().split("\n## overall\n", 1)[1].split("\n## ", 1)[0]
+
+
+def rebuild_realmodel(scratch: Path) -> Rebuilt:
+    study = _script("realmodel_study")
+    by_seed = study.load_packed(RESULTS / "realmodel_study")
+    scratch.mkdir(parents=True, exist_ok=True)
+    figure = study.plot_study(by_seed, scratch / "realmodel_study.png")
+    return Rebuilt({"realmodel.md": _baseline_tables(scratch) + "\n\n" + study.study_text(by_seed)},
+                   {figure.name: figure})
+
+
 def rebuild_mask(scratch: Path) -> Rebuilt:
     mask = _script("mask_ablation")
     runs, labels = mask.load(RESULTS / "mask_results.json")
@@ -185,6 +208,9 @@ DATA_FILES: dict[str, tuple[str, str, str]] = {
              "(about 20 minutes on 2 idle cores)"),
     "realmodel_powered": ("realmodel_powered", "realmodel_powered.md",
                           "scripts/realmodel_powered_gpu.sh on one GPU (docs/protocols/realmodel_powered.md)"),
+    "realmodel": ("realmodel_study", "realmodel.md",
+                  "see realmodel.md's commands (bench/realmodel_study.py --pack; about an hour per pair of methods per "
+                  "seed on 2 cores)"),
 }
 DATA = {study: data for study, (data, _, _) in DATA_FILES.items()}
 
@@ -205,6 +231,7 @@ STUDIES: dict[str, Callable[[Path], Rebuilt]] = {
     "testbed": rebuild_testbed, "abstention": rebuild_abstention, "forms": rebuild_forms, "gcpo": rebuild_gcpo,
     "protocol": rebuild_protocol, "mask": rebuild_mask, "downstream": rebuild_downstream,
     "decision": rebuild_decision, "rlcr": rebuild_rlcr, "realmodel_powered": rebuild_realmodel_powered,
+    "realmodel": rebuild_realmodel,
 }
 
 

@@ -172,6 +172,24 @@ def _write_then_rename(path: Path, text: str) -> None:
     tmp.write_text(text)
     tmp.replace(path)
 
+def write_json_gz(path: str | Path, doc: dict) -> bool:
+    """``doc`` as gzip-compressed JSON (no timestamp: equal records give equal bytes), written then renamed, only
+    when the bytes differ from the file's: a study's committed raw records. True when written."""
+    import gzip
+    import io
+
+    raw = io.BytesIO()
+    with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as handle:
+        handle.write(json.dumps(doc, separators=(",", ":")).encode())
+    data, path = raw.getvalue(), Path(path)
+    if path.exists() and path.read_bytes() == data:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return True
+
 
 def _resume_point(config: RealModelRunConfig, out: Path) -> Path | None:
     """The newest complete ``checkpoint-<step>`` of an earlier run of ``config`` in ``out`` (None: start afresh).
