@@ -52,6 +52,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from calibrl.testbed.realmodel import EVALUATION_METRICS, decision_letter_ece, sequence_ece  # noqa: F401
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = Path("runs/realmodel_powered")
 RECORDS = ROOT / "docs" / "results" / "realmodel_powered"  # one <arm>_seed<s>.json.gz per finished run
@@ -83,32 +85,9 @@ PROTOCOL_SETTINGS = {"model": "builtin:smollm2-135m-instruct", "steps": 60, "pro
 # ------------------------------------------------------------------------------------------------ endpoints
 
 
-def sequence_ece(confidence: np.ndarray, correct: np.ndarray) -> float:
-    """ECE of the sequence confidence, 10 equal-width bins (the records' ``ece``): ``confidence`` [N] is
-    exp(mean token log-prob), ``correct`` [N] 0/1."""
-    from calibrl import metrics as M
-
-    return float(M.ece(np.asarray(confidence, float), np.asarray(correct, bool), n_bins=10, strategy="uniform"))
-
-
-def decision_letter_ece(decision_prob: np.ndarray, correct: np.ndarray) -> float:
-    """Decision-letter ECE (the records' ``decision_ece``: equal-count bins, samples that named no letter, nan,
-    left out): ``decision_prob`` [N], ``correct`` [N] 0/1."""
-    from calibrl.trl.telemetry import decision_metrics
-
-    return decision_metrics(np.asarray(decision_prob, float), np.asarray(correct, bool), n_bins=10)["decision_ece"]
-
-
 # name -> (arrays of one evaluation's samples for the metric, the metric for the bootstrap, record key, direction)
-METRICS: dict[str, tuple[Callable[[dict], dict], object, str, str]] = {
-    "auroc": (lambda s: {"confidence": np.asarray(s["logprob_mean"], float), "correct": np.asarray(s["correct"])},
-              "auroc", "auroc", "higher is better"),
-    "ece": (lambda s: {"confidence": np.exp(np.asarray(s["logprob_mean"], float)),
-                       "correct": np.asarray(s["correct"])}, sequence_ece, "ece", "lower is better"),
-    "decision_ece": (lambda s: {"decision_prob": np.array([np.nan if p is None else p for p in s["decision_prob"]],
-                                                          dtype=float), "correct": np.asarray(s["correct"])},
-                     decision_letter_ece, "decision_ece", "lower is better"),
-}
+METRICS = EVALUATION_METRICS
+
 
 # (name, method arm, reference arm, metric, question): the protocol's primary and secondary endpoints
 ENDPOINTS: tuple[tuple[str, str, str, str, str], ...] = (

@@ -38,7 +38,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from calibrl.testbed.realmodel import (REAL_MODEL_LABELS, REAL_MODEL_METHODS, RealModelRunConfig,
+from calibrl.testbed.realmodel import (EVALUATION_METRICS, REAL_MODEL_LABELS, REAL_MODEL_METHODS, RealModelRunConfig,
                                        evaluation_error_bars, matched_accuracy_table, plot_runs, records_table,
                                        train_real_model, training_table, with_samples, write_json_gz)
 
@@ -62,13 +62,58 @@ def load_run_folders(out: Path, methods: list[str]) -> tuple[dict[str, list[dict
     return runs, logs
 
 
+# the metrics of the paired differences (calibrl.testbed.realmodel.EVALUATION_METRICS) and their column titles
+CHANGE_METRICS = (("accuracy", "Δ accuracy"), ("auroc", "Δ AUROC of mean log-prob"), ("ece", "Δ ECE"),
+                  ("confidence_mean", "Δ mean confidence"), ("decision_ece", "Δ decision-letter ECE"))
+
+
+def difference_table(pairs: list[tuple[str, dict, dict]], *, n_boot: int = 2000, seed: int = 0) -> str:
+    """Markdown: for each ``(row label, evaluation a, evaluation b)`` (records with their per-sample arrays, the
+    same prompts) the difference a - b of every :data:`CHANGE_METRICS` metric with its 95% paired prompt-bootstrap
+    interval (:func:`calibrl.metrics.paired.paired_bootstrap_difference`, ``n_boot`` replicates, prompts drawn once
+    for both evaluations); pairs without samples are left out."""
+    from calibrl.metrics.paired import paired_bootstrap_difference
+
+    lines = ["| | " + " | ".join(title for _, title in CHANGE_METRICS) + " |",
+             "|---|" + "---:|" * len(CHANGE_METRICS)]
+    for label, a, b in pairs:
+        sa, sb = a.get("samples"), b.get("samples")
+        if not (sa and sb):
+            continue
+        cells = []
+        for name, _ in CHANGE_METRICS:
+            arrays, score, _, _ = EVALUATION_METRICS[name]
+            d = paired_bootstrap_difference(score, arrays(sa), arrays(sb), prompt_ids_a=sa["prompt_id"],
+                                            prompt_ids_b=sb["prompt_id"], n_boot=n_boot, seed=seed)
+            cells.append(f"{d.point:+.3f} [{d.low:+.3f}, {d.high:+.3f}]")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def change_tables(runs: dict[str, list[dict]]) -> str:
+    """Markdown: each method's last evaluation against its start, then against GRPO's last evaluation (the same
+    step, not the same accuracy), by :func:`difference_table`."""
+    grpo = REAL_MODEL_LABELS["grpo"]
+    since_start = [(f"{label}, step {r[-1]['step']} - step {r[0]['step']}", r[-1], r[0])
+                   for label, r in runs.items() if len(r) > 1]
+    against = [(f"{label} - GRPO, step {r[-1]['step']}", r[-1], runs[grpo][-1])
+               for label, r in runs.items() if label != grpo and r and runs.get(grpo)]
+    sections = ["## From the start to the last step (paired by prompt, 95% intervals)", "",
+                difference_table(since_start)]
+    if against:
+        sections += ["", "## At the last step, against GRPO's (same step, not the same accuracy; paired by prompt)",
+                     "", difference_table(against)]
+    return "\n".join(sections)
+
+
 def tables(runs: dict[str, list[dict]], logs: dict[str, list[dict]]) -> str:
     """Markdown: every evaluation of every method, the methods read against GRPO at matched held-out accuracy,
-    and the trainer's own per-step logs (first and last steps)."""
+    the paired changes of :func:`change_tables`, and the trainer's own per-step logs (first and last steps)."""
     sections = ["## Held-out evaluations", "", records_table(runs)]
     if REAL_MODEL_LABELS["grpo"] in runs:
         sections += ["", "## At matched held-out accuracy (against GRPO's own path)", "",
                      matched_accuracy_table(runs, reference=REAL_MODEL_LABELS["grpo"])]
+    sections += ["", change_tables(runs)]
     if logs:
         sections += ["", "## Training rollouts (trainer logs)", "", training_table(logs)]
     return "\n".join(sections)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +33,7 @@ def _write_run(folder: Path, method: str, seed: int, *, finished: bool = True, s
     records, samples = [], []
     for step in (0, 6, 12):
         ids = [f"p{i}" for i in range(12) for _ in range(4)]
-        logprob = rng.normal(-1.0, 0.5, size=48)
+        logprob = -np.abs(rng.normal(1.0, 0.5, size=48))  # log-probabilities: at most 0
         correct = (rng.random(48) < 1 / (1 + np.exp(-(logprob + 1 + shift * step)))).astype(int)
         records.append({"step": step, "accuracy": float(correct.mean()), "auroc": 0.5 + step / 100,
                         "ece": 0.1, "confidence_mean": float(np.exp(logprob).mean()), "n_samples": 48.0})
@@ -82,3 +83,31 @@ def test_a_second_seed_gets_its_own_section_and_panel(tmp_path):
     text = study.study_text(by_seed)
     assert text.index("### Seed 0") < text.index("### Seed 1")
     assert study.plot_study(by_seed, tmp_path / "study.png").exists()
+
+
+def test_paired_changes_equal_the_metrics_of_the_samples(tmp_path):
+    """Each cell of the change tables is metric(a) - metric(b) on the per-sample arrays (accuracy, scikit-learn's
+    AUROC, mean exp(logprob)) with an interval around it."""
+    from sklearn.metrics import roc_auc_score
+
+    study = _study()
+    _write_run(tmp_path / "runs" / "grpo", "grpo", seed=0, shift=0.02)
+    runs, _ = study.load_run_folders(tmp_path / "runs", ["grpo"])
+    last, first = runs["GRPO"][-1]["samples"], runs["GRPO"][0]["samples"]
+    table = study.difference_table([("GRPO", runs["GRPO"][-1], runs["GRPO"][0])], n_boot=200)
+    row = [line for line in table.splitlines() if line.startswith("| GRPO |")][0]
+    cells = [c.strip() for c in row.strip("|").split("|")][1:]
+    points = [float(c.split(" [")[0]) for c in cells]
+    lows_highs = [tuple(float(x) for x in c.split(" [")[1].rstrip("]").split(", ")) for c in cells]
+
+    def auroc(s):
+        return roc_auc_score(s["correct"], s["logprob_mean"])
+
+    expected = [np.mean(last["correct"]) - np.mean(first["correct"]), auroc(last) - auroc(first), None,
+                np.exp(last["logprob_mean"]).mean() - np.exp(first["logprob_mean"]).mean(), None]
+    for name, point, want, (low, high) in zip(("accuracy", "auroc", "ece", "confidence", "decision"), points,
+                                              expected, lows_highs):
+        assert low <= point <= high, name
+        if want is not None:
+            assert point == pytest.approx(want, abs=6e-4), name  # the table prints 3 decimals
+    assert "| GRPO |" in table and "Δ decision-letter ECE" in table.splitlines()[0]

@@ -276,6 +276,63 @@ def with_samples(records: list[dict], run_dir: str | Path) -> list[dict]:
     return [{**r, "samples": kept[int(r["step"])]} if int(r.get("step", -1)) in kept else r for r in records]
 
 
+def sequence_ece(confidence, correct) -> float:
+    """ECE of the sequence confidence, 10 equal-width bins (the records' ``ece``): ``confidence`` [N] is
+    exp(mean token log-prob), ``correct`` [N] 0/1."""
+    import numpy as np
+
+    from calibrl import metrics as M
+
+    return float(M.ece(np.asarray(confidence, float), np.asarray(correct, bool), n_bins=10, strategy="uniform"))
+
+
+def decision_letter_ece(decision_prob, correct) -> float:
+    """Decision-letter ECE (the records' ``decision_ece``: equal-count bins, samples that named no letter, nan,
+    left out): ``decision_prob`` [N], ``correct`` [N] 0/1."""
+    import numpy as np
+
+    from calibrl.trl.telemetry import decision_metrics
+
+    return decision_metrics(np.asarray(decision_prob, float), np.asarray(correct, bool), n_bins=10)["decision_ece"]
+
+
+def _mean(values) -> float:
+    import numpy as np
+
+    return float(np.mean(values))
+
+
+def _logprob_arrays(s: dict) -> dict:
+    import numpy as np
+
+    return {"confidence": np.asarray(s["logprob_mean"], float), "correct": np.asarray(s["correct"])}
+
+
+def _confidence_arrays(s: dict) -> dict:
+    import numpy as np
+
+    return {"confidence": np.exp(np.asarray(s["logprob_mean"], float)), "correct": np.asarray(s["correct"])}
+
+
+def _decision_arrays(s: dict) -> dict:
+    import numpy as np
+
+    return {"decision_prob": np.array([np.nan if p is None else p for p in s["decision_prob"]], dtype=float),
+            "correct": np.asarray(s["correct"])}
+
+
+# name -> (the arrays of one evaluation's samples (its record's "samples") that the metric reads, the metric for
+# calibrl.metrics.paired's bootstraps, the record key it reproduces, its direction)
+EVALUATION_METRICS: dict[str, tuple[Callable[[dict], dict], object, str, str]] = {
+    "accuracy": (lambda s: {"values": _logprob_arrays(s)["correct"]}, _mean, "accuracy", "higher is better"),
+    "auroc": (_logprob_arrays, "auroc", "auroc", "higher is better"),
+    "ece": (_confidence_arrays, sequence_ece, "ece", "lower is better"),
+    "confidence_mean": (lambda s: {"values": _confidence_arrays(s)["confidence"]}, _mean, "confidence_mean",
+                        "closer to the accuracy is better"),
+    "decision_ece": (_decision_arrays, decision_letter_ece, "decision_ece", "lower is better"),
+}
+
+
 REPORT_KEYS = (("accuracy", "accuracy ↑"), ("auroc", "AUROC of mean log-prob ↑"),
                ("auroc_per_prompt", "AUROC per prompt ↑"), ("ece", "ECE ↓"), ("confidence_mean", "mean confidence"),
                ("decision_ece", "decision-letter ECE ↓"))
