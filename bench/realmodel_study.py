@@ -13,9 +13,9 @@ All settings are fixed before the runs (nothing here is tuned on the evaluation 
     python bench/realmodel_study.py --out runs/realmodel_study            # all methods, one after the other
     python bench/realmodel_study.py --out runs/realmodel_study --report-only
 
-Each method takes about 30 minutes on one core (36 steps of about 50 s, 7 evaluations) and up to 9 GB of memory
-(the 192-sample evaluation batch): on 24 GB run two methods at a time, each in its own process
-(``--methods grpo,capo`` and ``--methods capo_mask,grpo_decision``, ``OMP_NUM_THREADS=1``), not four.
+Each method takes 30-60 minutes on one core (36 steps of 50-100 s, 7 evaluations) and peaks at 2.4 GB of memory
+(the first runs peaked near 9 GB, before TRL's loss pass was checkpointed): on 2 cores run two methods at a time,
+each in its own process (``--methods grpo`` and ``--methods capo_mask``, ``OMP_NUM_THREADS=1``).
 
 Each method's run writes ``<out>/<method>/calibration_eval.json``, ``evaluation_samples.json`` and
 ``trainer_log.json``; a method whose file says it finished is skipped on a rerun. ``--pack`` also writes each
