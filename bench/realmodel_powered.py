@@ -52,7 +52,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from calibrl.testbed.realmodel import EVALUATION_METRICS, decision_letter_ece, sequence_ece  # noqa: F401
+from calibrl.testbed.realmodel import EVALUATION_METRICS
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = Path("runs/realmodel_powered")
@@ -83,10 +83,6 @@ PROTOCOL_SETTINGS = {"model": "builtin:smollm2-135m-instruct", "steps": 60, "pro
 
 
 # ------------------------------------------------------------------------------------------------ endpoints
-
-
-# name -> (arrays of one evaluation's samples for the metric, the metric for the bootstrap, record key, direction)
-METRICS = EVALUATION_METRICS
 
 
 # (name, method arm, reference arm, metric, question): the protocol's primary and secondary endpoints
@@ -166,7 +162,7 @@ def endpoint(runs: dict[tuple[str, int], dict], *, arm: str, reference: str, met
     "high", "fallback"}], "difference", "low", "high", "p_value", "half_width", "between_seed_sd"}``."""
     from calibrl.metrics.paired import hierarchical_bootstrap_difference, paired_bootstrap_difference
 
-    arrays, score, _, _ = METRICS[metric]
+    arrays, score, _, _ = EVALUATION_METRICS[metric]
     per_seed, a, b, ids_a, ids_b = [], [], [], [], []
     for s in seeds:
         mine, ref, fallback = match_pair(runs[(arm, s)]["evaluations"], runs[(reference, s)]["evaluations"])

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
+import calibrl.testbed.realmodel as R
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("realmodel_powered", ROOT / "bench" / "realmodel_powered.py")
 P = importlib.util.module_from_spec(_spec)
@@ -36,8 +38,9 @@ def _evaluation(step: int, accuracy: float, separation: float, rng: np.random.Ge
                                                                     for i, d in enumerate(decision)]}
     return {"step": step, "n_samples": n, "accuracy": float(correct.mean()),
             "auroc": float(roc_auc_score(correct, logprob)),
-            "ece": P.sequence_ece(np.exp(logprob), correct),
-            "decision_ece": P.decision_letter_ece(P.METRICS["decision_ece"][0](samples)["decision_prob"], correct),
+            "ece": R.sequence_ece(np.exp(logprob), correct),
+            "decision_ece": R.decision_letter_ece(R.EVALUATION_METRICS["decision_ece"][0](samples)["decision_prob"],
+                                                  correct),
             "samples": samples}
 
 

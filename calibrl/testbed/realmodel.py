@@ -377,10 +377,8 @@ def auroc_difference_interval(record: dict, reference: dict, *, n_boot: int = 20
     if a and b and set(a["prompt_id"]) == set(b["prompt_id"]):
         from calibrl.metrics.paired import paired_bootstrap_difference
 
-        out = paired_bootstrap_difference(
-            "auroc", {"confidence": a["logprob_mean"], "correct": a["correct"]},
-            {"confidence": b["logprob_mean"], "correct": b["correct"]}, prompt_ids_a=a["prompt_id"],
-            prompt_ids_b=b["prompt_id"], n_boot=n_boot, seed=seed, alpha=alpha)
+        out = paired_bootstrap_difference("auroc", _logprob_arrays(a), _logprob_arrays(b), prompt_ids_a=a["prompt_id"],
+                                          prompt_ids_b=b["prompt_id"], n_boot=n_boot, seed=seed, alpha=alpha)
         return {"difference": out.point, "low": out.low, "high": out.high, "half_width": math.nan,
                 "interval": PAIRED_INTERVAL}
     auc, ref_auc = _number(record.get("auroc")), _number(reference.get("auroc"))
