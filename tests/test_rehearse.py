@@ -68,7 +68,7 @@ def _expected_notes(recipe, *, bf16_ok: bool) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", RECIPES)
-def test_every_shipped_recipe_rehearses_on_the_cpu(name, tmp_path, offline):
+def test_every_shipped_recipe_rehearses_on_the_cpu(name, tmp_path, offline, capfd):
     from calibrl.trl.rehearse import ARCHITECTURES, cpu_supports_bf16, rehearse
     from calibrl.trl.train import load_recipe
 
@@ -95,6 +95,8 @@ def test_every_shipped_recipe_rehearses_on_the_cpu(name, tmp_path, offline):
         assert note in printed
     assert "rehearsal step 1/2:" in printed and "rehearsal step 2/2:" in printed
     assert printed.rstrip().splitlines()[-1].startswith("rehearsal passed")
+    bars = capfd.readouterr().err
+    assert "it/s]" not in bars and "s/it]" not in bars  # and no transformers tqdm bar under the step lines
 
     # the mapped run is CPU-only and small, whatever the recipe asked for
     mapped = rehearsal.recipe.trainer

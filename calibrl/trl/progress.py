@@ -11,14 +11,30 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 __all__ = ["LOG_HISTORY", "format_step_line", "log_history_writer", "print_summary", "progress_callback",
-           "summarize"]
+           "quiet_transformers_bars", "summarize"]
 
 
 LOG_HISTORY = "log_history.jsonl"
+
+
+@contextmanager
+def quiet_transformers_bars():
+    """Within it, transformers shows none of its tqdm bars ("Loading weights", "Writing model shards"); on exit
+    they are as they were. For output that has its own progress display (calibrl's bar, or one line per step)."""
+    from transformers.utils import logging as transformers_logging
+
+    was_enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            transformers_logging.enable_progress_bar()
 
 
 def _defined(value: Any) -> bool:

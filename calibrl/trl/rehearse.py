@@ -32,6 +32,7 @@ gradient checkpointing, the estimator and callbacks) at tiny width, still one pr
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calibrl.trl.progress import quiet_transformers_bars
 from calibrl.trl.recipes import RECIPES_DIR, TINY, DatasetSpec, Recipe, RecipeError
 
 __all__ = [
@@ -345,15 +347,8 @@ def _write_stand_in(recipe: Recipe, folder: Path, notes: list[str]) -> tuple[str
     config = AutoConfig.for_model(model_type, **fields)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
-    from transformers.utils import logging as transformers_logging
-
-    was_enabled = transformers_logging.is_progress_bar_enabled()
-    transformers_logging.disable_progress_bar()  # no "Writing model shards" bar for a 40 MB stand-in
-    try:
+    with quiet_transformers_bars():  # no "Writing model shards" bar for a 40 MB stand-in
         model.save_pretrained(folder)
-    finally:
-        if was_enabled:
-            transformers_logging.enable_progress_bar()
     tokenizer.save_pretrained(folder)
     vocab = int(config.vocab_size)
     notes.append(f"model.name_or_path: {spec.name_or_path} -> {type(model).__name__} at hidden "
@@ -480,9 +475,12 @@ def _rehearse(recipe: Recipe, *, overrides: dict | None, steps: int, output_dir:
                                                   init_kwargs=init_kwargs)
         for note in notes:
             console.print(f"  {note}", markup=False, highlight=False, soft_wrap=True)
-        result.result = train(rehearsed, overrides={}, progress=progress, console=console,
-                              callbacks=[_step_callback(console, steps=steps, rehearsal=result,
-                                                         print_steps=not progress)])
+        # without the rich bar, the printed step lines stand in for it: no transformers tqdm bar among them
+        with contextlib.nullcontext() if progress else quiet_transformers_bars():
+            result.result = train(rehearsed, overrides={} if progress else {"disable_tqdm": True},
+                                  progress=progress, console=console,
+                                  callbacks=[_step_callback(console, steps=steps, rehearsal=result,
+                                                             print_steps=not progress)])
     done = result.result["global_step"]
     if done != steps:
         raise RuntimeError(f"{recipe.source}: the rehearsal ran {done} optimizer steps, not {steps}")

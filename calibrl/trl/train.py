@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from calibrl.trl.checkpoints import inside_generation_block, last_complete_checkpoint
-from calibrl.trl.progress import LOG_HISTORY, log_history_writer, print_summary, progress_callback, summarize
+from calibrl.trl.progress import (LOG_HISTORY, log_history_writer, print_summary, progress_callback,
+                                  quiet_transformers_bars, summarize)
 from calibrl.trl.recipes import (
     TINY,
     DatasetSpec,
@@ -326,15 +327,8 @@ def _remove_if_empty(folder: Path, *, existed: bool) -> None:
 
 def _save_quietly(trainer) -> None:
     """``save_model`` without transformers' "Writing model shards" bar (a second bar under calibrl's own)."""
-    from transformers.utils import logging as transformers_logging
-
-    was_enabled = transformers_logging.is_progress_bar_enabled()
-    transformers_logging.disable_progress_bar()
-    try:
+    with quiet_transformers_bars():
         trainer.save_model(trainer.args.output_dir)
-    finally:
-        if was_enabled:
-            transformers_logging.enable_progress_bar()
 
 
 def train(recipe: Recipe, resume: bool = False, *, overrides: dict | None = None, model=None, tokenizer=None,
