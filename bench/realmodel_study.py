@@ -197,7 +197,7 @@ def plot_study(by_seed: dict[int, tuple[dict[str, list[dict]], dict]], path: Pat
             if i == 0:  # every method starts from the same evaluation of the same model
                 ax.annotate("start", (acc[0], auc[0]), textcoords="offset points", xytext=(5, 4), fontsize=8)
         ax.set(xlabel="held-out accuracy (higher is better)", ylabel="AUROC of mean token log-prob (higher is better)",
-               title=f"Seed {seed}: AUROC against accuracy, every 6 steps\n(large marker: the last step)")
+               title=f"Seed {seed}: AUROC against accuracy\n(every 6 steps; large marker: the last)")
     for ax in axes:
         ax.grid(alpha=0.3)
     handles, labels = [], []
