@@ -4,6 +4,7 @@ GPU-only setting mapped with a note, and no network access at all."""
 
 import io
 import json
+import re
 import socket
 from pathlib import Path
 
@@ -95,8 +96,9 @@ def test_every_shipped_recipe_rehearses_on_the_cpu(name, tmp_path, offline, capf
         assert note in printed
     assert "rehearsal step 1/2:" in printed and "rehearsal step 2/2:" in printed
     assert printed.rstrip().splitlines()[-1].startswith("rehearsal passed")
-    bars = capfd.readouterr().err
-    assert "it/s]" not in bars and "s/it]" not in bars  # and no transformers tqdm bar under the step lines
+    # and the Trainer's tqdm bar (no description) is not drawn among the step lines (the once-per-machine
+    # conversion of a GGUF tokenizer source, in a fresh cache, may still show its own bars)
+    assert not re.search(r"(^|\r)\s*\d+%\|", capfd.readouterr().err, flags=re.MULTILINE)
 
     # the mapped run is CPU-only and small, whatever the recipe asked for
     mapped = rehearsal.recipe.trainer
