@@ -166,11 +166,16 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
     return result
 
 
-def _write_then_rename(path: Path, text: str) -> None:
-    """``text`` into ``path`` through a temporary file renamed over it: a kill leaves the old file or the new one."""
+def _write_then_rename(path: Path, content: str | bytes) -> None:
+    """``content`` into ``path`` through a temporary file renamed over it: a kill leaves the old file or the new
+    one."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    if isinstance(content, bytes):
+        tmp.write_bytes(content)
+    else:
+        tmp.write_text(content)
     tmp.replace(path)
+
 
 def write_json_gz(path: str | Path, doc: dict) -> bool:
     """``doc`` as gzip-compressed JSON (no timestamp: equal records give equal bytes), written then renamed, only
@@ -185,9 +190,7 @@ def write_json_gz(path: str | Path, doc: dict) -> bool:
     if path.exists() and path.read_bytes() == data:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    _write_then_rename(path, data)
     return True
 
 
@@ -246,9 +249,8 @@ def _keep_samples_callback():
             if not records or not rows or int(records[-1]["step"]) in self.kept:
                 return  # no new evaluation (a fresh run starts with none kept: a stale file is overwritten)
             self.kept[int(records[-1]["step"])] = evaluation_samples(rows)
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text(json.dumps({"evaluations": [{"step": s, **v} for s, v in sorted(self.kept.items())]}))
-            tmp.replace(self.path)
+            _write_then_rename(self.path, json.dumps({"evaluations": [{"step": s, **v}
+                                                                     for s, v in sorted(self.kept.items())]}))
 
         def on_train_begin(self, args, state, control, **kwargs):
             self.kept = {}
