@@ -24,7 +24,7 @@ calibrl's reference copy of the model (CAPO's mask) is.
 
 The figure of merit: calibrl's extra memory (its step's peak minus TRL's; the callback's peak) as a ratio to TRL's
 step peak. ``--before`` runs calibrl's no-grad forwards through TRL 1.16's ``_get_per_token_logps_and_entropies``
-as the code did before :func:`calibrl.trl.rollout.completion_logps` (the fused head's tile is still calibrl's
+as the code did before :func:`calibrl.trl.forward.completion_logps` (the fused head's tile is still calibrl's
 on the CPU: :func:`calibrl.logprobs.fused_head_tile`).
 The real-model figures are the peak RSS of the whole process tree of the CLI command (bench/test_memory.py's
 sampler), one torch thread.
@@ -226,11 +226,11 @@ def child_step(kind: str, before: bool) -> dict:
             cls, args = trl.GRPOTrainer, _args(trl.GRPOConfig, out)
         else:
             from calibrl.trl import CalibratedGRPOConfig, CalibratedGRPOTrainer
-            from calibrl.trl import rollout
+            from calibrl.trl import forward, rollout
 
             _serve_fixed_batch(CalibratedGRPOTrainer)
             if before:  # calibrl's forwards through TRL's helper, as before completion_logps
-                rollout.completion_logps = lambda *a, **k: None
+                forward.completion_logps = lambda *a, **k: None
             sampler.wrap(rollout, "collect_rollout", "calibrl forwards", "generation + scoring")
             import calibrl.trl.trainer as trainer_module
 

@@ -1,4 +1,4 @@
-"""Chunked per-token log-probs and memory-budget batching (calibrl.logprobs, calibrl.trl.rollout.completion_logps)."""
+"""Chunked per-token log-probs and memory-budget batching (calibrl.logprobs, calibrl.trl.forward.completion_logps)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def _output(tok, n=6):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.8])
 def test_budget_batching_gives_the_numbers_of_one_batch_and_of_trl(tmp_path, temperature):
-    from calibrl.trl.rollout import _forward_inputs, completion_logps
+    from calibrl.trl.forward import completion_logps, forward_inputs
 
     trainer, tok = _tiny_trainer(tmp_path, temperature=temperature)
     trainer.model.eval()
@@ -106,15 +106,15 @@ def test_budget_batching_gives_the_numbers_of_one_batch_and_of_trl(tmp_path, tem
     forwards = []
     handle = trainer.model.register_forward_pre_hook(lambda m, a, k: forwards.append(k["input_ids"].size(0)),
                                                      with_kwargs=True)
-    small = completion_logps(trainer, trainer.model, output, budget_bytes=one_row_per_forward)
+    small = completion_logps(trainer._policy_forward(), trainer.model, output, budget_bytes=one_row_per_forward)
     assert forwards == [1] * 6
     forwards.clear()
-    whole = completion_logps(trainer, trainer.model, output)
+    whole = completion_logps(trainer._policy_forward(), trainer.model, output)
     assert forwards == [6]
     handle.remove()
     torch.testing.assert_close(small, whole, atol=1e-6, rtol=1e-6)
     # TRL 1.16's own helper (its fused LM head), which calibrl's forwards used before
-    input_ids, attention_mask, keep, batch_size, _ = _forward_inputs(trainer, output)
+    input_ids, attention_mask, keep, batch_size, _ = forward_inputs(trainer._policy_forward(), output)
     with torch.no_grad():
         trl_logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, attention_mask, keep,
                                                                      batch_size=batch_size)
@@ -130,14 +130,14 @@ def test_budget_batching_gives_the_numbers_of_one_batch_and_of_trl(tmp_path, tem
 
 def test_rollout_forward_keeps_only_the_decision_rows(tmp_path):
     from calibrl.trl import decision as dec
-    from calibrl.trl.rollout import rollout_forward
+    from calibrl.trl.forward import rollout_forward
 
     trainer, tok = _tiny_trainer(tmp_path)
     trainer.model.eval()
     output = _output(tok)
     mask = output["completion_mask"]
     positions = torch.tensor([6, 0, 4, -1, 2, 5])
-    fwd = rollout_forward(trainer, output, mask, want_embeddings=True, want_decision=True,
+    fwd = rollout_forward(trainer._policy_forward(), output, mask, want_embeddings=True, want_decision=True,
                           decision_positions=positions)
     ids = torch.cat([output["prompt_ids"], output["completion_ids"]], 1)
     att = torch.cat([output["prompt_mask"], mask], 1)
@@ -173,11 +173,11 @@ def test_fused_head_tile_arithmetic_and_restore():
 
 def test_trl_fused_head_gives_the_same_numbers_with_a_small_tile(tmp_path):
     from calibrl.logprobs import fused_head_tile
-    from calibrl.trl.rollout import _forward_inputs
+    from calibrl.trl.forward import forward_inputs
 
     trainer, tok = _tiny_trainer(tmp_path)
     output = _output(tok)
-    input_ids, attention_mask, keep, _, _ = _forward_inputs(trainer, output)
+    input_ids, attention_mask, keep, _, _ = forward_inputs(trainer._policy_forward(), output)
 
     def logps_and_grad():
         trainer.model.zero_grad()

@@ -5,9 +5,13 @@
 """
 
 from calibrl.advantages.registry import (
+    EstimatorSpec,
+    Param,
     available_estimators,
     compute_advantages,
     estimator_inputs,
+    estimator_spec,
+    estimator_specs,
     get_estimator,
     register_estimator,
 )
@@ -16,4 +20,7 @@ from calibrl.advantages import capo as _capo  # noqa: F401  (registers capo, grp
 from calibrl.advantages import gcpo as _gcpo  # noqa: F401  (registers gcpo, seed_grpo)
 from calibrl.advantages import baselines as _baselines  # noqa: F401  (registers codapo, cde)
 
-__all__ = ["available_estimators", "compute_advantages", "estimator_inputs", "get_estimator", "register_estimator"]
+__all__ = [
+    "EstimatorSpec", "Param", "available_estimators", "compute_advantages", "estimator_inputs", "estimator_spec",
+    "estimator_specs", "get_estimator", "register_estimator",
+]

@@ -81,7 +81,7 @@ def cde_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_groups
     return advantages.to(rewards.dtype), {"bonus_mean": float((shaped - r).mean())}
 
 
-@register_estimator("codapo")
+@register_estimator("codapo", inputs={"logprob_mean"})
 def codapo(batch: RolloutBatch, *, weight_offset: float = 0.1, scale: bool = True, eps: float = 1e-6,
            threshold: float = 0.5) -> tuple[torch.Tensor, dict[str, Any]]:
     """Registered ``codapo`` (needs ``logprob_mean``); see :func:`codapo_advantages`."""
@@ -92,7 +92,7 @@ def codapo(batch: RolloutBatch, *, weight_offset: float = 0.1, scale: bool = Tru
                              threshold=threshold)
 
 
-@register_estimator("cde")
+@register_estimator("cde", inputs={"logprob_mean"}, annealed="omega")
 def cde(batch: RolloutBatch, *, omega: float = 1.0, kappa: float = 2.0, alpha: float = 1.0, scale: bool = True,
         eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, Any]]:
     """Registered ``cde`` (needs ``logprob_mean``); see :func:`cde_advantages`. Anneal ``omega`` in the trainer."""

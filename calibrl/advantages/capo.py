@@ -75,9 +75,18 @@ _NORMALIZE = ("group", "pairs", "none")
 _MASKS = ("none", "fixed", "quantile", "batch_quantile")
 PAPER_REF_HIGH, PAPER_REF_LOW = 2.5, 1.05  # CAPO's fixed thresholds for Qwen2.5-Math (mask="fixed" default)
 _MAX_PAIR_ELEMENTS = 1 << 24  # per block of the [groups, G_max, G_max] pairwise tensor
-# Estimators whose parameters carry CAPO's noise mask (mask, ref_high, ref_low, ref_*_quantile,
-# ref_quantile_batches): the engine adapters hold a FrozenQuantileMask for them when mask="quantile".
-NOISE_MASK_ESTIMATORS: frozenset[str] = frozenset({"capo", "grpo_mask"})
+# The noise mask's parameters and the CalibratedGRPOConfig fields that set them, for every estimator registered
+# with noise_mask= (capo, grpo_mask): the engine adapters hold a FrozenQuantileMask for it when mask="quantile".
+NOISE_MASK_FIELDS: dict[str, str] = {
+    "mask": "capo_mask", "ref_high": "capo_ref_high", "ref_low": "capo_ref_low",
+    "ref_high_quantile": "capo_ref_high_quantile", "ref_low_quantile": "capo_ref_low_quantile",
+    "ref_quantile_batches": "capo_ref_quantile_batches",
+}
+# The mask parameters read with one mask value only (the others are read with every mask).
+MASK_ONLY_PARAMS: dict[str, tuple[str, ...]] = {
+    "none": (), "fixed": ("ref_high", "ref_low"), "quantile": ("ref_quantile_batches",), "batch_quantile": (),
+}
+QUANTILE_MASK_FILE = "calibrl_capo_mask.json"  # FrozenQuantileMask states in each checkpoint folder (TRL and verl)
 
 
 def group_layout(group_ids: torch.Tensor) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor, int]:
@@ -486,7 +495,8 @@ def _missing_reference(estimator: str, mask: str) -> RolloutBatchError:
                                                          alternative=_WITHOUT_MASK.get(estimator, "")))
 
 
-@register_estimator("capo")
+@register_estimator("capo", inputs={"logprob_mean"}, ranks_by="correctness", noise_mask="optional",
+                    fields={**NOISE_MASK_FIELDS, "tau": "capo_tau", "normalize": "capo_normalize"})
 def capo(batch: RolloutBatch, *, tau: float = 0.6, normalize: str = "group", mask: str = "none",
          ref_high: float | None = None, ref_low: float | None = None, ref_high_quantile: float = 0.75,
          ref_low_quantile: float = 0.25, threshold: float = 0.5,
@@ -547,7 +557,10 @@ def grpo_mask_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_
     return advantages.to(rewards.dtype), info
 
 
-@register_estimator("grpo_mask")
+# grpo_mask ranks by correctness too: its mask splits correct from incorrect, and the CAPO ablation it serves
+# compares it with capo on the same rewards (with one 0/1 reward function, the correctness column IS the total).
+@register_estimator("grpo_mask", inputs={"ref_logprob_mean"}, ranks_by="correctness", noise_mask="required",
+                    fields=NOISE_MASK_FIELDS)
 def grpo_mask(batch: RolloutBatch, *, mask: str | None = None, ref_high: float | None = None,
               ref_low: float | None = None, ref_high_quantile: float = 0.75, ref_low_quantile: float = 0.25,
               threshold: float = 0.5, eps: float = 1e-4, ref_quantile_batches: int = 1) -> tuple[torch.Tensor, dict]:

@@ -278,7 +278,7 @@ def gcpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
     return advantages, info
 
 
-@register_estimator("seed_grpo")
+@register_estimator("seed_grpo", inputs={"logprob_mean", "answer_ids"})
 def seed_grpo(batch: RolloutBatch, *, alpha: float = 0.042, f: str = "inverse", base: str = "dr_grpo",
               eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, Any]]:
     """Registered ``seed_grpo`` (see :func:`seed_grpo_advantages`). Needs ``answer_ids`` (-1: no answer, a
@@ -290,7 +290,7 @@ def seed_grpo(batch: RolloutBatch, *, alpha: float = 0.042, f: str = "inverse", 
                                 base=base, eps=eps)
 
 
-@register_estimator("gcpo")
+@register_estimator("gcpo", inputs={"logprob_mean", "embeddings"}, fields={"measure": "gcpo_measure"})
 def gcpo(batch: RolloutBatch, *, measure: str = "cosine", strength: float = 0.5, rd_scale: float = 0.5,
          center: bool | str = False, standardize: bool = False,
          eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, Any]]:

@@ -52,21 +52,21 @@ def rloo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
     return torch.where(n > 1.0, r - others, torch.zeros_like(r)).to(rewards.dtype)
 
 
-@register_estimator("grpo")
+@register_estimator("grpo", inputs=())
 def grpo(batch: RolloutBatch, *, eps: float = 1e-4) -> torch.Tensor:
     """Registered ``grpo``: group-normalised advantage (see :func:`grpo_advantages`)."""
     index, n_groups = dense_group_index(batch.group_ids)
     return grpo_advantages(rewards=batch.rewards, group_index=index, n_groups=n_groups, eps=eps)
 
 
-@register_estimator("dr_grpo")
+@register_estimator("dr_grpo", inputs=())
 def dr_grpo(batch: RolloutBatch) -> torch.Tensor:
     """Registered ``dr_grpo`` (Liu et al. 2025, "Understanding R1-Zero-like training"): A_i = r_i - mean_g(r)."""
     index, n_groups = dense_group_index(batch.group_ids)
     return grpo_advantages(rewards=batch.rewards, group_index=index, n_groups=n_groups, scale=False)
 
 
-@register_estimator("rloo")
+@register_estimator("rloo", inputs=())
 def rloo(batch: RolloutBatch) -> torch.Tensor:
     """Registered ``rloo``: leave-one-out baseline (see :func:`rloo_advantages`)."""
     index, n_groups = dense_group_index(batch.group_ids)

@@ -1,58 +1,156 @@
-"""The estimator registry: name -> function(batch, **params) -> advantages [N] (or (advantages, info)).
+"""The estimator registry: name -> :class:`EstimatorSpec` (the function and what every layer needs to know of it).
 
 Built-in estimators register themselves when :mod:`calibrl.advantages` is imported; users add their own with
-:func:`register_estimator`. The TRL trainer, the verl plugin and the testbed all resolve estimators here, so an
-estimator registered once is usable by every engine. :func:`compute_advantages` is also where rows without tokens
-(``lengths == 0``) are left out, once for every estimator.
+:func:`register_estimator`. An estimator declares itself once, beside its function, and every layer reads that
+declaration: the TRL trainer gathers exactly its ``inputs`` and hands it the correctness column when it ``ranks_by``
+correctness; ``calibrl train`` checks a recipe's ``advantage_params`` against its ``params`` (names and types read
+from the function's signature); the verl plugin registers every estimator of this table; docs/advantages.md's
+table is :func:`estimators_table`. :func:`compute_advantages` is also where rows without tokens (``lengths == 0``)
+are left out, once for every estimator.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Union
+import inspect
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Literal, Mapping, Union
 
 import torch
 
-from calibrl._registry import registering_decorator
+from calibrl._registry import already_registered
 from calibrl.batch import RolloutBatch
 
 EstimatorOutput = Union[torch.Tensor, "tuple[torch.Tensor, dict[str, Any]]"]
 Estimator = Callable[..., EstimatorOutput]
+RanksBy = Literal["reward", "correctness"]
+NoiseMask = Literal["no", "optional", "required"]
 
-_ESTIMATORS: dict[str, Estimator] = {}
-
-# Which optional RolloutBatch fields each built-in estimator reads, so that engine adapters gather only those.
-# Unknown (user) estimators receive logprob_mean (and ref_logprob_mean where the engine has it anyway).
-_ESTIMATOR_INPUTS: dict[str, frozenset[str]] = {
-    "grpo": frozenset(),
-    "dr_grpo": frozenset(),
-    "rloo": frozenset(),
-    "capo": frozenset({"logprob_mean"}),
-    "grpo_mask": frozenset({"ref_logprob_mean"}),
-    "codapo": frozenset({"logprob_mean"}),
-    "cde": frozenset({"logprob_mean"}),
-    "seed_grpo": frozenset({"logprob_mean", "answer_ids"}),
-    "gcpo": frozenset({"logprob_mean", "embeddings"}),
-}
+# The RolloutBatch fields an estimator may ask for (rewards and group_ids always come; lengths is the adapters').
+OPTIONAL_INPUTS: frozenset[str] = frozenset({"logprob_mean", "ref_logprob_mean", "embeddings", "answer_ids"})
 
 
+@dataclass(frozen=True)
+class Param:
+    """One keyword parameter of an estimator: its annotation (``float``, ``str | None``; ``Any`` when it does not
+    resolve), its default (``inspect.Parameter.empty`` when it has none) and the ``CalibratedGRPOConfig`` field
+    that also sets it (``capo_tau`` for capo's ``tau``), if any."""
 
-def register_estimator(name: str, *, overwrite: bool = False) -> Callable[[Estimator], Estimator]:
-    """Decorator registering ``fn(batch: RolloutBatch, **params)`` under ``name``.
+    annotation: Any
+    default: Any
+    field: str | None = None
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """What an estimator is, for every layer that uses one.
+
+    * ``fn(batch: RolloutBatch, **params)`` -> advantages [N] (or [N, T]), or ``(advantages, info)``.
+    * ``inputs``: the optional :class:`RolloutBatch` fields it reads (:data:`OPTIONAL_INPUTS`); engine adapters
+      gather exactly these.
+    * ``params``: its keyword parameters by name (from its signature), or None when it takes ``**kwargs`` (then
+      any ``advantage_params`` pass unchecked).
+    * ``ranks_by``: ``"correctness"`` when it uses the rewards only through correctness (reward > 0.5): the TRL
+      trainer then passes the correctness reward's own column as ``rewards`` instead of the weighted total.
+    * ``noise_mask``: whether it takes CAPO's reference-perplexity noise mask (``mask``, ``ref_*``):
+      ``"optional"`` (capo), ``"required"`` (grpo_mask) or ``"no"``. With a mask it also reads
+      ``ref_logprob_mean``, and ``mask="quantile"`` is frozen by the engine adapters.
+    * ``annealed``: the parameter the TRL trainer's ``cde_omega_schedule`` anneals over training (cde's ``omega``).
+    """
+
+    name: str
+    fn: Estimator
+    inputs: frozenset[str]
+    params: Mapping[str, Param] | None
+    ranks_by: RanksBy = "reward"
+    noise_mask: NoiseMask = "no"
+    annealed: str | None = None
+
+    def inputs_for(self, params: Mapping[str, Any]) -> frozenset[str]:
+        """The optional fields it reads with ``params``: its ``inputs``, plus ``ref_logprob_mean`` with a mask."""
+        if self.noise_mask != "no" and params.get("mask", "none") not in ("none", None):
+            return self.inputs | {"ref_logprob_mean"}
+        return self.inputs
+
+    def config_fields(self) -> dict[str, str]:
+        """``CalibratedGRPOConfig`` field -> parameter, for the parameters a config field sets."""
+        return {p.field: name for name, p in (self.params or {}).items() if p.field}
+
+
+_ESTIMATORS: dict[str, EstimatorSpec] = {}
+_LISTENERS: list[Callable[[EstimatorSpec], None]] = []
+
+
+def register_estimator(name: str, *, inputs: Iterable[str] = ("logprob_mean",), ranks_by: RanksBy = "reward",
+                       noise_mask: NoiseMask = "no", fields: Mapping[str, str] | None = None,
+                       annealed: str | None = None, overwrite: bool = False) -> Callable[[Estimator], Estimator]:
+    """Decorator registering ``fn(batch: RolloutBatch, **params)`` under ``name``, with what it needs
+    (:class:`EstimatorSpec`).
 
     The function returns the advantages as a float tensor [N] (or per-token [N, T]), or a tuple
     ``(advantages, info)`` where ``info`` is a dict of scalar diagnostics (e.g. the fraction of samples masked)
-    that trainers log. Through :func:`compute_advantages` it only ever sees rows with tokens.
+    that trainers log. Through :func:`compute_advantages` it only ever sees rows with tokens. Its keyword
+    parameters (after ``batch``) are its ``params``: names, annotations and defaults are read from the signature,
+    so a recipe's misspelt or ill-typed ``advantage_params`` entry is caught before training. ``inputs`` are the
+    optional RolloutBatch fields it reads (default ``logprob_mean``; ``()`` for rewards and groups only);
+    ``fields`` maps a parameter to the ``CalibratedGRPOConfig`` field that also sets it (built-ins only).
 
-    >>> @register_estimator("my_est")
-    ... def my_est(batch, *, scale=1.0):
+    >>> @register_estimator("my_est", inputs=())
+    ... def my_est(batch, *, scale: float = 1.0):
     ...     return scale * (batch.rewards - batch.rewards.mean())
     """
+    inputs = frozenset(inputs)
+    if not inputs <= OPTIONAL_INPUTS:
+        raise ValueError(f"estimator {name!r}: inputs {sorted(inputs - OPTIONAL_INPUTS)} are not RolloutBatch "
+                         f"fields an estimator can ask for ({', '.join(sorted(OPTIONAL_INPUTS))})")
+    if ranks_by not in typing.get_args(RanksBy):
+        raise ValueError(f"estimator {name!r}: ranks_by must be one of {typing.get_args(RanksBy)}, got {ranks_by!r}")
+    if noise_mask not in typing.get_args(NoiseMask):
+        raise ValueError(f"estimator {name!r}: noise_mask must be one of {typing.get_args(NoiseMask)}, "
+                         f"got {noise_mask!r}")
 
-    return registering_decorator(_ESTIMATORS, "advantage estimator", name, overwrite)
+    def decorator(fn: Estimator) -> Estimator:
+        params = _signature_params(fn, fields or {})
+        for param in [*(fields or {}), *([annealed] if annealed else [])]:
+            if params is not None and param not in params:
+                raise ValueError(f"estimator {name!r}: {param!r} is not one of its parameters ({', '.join(params)})")
+        current = _ESTIMATORS.get(name)
+        if already_registered(current and current.fn, fn, kind="advantage estimator", name=name, overwrite=overwrite):
+            return fn
+        spec = _ESTIMATORS[name] = EstimatorSpec(name=name, fn=fn, inputs=inputs, params=params, ranks_by=ranks_by,
+                                                 noise_mask=noise_mask, annealed=annealed)
+        for listener in list(_LISTENERS):
+            listener(spec)
+        return fn
+
+    return decorator
 
 
-def get_estimator(name: str) -> Estimator:
-    """The estimator registered under ``name``; a KeyError lists the registered names."""
+def _signature_params(fn: Estimator, fields: Mapping[str, str]) -> dict[str, Param] | None:
+    """``fn``'s keyword parameters after the batch, as :class:`Param`; None when it takes ``**kwargs``."""
+    signature = inspect.signature(fn)
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # an annotation that does not resolve: names and defaults still checked, types not
+        hints = {}
+    params: dict[str, Param] = {}
+    for position, (name, p) in enumerate(signature.parameters.items()):
+        if p.kind is p.VAR_KEYWORD:
+            return None
+        if position == 0 or p.kind is p.VAR_POSITIONAL:
+            continue
+        params[name] = Param(annotation=hints.get(name, Any), default=p.default, field=fields.get(name))
+    return params
+
+
+def on_register(listener: Callable[[EstimatorSpec], None]) -> None:
+    """Call ``listener(spec)`` for every estimator registered from now on (the verl plugin registers each in verl,
+    so an estimator registered after the plugin was imported reaches verl too)."""
+    _LISTENERS.append(listener)
+
+
+def estimator_spec(name: str) -> EstimatorSpec:
+    """The :class:`EstimatorSpec` registered under ``name``; a KeyError lists the registered names."""
     try:
         return _ESTIMATORS[name]
     except KeyError:
@@ -61,9 +159,19 @@ def get_estimator(name: str) -> Estimator:
         ) from None
 
 
+def get_estimator(name: str) -> Estimator:
+    """The estimator function registered under ``name``; a KeyError lists the registered names."""
+    return estimator_spec(name).fn
+
+
 def available_estimators() -> list[str]:
     """Sorted names of every registered estimator."""
     return sorted(_ESTIMATORS)
+
+
+def estimator_specs() -> list[EstimatorSpec]:
+    """Every registered :class:`EstimatorSpec`, in registration order (built-ins first)."""
+    return list(_ESTIMATORS.values())
 
 
 def compute_advantages(
@@ -109,9 +217,6 @@ def _run(fn: Estimator, batch: RolloutBatch, *, name: str,
     return advantages, info
 
 
-def estimator_inputs(name: str, params: dict[str, Any]) -> frozenset[str]:
-    """Optional RolloutBatch fields the estimator ``name`` needs with ``params`` (CAPO's mask adds the reference)."""
-    needed = set(_ESTIMATOR_INPUTS.get(name, {"logprob_mean"}))
-    if name == "capo" and params.get("mask", "none") != "none":
-        needed.add("ref_logprob_mean")
-    return frozenset(needed)
+def estimator_inputs(name: str, params: Mapping[str, Any]) -> frozenset[str]:
+    """Optional RolloutBatch fields the estimator ``name`` reads with ``params`` (:meth:`EstimatorSpec.inputs_for`)."""
+    return estimator_spec(name).inputs_for(params)

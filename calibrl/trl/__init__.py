@@ -57,7 +57,7 @@ _check_trl_version()
 _LAZY = {
     "CalibrationEvalCallback": "calibrl.trl.callbacks", "CalibrationEvalConfig": "calibrl.trl.calibration_config",
     "CalibratedGRPOConfig": "calibrl.trl.config", "CalibratedGRPOTrainer": "calibrl.trl.trainer",
-    "estimator_inputs": "calibrl.trl.rollout", "extract_answer": "calibrl.trl.rollout",
+    "estimator_inputs": "calibrl.advantages", "extract_answer": "calibrl.trl.rollout",
     "has_answer": "calibrl.trl.rollout",
 }
 

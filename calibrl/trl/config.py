@@ -8,51 +8,65 @@ from typing import Any
 
 from trl import GRPOConfig
 
-__all__ = ["CalibratedGRPOConfig", "ESTIMATOR_FIELDS", "MASK_FIELDS", "estimator_fields_read", "ignored_field_error"]
+__all__ = ["CalibratedGRPOConfig", "estimator_fields_read", "ignored_field_error"]
 
-# The calibrl fields each estimator reads: estimator_params passes them as keyword parameters (field -> parameter in
-# _PARAMETER), except cde_omega_schedule, which the trainer reads. Every other estimator (grpo, dr_grpo, rloo,
-# seed_grpo, codapo, a user's) reads none of them: it takes advantage_params alone.
-ESTIMATOR_FIELDS: dict[str, tuple[str, ...]] = {
-    "capo": ("capo_mask", "capo_ref_high_quantile", "capo_ref_low_quantile", "capo_tau", "capo_normalize"),
-    "grpo_mask": ("capo_mask", "capo_ref_high_quantile", "capo_ref_low_quantile"),
-    "gcpo": ("gcpo_measure",),
-    "cde": ("cde_omega_schedule",),
-}
-# With an estimator that reads capo_mask, the fields each mask value adds.
-MASK_FIELDS: dict[str, tuple[str, ...]] = {
-    "none": (), "fixed": ("capo_ref_high", "capo_ref_low"), "quantile": ("capo_ref_quantile_batches",),
-    "batch_quantile": (),
-}
-_PARAMETER = {
-    "capo_mask": "mask", "capo_ref_high_quantile": "ref_high_quantile", "capo_ref_low_quantile": "ref_low_quantile",
-    "capo_tau": "tau", "capo_normalize": "normalize", "capo_ref_high": "ref_high", "capo_ref_low": "ref_low",
-    "capo_ref_quantile_batches": "ref_quantile_batches", "gcpo_measure": "measure",
-}
-_ESTIMATOR_SPECIFIC = frozenset(f for table in (ESTIMATOR_FIELDS, MASK_FIELDS) for fs in table.values() for f in fs)
+ANNEAL_FIELD = "cde_omega_schedule"  # read by the trainer for an estimator registered with annealed=<parameter>
 _OFF = {"capo_mask": "none"}  # a value that asks for nothing: not an error where the field is not read
 
 
+def _spec(estimator: str):
+    """The estimator's registered spec, or None for a name not registered (yet): it reads no calibrl field."""
+    from calibrl.advantages import estimator_spec
+
+    try:
+        return estimator_spec(estimator)
+    except KeyError:
+        return None
+
+
+def _fields_set(estimator: str, capo_mask: str) -> dict[str, str | None]:
+    """The calibrl fields ``estimator`` reads when ``capo_mask`` is set as given, each with the estimator parameter
+    it sets (None for the trainer's own :data:`ANNEAL_FIELD`): the ``fields`` of its registration, a noise-mask
+    parameter only with the mask value that reads it (:data:`calibrl.advantages.capo.MASK_ONLY_PARAMS`)."""
+    from calibrl.advantages.capo import MASK_ONLY_PARAMS
+
+    spec = _spec(estimator)
+    if spec is None:
+        return {}
+    only = {param: mask for mask, params in MASK_ONLY_PARAMS.items() for param in params}
+    read: dict[str, str | None] = {field: param for field, param in spec.config_fields().items()
+                                   if param not in only or (spec.noise_mask != "no" and only[param] == capo_mask)}
+    if spec.annealed:
+        read[ANNEAL_FIELD] = None
+    return read
+
+
 def estimator_fields_read(estimator: str, capo_mask: str) -> tuple[str, ...]:
-    """The calibrl fields ``estimator`` reads when ``capo_mask`` is set as given (:data:`ESTIMATOR_FIELDS`, plus
-    :data:`MASK_FIELDS` for the estimators that read the mask)."""
-    fields = ESTIMATOR_FIELDS.get(estimator, ())
-    return fields + MASK_FIELDS.get(capo_mask, ()) if "capo_mask" in fields else fields
+    """The calibrl fields ``estimator`` reads when ``capo_mask`` is set as given, read from its registration
+    (:func:`calibrl.register_estimator`'s ``fields``, ``noise_mask`` and ``annealed``)."""
+    return tuple(_fields_set(estimator, capo_mask))
 
 
 def ignored_field_error(settings: dict[str, Any], *, estimator: str, capo_mask: str) -> str | None:
-    """The first field of ``settings`` (field -> value as set) that some estimator reads but ``estimator`` with
-    ``capo_mask`` does not, as ``"field: why"``; None when each is read (or set to its off value, ``capo_mask:
+    """The first field of ``settings`` (field -> value as set) that some registered estimator reads but ``estimator``
+    with ``capo_mask`` does not, as ``"field: why"``; None when each is read (or set to its off value, ``capo_mask:
     none``) or is no estimator's field."""
+    from calibrl.advantages import estimator_specs
+    from calibrl.advantages.capo import MASK_ONLY_PARAMS
+
     read = estimator_fields_read(estimator, capo_mask)
+    readers = {spec.name: {m: estimator_fields_read(spec.name, m) for m in MASK_ONLY_PARAMS}
+               for spec in estimator_specs()}
     for key, value in settings.items():
-        if key not in _ESTIMATOR_SPECIFIC or key in read or _OFF.get(key, object()) == value:
+        if key in read or _OFF.get(key, object()) == value:
             continue
-        masks = [mask for mask, fields in MASK_FIELDS.items() if key in fields]
+        names = [name for name, by_mask in readers.items() if any(key in fields for fields in by_mask.values())]
+        if not names:
+            continue
+        masks = [mask for mask, fields in readers.get(estimator, {}).items() if key in fields]
         if masks and "capo_mask" in read:
             return f"{key}: ignored with capo_mask {capo_mask!r} (read with capo_mask {' or '.join(map(repr, masks))})"
-        readers = [name for name in ESTIMATOR_FIELDS if any(key in estimator_fields_read(name, m) for m in MASK_FIELDS)]
-        return (f"{key}: ignored by advantage_estimator {estimator!r} (read by {', '.join(readers)}); remove it or "
+        return (f"{key}: ignored by advantage_estimator {estimator!r} (read by {', '.join(names)}); remove it or "
                 "choose one of those estimators")
     return None
 
@@ -250,10 +264,11 @@ class CalibratedGRPOConfig(GRPOConfig):
         if self.advantage_params is not None and not isinstance(self.advantage_params, dict):
             raise ValueError(f"advantage_params must be a dict, got {type(self.advantage_params).__name__}")
         self._check_ranges()
-        if self.advantage_estimator == "grpo_mask" and self.estimator_params().get("mask") in (None, "none"):
-            raise ValueError("advantage_estimator='grpo_mask' is GRPO with CAPO's reference-perplexity noise mask: "
-                             "set capo_mask to 'quantile' (frozen quartiles of the first batch), 'fixed' or "
-                             "'batch_quantile' (or use advantage_estimator='grpo' for GRPO without the mask)")
+        spec = _spec(self.advantage_estimator)
+        if spec is not None and spec.noise_mask == "required" and self.estimator_params().get("mask") in (None, "none"):
+            raise ValueError(f"advantage_estimator={self.advantage_estimator!r} takes CAPO's reference-perplexity "
+                             "noise mask: set capo_mask to 'quantile' (frozen quartiles of the first batch), 'fixed' "
+                             "or 'batch_quantile' (or use advantage_estimator='grpo' for GRPO without the mask)")
 
     def _check_ranges(self) -> None:
         """Reject out-of-range values of calibrl's fields (and the sampling temperature the log-probs divide by)
@@ -304,13 +319,13 @@ class CalibratedGRPOConfig(GRPOConfig):
     # ------------------------------------------------------------------ helpers read by the trainer
     def estimator_params(self) -> dict[str, Any]:
         """Keyword parameters passed to the estimator: the ``capo_*``/``gcpo_*`` fields it reads
-        (:func:`estimator_fields_read`, by their parameter names) + advantage_params.
+        (:func:`estimator_fields_read`, by the parameter names its registration gives them) + advantage_params.
 
         capo and grpo_mask (the mask fields; capo also ``tau``, ``normalize``): ``ref_high`` / ``ref_low`` only with
         ``capo_mask="fixed"`` (with ``"quantile"`` the trainer fills in the frozen thresholds at each step;
         ``ref_high`` and ``ref_low`` in advantage_params freeze them from the start), ``ref_quantile_batches`` only
         with ``"quantile"``."""
-        params = {_PARAMETER[name]: getattr(self, name)
-                  for name in estimator_fields_read(self.advantage_estimator, self.capo_mask) if name in _PARAMETER}
+        params = {param: getattr(self, field)
+                  for field, param in _fields_set(self.advantage_estimator, self.capo_mask).items() if param}
         params.update(self.advantage_params or {})
         return params

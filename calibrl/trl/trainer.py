@@ -4,15 +4,16 @@ The class is a list of hooks into TRL 1.16's ``GRPOTrainer`` (trl/trainer/grpo_t
 method and calling TRL's own before or around it; the work is in the modules beside this one:
 
 =====================================  ==============================================================================
-TRL method overridden                  what calibrl adds
+TRL 1.16 method overridden             what calibrl adds
 =====================================  ==============================================================================
-``__init__``                           reference model for CAPO's mask (``capo``, ``grpo_mask``) even at
-                                       ``beta == 0`` (:mod:`.reference`);
+``__init__``                           reference model for CAPO's mask (estimators registered with
+                                       ``noise_mask``) even at ``beta == 0`` (:mod:`.reference`);
                                        decision class tokens (:mod:`.decision`); the correctness reward
 ``_calculate_rewards``                 keeps the per-function rewards and this process's completions
 ``_generate_single_turn``              records the sampled tokens' log-probs during ``generate`` (:mod:`.generation`)
 ``_generate_and_score_completions``    replaces ``"advantages"``: TRL's output -> :class:`~calibrl.RolloutBatch`
-                                       (:func:`.rollout.collect_rollout`) -> :func:`calibrl.compute_advantages` ->
+                                       (:func:`.rollout.collect_rollout`, handed a :class:`.rollout.RolloutState`
+                                       and the forwards of :mod:`.forward`) -> :func:`calibrl.compute_advantages` ->
                                        this process's slice; decision-token marks; telemetry (:mod:`.telemetry`);
                                        ``logprob_mean`` / ``correct`` / ``decision_prob`` columns of the
                                        completions table (``log_completions``)
@@ -45,22 +46,23 @@ import torch
 
 from trl import GRPOTrainer
 
-from calibrl.advantages import compute_advantages, get_estimator
-from calibrl.advantages.capo import NOISE_MASK_ESTIMATORS, FrozenQuantileMask, frozen_quantile_params
+from calibrl.advantages import compute_advantages, estimator_spec
+from calibrl.advantages.capo import QUANTILE_MASK_FILE, FrozenQuantileMask, frozen_quantile_params
+from calibrl.advantages.grpo import grpo as calibrl_grpo
 from calibrl.batch import RolloutBatch, masked_row_mean
 from calibrl.models import resolve_model
 from calibrl.trl import decision as dec
 from calibrl.trl.config import CalibratedGRPOConfig
 from calibrl.trl.generation import can_record_generation_logprobs, recording_generation_logprobs
 from calibrl.trl.reference import install_reference, plan_reference
-from calibrl.trl.rollout import (
-    Rollout,
+from calibrl.trl.forward import (
+    PolicyForward,
+    backbone_and_head,
     capture_hidden,
-    collect_rollout,
-    estimator_inputs,
+    ref_per_token_logps,
     rollout_forward,
-    training_mask,
 )
+from calibrl.trl.rollout import Rollout, RolloutState, collect_rollout, training_mask
 from calibrl.trl.sampler import epoch_exact
 from calibrl.trl.telemetry import PendingTelemetry, calibration_metrics, completion_columns, overwrite_last
 
@@ -68,7 +70,7 @@ __all__ = ["CalibratedGRPOTrainer", "CAPO_MASK_STATE_FILE"]
 
 logger = logging.getLogger(__name__)
 
-CAPO_MASK_STATE_FILE = "calibrl_capo_mask.json"  # in each checkpoint folder: FrozenQuantileMask.state_dict()
+CAPO_MASK_STATE_FILE = QUANTILE_MASK_FILE  # in each checkpoint folder: FrozenQuantileMask.state_dict()
 
 
 class CalibratedGRPOTrainer(GRPOTrainer):
@@ -114,11 +116,11 @@ class CalibratedGRPOTrainer(GRPOTrainer):
                 f"CalibratedGRPOTrainer needs args=CalibratedGRPOConfig(...), got {type(args).__name__}; build one "
                 "with the same fields plus advantage_estimator=..."
             )
-        get_estimator(args.advantage_estimator)  # fail early with the list of registered names
+        self._calibrl_spec = estimator_spec(args.advantage_estimator)  # fails early listing the registered names
         self._calibrl_params = args.estimator_params()
-        self._calibrl_inputs = estimator_inputs(args.advantage_estimator, self._calibrl_params)
+        self._calibrl_inputs = self._calibrl_spec.inputs_for(self._calibrl_params)
         self.capo_quantile_mask: FrozenQuantileMask | None = None
-        if args.advantage_estimator in NOISE_MASK_ESTIMATORS and self._calibrl_params.get("mask") == "quantile":
+        if self._calibrl_spec.noise_mask != "no" and self._calibrl_params.get("mask") == "quantile":
             self.capo_quantile_mask = FrozenQuantileMask.from_params(self._calibrl_params)
         self._calibrl_step_params: dict[str, Any] = {}
         plan = plan_reference(model, args, needs_ref="ref_logprob_mean" in self._calibrl_inputs,
@@ -261,7 +263,8 @@ class CalibratedGRPOTrainer(GRPOTrainer):
     def _calibrl_replace_advantages(self, output: dict) -> dict:
         """TRL's generation output -> RolloutBatch -> calibrl estimator -> this process's slice of advantages."""
         trl_advantages = output["advantages"]
-        rollout = collect_rollout(self, output)
+        rollout = collect_rollout(self._rollout_state(), output, forward=self._rollout_forward,
+                                  reference=self._reference_logps)
         all_adv, info, _ = self._advantages(rollout, trl_advantages)
         advantages = all_adv[rollout.process_slice]
         decision_probs = decision_correct = None
@@ -296,7 +299,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
 
     def _advantages(self, rollout: Rollout, trl_advantages: torch.Tensor) -> tuple[torch.Tensor, dict, bool]:
         """([N] advantages of the whole batch, estimator info, whether TRL's own advantages were kept)."""
-        keep_trl = self.args.advantage_estimator == "grpo" and (
+        keep_trl = self._calibrl_spec.fn is calibrl_grpo and (
             self.scale_rewards != "group" or self.multi_objective_aggregation != "sum_then_normalize"
         )
         if keep_trl:
@@ -426,32 +429,59 @@ class CalibratedGRPOTrainer(GRPOTrainer):
 
     # ---------------------------------------------------------------------------------------------------- helpers
 
-    def _needed_fields(self, mode: str) -> set[str]:
-        """Optional RolloutBatch fields to gather: the estimator's, plus ``logprob_mean`` for the telemetry."""
-        needed = set(self._calibrl_inputs)
-        if self.args.calibration_logging or self.log_completions:
-            needed.add("logprob_mean")
-        return needed
+    def _rollout_state(self) -> RolloutState:
+        """What :func:`~calibrl.trl.rollout.collect_rollout` reads of this generation batch (the recorded
+        generation log-probs are handed over once)."""
+        mode = "train" if self.model.training else "eval"
+        logs_confidence = self.args.calibration_logging or self.log_completions  # telemetry / the completions table
+        recorded, self._calibrl_gen_logps = self._calibrl_gen_logps, None
+        decision = None if self._decision_class_ids is None else (self._decision_class_ids, self._decision_owner)
+        return RolloutState(
+            accelerator=self.accelerator, mode=mode,
+            num_generations=self.num_generations if mode == "train" else self.num_generations_eval,
+            rewards_per_func=self._calibrl_rewards_per_func, reward_weights=self.reward_weights,
+            correctness_index=self._correctness_index, completions=self._calibrl_completions,
+            needed=self._calibrl_inputs | ({"logprob_mean"} if logs_confidence else set()),
+            estimator_reads_logprobs="logprob_mean" in self._calibrl_inputs,
+            ranks_by_correctness=self._calibrl_spec.ranks_by == "correctness", logs_confidence=logs_confidence,
+            generation_logps=recorded, decision_tokens=decision, decision_classes=self.args.decision_classes,
+            answer_last_line=self.args.answer_last_line,
+        )
+
+    def _policy_forward(self) -> PolicyForward:
+        """What calibrl's forwards (:mod:`calibrl.trl.forward`) need of this trainer, in the current mode."""
+        args = self.args
+        return PolicyForward(
+            model=self.model, ref_model=self.ref_model, accelerator=self.accelerator, temperature=self.temperature,
+            batch_size=args.per_device_train_batch_size if self.model.training else args.per_device_eval_batch_size,
+            gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
+            trl_logps=self._get_per_token_logps_and_entropies,
+        )
 
     def _step_params(self) -> dict[str, Any]:
         """Estimator parameters for this step (CDE's omega annealed by ``cde_omega_schedule``)."""
         params = dict(self._calibrl_params)
-        schedule = self.args.cde_omega_schedule
-        if self.args.advantage_estimator == "cde" and schedule != "constant":
+        schedule, annealed = self.args.cde_omega_schedule, self._calibrl_spec.annealed
+        if annealed and schedule != "constant":
             total = max(int(self.state.max_steps or self.args.max_steps or 1), 1)
             progress = min(max(self.state.global_step / total, 0.0), 1.0)
             factor = 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-            params["omega"] = float(params.get("omega", 1.0)) * factor
+            declared = (self._calibrl_spec.params or {}).get(annealed)
+            params[annealed] = float(params.get(annealed, declared.default if declared else 1.0)) * factor
         return params
 
     def _can_record_generation_logprobs(self) -> bool:
         return can_record_generation_logprobs(self)
 
-    def _rollout_forward(self, output, mask, *, want_logps: bool, want_embeddings: bool, want_decision: bool,
+    def _rollout_forward(self, output, mask, *, want_embeddings: bool, want_decision: bool,
                          decision_positions: torch.Tensor | None = None):
-        """One no-grad forward of the policy (:func:`calibrl.trl.rollout.rollout_forward`)."""
-        return rollout_forward(self, output, mask, want_embeddings=want_embeddings, want_decision=want_decision,
-                               decision_positions=decision_positions)
+        """One no-grad forward of the policy (:func:`calibrl.trl.forward.rollout_forward`)."""
+        return rollout_forward(self._policy_forward(), output, mask, want_embeddings=want_embeddings,
+                               want_decision=want_decision, decision_positions=decision_positions)
+
+    def _reference_logps(self, output) -> torch.Tensor:
+        """[B, C] the frozen reference's log-probs (:func:`calibrl.trl.forward.ref_per_token_logps`)."""
+        return ref_per_token_logps(self._policy_forward(), output)
 
     def _resolve_correctness_reward(self) -> int:
         """Column of ``rewards_per_func`` whose value > 0.5 means correct (``args.correctness_reward``)."""
@@ -476,10 +506,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
 
     def _backbone_and_head(self, model):
         """(the transformer body whose output is the last hidden state, the LM head) of the unwrapped model."""
-        unwrapped = self.accelerator.unwrap_model(model)
-        base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped
-        backbone = getattr(base, "base_model", base)
-        return backbone, base.get_output_embeddings()
+        return backbone_and_head(self.accelerator, model)
 
     def _decision_class_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """[N, V] vocabulary logits -> [N, C] class logits (:func:`calibrl.trl.decision.class_logits`)."""

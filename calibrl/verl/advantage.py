@@ -56,7 +56,8 @@ import numpy as np
 import torch
 
 import calibrl
-from calibrl.advantages.capo import NOISE_MASK_ESTIMATORS, FrozenQuantileMask, frozen_quantile_params
+from calibrl.advantages import estimator_spec
+from calibrl.advantages.capo import QUANTILE_MASK_FILE, FrozenQuantileMask, frozen_quantile_params
 from calibrl.batch import RolloutBatch, RolloutBatchError, masked_row_mean
 from calibrl.selection.answers import group_answer_ids
 from calibrl.verl.hooks import RAY_TRAINER, current_data
@@ -65,7 +66,6 @@ from calibrl.verl.v1 import queue_answers
 logger = logging.getLogger("calibrl.verl")
 
 PARAMS_ENV = "CALIBRL_VERL_PARAMS"
-QUANTILE_MASK_FILE = "calibrl_capo_mask.json"  # in verl's global_step_N checkpoint folders
 
 _LAST_INFO: dict[str, float] = {}
 
@@ -76,9 +76,13 @@ _QUANTILE_KEYS = ("ref_high_quantile", "ref_low_quantile", "ref_quantile_batches
 
 def quantile_mask_state(name: str, params: dict[str, Any]) -> FrozenQuantileMask | None:
     """The :class:`FrozenQuantileMask` of estimator ``name`` with ``params`` in this process (created on first use),
-    or None unless ``name`` is capo or grpo_mask with ``mask="quantile"``. One state per estimator and quantile
+    or None unless ``name`` takes CAPO's noise mask (capo, grpo_mask) and ``mask="quantile"``. One state per estimator and quantile
     configuration (quantile levels, K, thresholds given), so two estimators never share thresholds."""
-    if name not in NOISE_MASK_ESTIMATORS or params.get("mask") != "quantile":
+    try:
+        spec = estimator_spec(name)
+    except KeyError:  # a saved state of an estimator this run did not register
+        return None
+    if spec.noise_mask == "no" or params.get("mask") != "quantile":
         return None
     key = (name, json.dumps({k: params.get(k) for k in _QUANTILE_KEYS}, sort_keys=True, default=str))
     state = _QUANTILE_MASKS.get(key)
