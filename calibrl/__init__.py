@@ -19,6 +19,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from calibrl.tasks import registry as _tasks_registry  # light: no torch
+
 if TYPE_CHECKING:
     from calibrl.advantages import available_estimators, compute_advantages, get_estimator, register_estimator
     from calibrl.batch import RolloutBatch, RolloutBatchError
@@ -35,6 +37,15 @@ _LAZY_ATTRIBUTES = {
     "get_estimator": "calibrl.advantages",
     "register_estimator": "calibrl.advantages",
 }
+
+
+def _testbed_tasks() -> None:
+    import calibrl.testbed.tasks  # noqa: F401  (registers the testbed/<task> datasets and rewards)
+
+
+# The package root wires the layers: the testbed's tasks are looked up by name like any dataset, while the task
+# registry (a lower layer) knows nothing of the testbed.
+_tasks_registry.add_provider(_testbed_tasks)
 
 
 def __getattr__(name: str):

@@ -42,18 +42,21 @@ def register_reward(name: str, *, overwrite: bool = False):
     return registering_decorator(_REWARDS, "reward", name, overwrite)
 
 
-def _builtins() -> None:
-    # Importing the modules registers their datasets and rewards; missing modules are tolerated so the
-    # registries work in partial installs.
-    import importlib
+_PROVIDERS: list[Callable[[], None]] = []  # not yet run: each registers more datasets and rewards
 
-    for module in ("calibrl.testbed.tasks", "calibrl.tasks.datasets", "calibrl.tasks.rewards",
-                   "calibrl.tasks.synthetic"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+
+def add_provider(load: Callable[[], None]) -> None:
+    """Run ``load()`` (once) before the next lookup: it registers datasets and rewards of a layer above this one.
+    The testbed provides its ``testbed/<task>`` tasks this way (wired in :mod:`calibrl`'s ``__init__``), so this
+    registry never imports the testbed."""
+    _PROVIDERS.append(load)
+
+
+def _builtins() -> None:
+    from calibrl.tasks import datasets, rewards, synthetic  # noqa: F401  (importing them registers theirs)
+
+    while _PROVIDERS:
+        _PROVIDERS.pop(0)()
 
 
 def get_dataset_loader(name: str) -> Callable[..., Any]:

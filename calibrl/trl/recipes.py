@@ -17,12 +17,18 @@ A recipe::
       capo_tau: 0.6
     calibration_eval: {every: 10, prompts: 32, k: 4}   # optional: calibrl.trl.callbacks.CalibrationEvalConfig fields
                                                        # (+ dataset: a section; default: eval_dataset's prompts)
+    plugins: [my_estimators]               # optional: modules imported before the recipe is checked (a user's
+                                           # register_estimator / register_reward / register_dataset, on PYTHONPATH)
 
 Unknown keys are errors that name the key, the section and the file (with the closest valid name). Extra keys
 in a dataset section (or its ``options:`` mapping) are passed to the dataset loader (e.g. ``template:
 qwen-math-chat``) and must be one of its named parameters, so a typo (``tempalte``) is an error. Keyword
 arguments for the hub's ``datasets.load_dataset`` (``revision``, ``data_dir``, ...) go under ``load_kwargs:``
 (a mapping), accepted only by loaders that take ``**kwargs`` (the built-in benchmark loaders do).
+
+``plugins`` are imported first, so the rest of the recipe may name what they register (docs/custom-estimator.md).
+The entries of ``trainer.advantage_params`` must be parameters of the estimator, of the types its signature declares
+(:func:`check_advantage_params`).
 
 Values must have the type of their CalibratedGRPOConfig field (``learning_rate: fast`` is an error naming the key);
 ``1e-5`` without a dot reads as a float. A relative dataset ``path`` is looked up next to the recipe file first,
@@ -53,7 +59,7 @@ from calibrl.models import TINY  # light: no torch at import
 __all__ = [
     "RecipeError", "ModelSpec", "DatasetSpec", "RewardSpec", "Recipe", "load_recipe", "parse_recipe",
     "trainer_fields", "check_trainer_fields", "unknown_key_error", "load_yaml", "shipped_recipes",
-    "resolve_recipe_path", "RECIPES_DIR",
+    "resolve_recipe_path", "RECIPES_DIR", "check_advantage_params", "import_plugins",
 ]
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # the recipes shipped in the package
@@ -130,9 +136,10 @@ class Recipe:
     source: str = "<recipe>"
     calibration_eval: Any = None  # a calibrl.trl.callbacks.CalibrationEvalConfig when the recipe sets the key
     calibration_eval_dataset: DatasetSpec | None = None  # its held-out prompts when not the eval_dataset's
+    plugins: list[str] = field(default_factory=list)  # modules imported before the recipe was checked
 
 
-_TOP_KEYS = ("model", "dataset", "eval_dataset", "rewards", "trainer", "calibration_eval")
+_TOP_KEYS = ("model", "dataset", "eval_dataset", "rewards", "trainer", "calibration_eval", "plugins")
 
 
 def trainer_fields() -> set[str]:
@@ -338,6 +345,57 @@ def check_trainer_fields(raw: dict, source: str, section: str = "trainer") -> di
     return dict(raw)
 
 
+def import_plugins(raw: Any, source: str) -> list[str]:
+    """Import the recipe's ``plugins`` (module names, on ``PYTHONPATH`` or installed), so what they register (an
+    estimator, a reward, a dataset) is known before the rest of the recipe is checked. A module that is missing or
+    fails to import is a one-line :class:`RecipeError` naming the entry."""
+    import importlib
+
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not all(isinstance(m, str) and m for m in raw):
+        raise RecipeError(f"{source}: plugins: expected a list of module names, got {raw!r}")
+    for module in raw:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and module.startswith(exc.name):  # the plugin itself, not one of its imports
+                raise RecipeError(f"{source}: plugins: no module named {module!r} (is its folder on PYTHONPATH?)") \
+                    from None
+            raise RecipeError(f"{source}: plugins: {module!r} failed to import: {exc}") from None
+        except Exception as exc:  # a plugin's own error: shown in one line, the recipe named
+            raise RecipeError(f"{source}: plugins: {module!r} failed to import: {type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())}") from None
+    return list(raw)
+
+
+def check_advantage_params(estimator: str, params: Any, source: str, section: str = "trainer") -> None:
+    """Each entry of ``advantage_params`` must be a parameter of the estimator ``estimator`` holding a value of its
+    annotated type (read from its registration, :class:`calibrl.advantages.EstimatorSpec`), else a
+    :class:`RecipeError` naming the file, the key and the closest parameter. An estimator taking ``**kwargs``, or a
+    name not registered (reported elsewhere), is not checked. Imports :mod:`calibrl.advantages` (torch)."""
+    from calibrl.advantages import estimator_spec
+
+    if not params:
+        return
+    try:
+        spec = estimator_spec(estimator)
+    except KeyError:
+        return
+    if spec.params is None:
+        return
+    for key, value in params.items():
+        where = f"{source}: {section}.advantage_params.{key}"
+        if key not in spec.params:
+            close = difflib.get_close_matches(str(key), list(spec.params), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            known = ", ".join(spec.params) or "none"
+            raise RecipeError(f"{where}: not a parameter of estimator {estimator!r}{hint}; its parameters: {known}")
+        expected = type_spec(spec.params[key].annotation)
+        if not spec_matches(value, expected):
+            raise RecipeError(f"{where}: expected {spec_name(expected)}, got {value!r} ({type(value).__name__})")
+
+
 def _parse_calibration_eval(raw: Any, has_eval_dataset: bool, source: str):
     """(CalibrationEvalConfig, its own held-out dataset or None) from the ``calibration_eval`` section: ``true``
     or a mapping of CalibrationEvalConfig fields plus an optional ``dataset`` section (default: ``eval_dataset``)."""
@@ -375,9 +433,13 @@ def parse_recipe(data: dict, source: str = "<recipe>") -> Recipe:
     for key in data:
         if key not in _TOP_KEYS:
             raise unknown_key_error(key, "<top level>", _TOP_KEYS, source)
+    plugins = import_plugins(data.get("plugins"), source)
     for key in ("model", "dataset", "rewards"):
         if key not in data or data[key] is None:
             raise RecipeError(f"{source}: missing section {key!r}")
+    trainer = check_trainer_fields(data.get("trainer") or {}, source)
+    if "advantage_params" in trainer and "advantage_estimator" in trainer:  # else once the defaults are known
+        check_advantage_params(trainer["advantage_estimator"], trainer["advantage_params"], source)
     calibration_eval, calibration_eval_dataset = (
         _parse_calibration_eval(data["calibration_eval"], bool(data.get("eval_dataset")), source)
         if data.get("calibration_eval") not in (None, False) else (None, None))
@@ -386,8 +448,9 @@ def parse_recipe(data: dict, source: str = "<recipe>") -> Recipe:
         dataset=_parse_dataset(data["dataset"], "dataset", source),
         eval_dataset=_parse_dataset(data["eval_dataset"], "eval_dataset", source) if data.get("eval_dataset") else None,
         rewards=_parse_rewards(data["rewards"], source),
-        trainer=check_trainer_fields(data.get("trainer") or {}, source),
+        trainer=trainer,
         source=source,
+        plugins=plugins,
         calibration_eval=calibration_eval,
         calibration_eval_dataset=calibration_eval_dataset,
     )

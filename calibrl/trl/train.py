@@ -24,6 +24,7 @@ from calibrl.trl.recipes import (
     ModelSpec,
     Recipe,
     RecipeError,
+    check_advantage_params,
     check_trainer_fields,
     load_recipe,
     unknown_key_error,
@@ -212,7 +213,6 @@ def validate_recipe(recipe: Recipe, *, overrides: dict | None = None, stand_in_m
     Creates nothing on disk."""
     from calibrl.advantages import available_estimators
     from calibrl.trl.config import CalibratedGRPOConfig
-
     source = recipe.source
     trainer_kwargs = check_trainer_fields(recipe.trainer, source)
     trainer_kwargs.update(check_trainer_fields(overrides or {}, source, "overrides"))
@@ -239,6 +239,8 @@ def validate_recipe(recipe: Recipe, *, overrides: dict | None = None, stand_in_m
         raise RecipeError(f"{source}: trainer.advantage_estimator: unknown estimator {args.advantage_estimator!r}"
                           f"{hint}; registered: {', '.join(names)}")
     _check_fields_read(recipe, overrides or {}, args)
+    check_advantage_params(args.advantage_estimator, args.advantage_params, source,
+                           "overrides" if "advantage_params" in (overrides or {}) else "trainer")
     output = Path(args.output_dir).expanduser().absolute()
     existing = next((p for p in (output, *output.parents) if p.exists()), None)  # the folder or its nearest parent
     if existing is not None and not existing.is_dir():
