@@ -651,3 +651,36 @@ def test_seed_grpo_clusters_the_reward_functions_answers_by_equivalence():
                                     index=np.array(["u0"] * 4 + ["u1"] * 2, dtype=object),
                                     answers=np.array(["12", "12.0", "13", None, "12", float("nan")], dtype=object))
     assert batch.answer_ids.tolist() == [0, 0, 1, -1, 2, -1]
+
+
+def test_the_custom_estimator_page_runs_in_verl(tmp_path, monkeypatch):
+    """docs/custom-estimator.md's file, as written on the page: verl resolves it through its own
+    VERL_USE_EXTERNAL_MODULES in a fresh process (listed after calibrl.verl: registered in verl when registered in
+    calibrl), and verl's advantage step gives calibrl's numbers with its parameters from algorithm.calibrl."""
+    import re
+
+    page = open(os.path.join(ROOT, "docs", "custom-estimator.md")).read()
+    (tmp_path / "my_estimators.py").write_text(re.findall(r"```python\n(.*?)```", page, re.S)[0])
+    code = ("import verl\n"
+            "from verl.trainer.ppo import core_algos\n"
+            "for name in ('overconfidence_grpo', 'calibrl_overconfidence_grpo'):\n"
+            "    assert core_algos.get_adv_estimator_fn(name).calibrl_estimator == 'overconfidence_grpo'\n"
+            "print('plugin-ok')\n")
+    env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "calibrl.verl,my_estimators",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "plugin-ok" in result.stdout
+
+    assert "overconfidence_grpo" not in core_algos.ADV_ESTIMATOR_REGISTRY
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import my_estimators  # noqa: F401  (registered after calibrl.verl: reaches verl's registry at once)
+
+    data = make_data(2)
+    expected = calibrl.compute_advantages(expected_rollout_batch(data), "overconfidence_grpo", beta=0.7)
+    out = ray_trainer.compute_advantage(data, adv_estimator="overconfidence_grpo", config=algo_config(beta=0.7))
+    mask = data.batch["response_mask"]
+    torch.testing.assert_close(out.batch["advantages"], expected[:, None] * mask)
+    grpo = calibrl.compute_advantages(expected_rollout_batch(data), "grpo")
+    assert not torch.allclose(expected, grpo)  # the penalty acted
+    assert out.meta_info["calibrl/advantage"]["penalty_abs_mean"] > 0

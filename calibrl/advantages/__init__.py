@@ -12,6 +12,7 @@ from calibrl.advantages.registry import (
     estimator_inputs,
     estimator_spec,
     estimator_specs,
+    estimators_table,
     get_estimator,
     register_estimator,
 )
@@ -22,5 +23,5 @@ from calibrl.advantages import baselines as _baselines  # noqa: F401  (registers
 
 __all__ = [
     "EstimatorSpec", "Param", "available_estimators", "compute_advantages", "estimator_inputs", "estimator_spec",
-    "estimator_specs", "get_estimator", "register_estimator",
+    "estimator_specs", "estimators_table", "get_estimator", "register_estimator",
 ]

@@ -220,3 +220,24 @@ def _run(fn: Estimator, batch: RolloutBatch, *, name: str,
 def estimator_inputs(name: str, params: Mapping[str, Any]) -> frozenset[str]:
     """Optional RolloutBatch fields the estimator ``name`` reads with ``params`` (:meth:`EstimatorSpec.inputs_for`)."""
     return estimator_spec(name).inputs_for(params)
+
+
+def estimators_table() -> str:
+    """docs/advantages.md's table of the estimators calibrl ships (those defined in :mod:`calibrl.advantages`), as
+    markdown, from their registrations (a test keeps the page equal to it): what each reads besides ``rewards`` and
+    ``group_ids``, whether its rewards are the correctness column, its noise-mask support, its parameters with
+    their defaults, and its file."""
+    rows = ["| name | reads | rewards | noise mask | parameters (default) | file |", "|---|---|---|---|---|---|"]
+    for spec in estimator_specs():
+        if not spec.fn.__module__.startswith("calibrl.advantages."):
+            continue
+        reads = ", ".join(sorted(spec.inputs)) or "rewards only"
+        if spec.noise_mask != "no" and "ref_logprob_mean" not in spec.inputs:
+            reads += " (+ ref_logprob_mean with a mask)"
+        params = "any (`**kwargs`)" if spec.params is None else ", ".join(
+            f"`{name}`" if p.default is inspect.Parameter.empty else f"`{name}={p.default!r}`"
+            for name, p in spec.params.items()) or "none"
+        file = spec.fn.__module__.replace("calibrl.", "", 1).replace(".", "/") + ".py"
+        rewards = "correctness (0/1)" if spec.ranks_by == "correctness" else "weighted total"
+        rows.append(f"| `{spec.name}` | {reads} | {rewards} | {spec.noise_mask} | {params} | `{file}` |")
+    return "\n".join(rows)

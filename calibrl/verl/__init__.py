@@ -5,10 +5,14 @@
 
 What importing this module does (idempotent; :func:`install` does it again if you call it):
 
-1. Advantage estimators. Every name in :func:`calibrl.available_estimators` (read at import, so estimators a
-   user registered before importing this module come along) is registered in verl's ``register_adv_est``
-   registry as ``calibrl_<name>``, and also as plain ``<name>`` where verl has no estimator of that name
-   (verl's own ``grpo`` and ``rloo`` keep their names; calibrl's are ``calibrl_grpo`` and ``calibrl_rloo``).
+1. Advantage estimators. Every estimator of calibrl's registry (:func:`calibrl.advantages.estimator_specs`: the
+   built-ins and any registered before this import) is registered in verl's ``register_adv_est`` registry as
+   ``calibrl_<name>``, and also as plain ``<name>`` where verl has no estimator of that name (verl's own ``grpo``
+   and ``rloo`` keep their names; calibrl's are ``calibrl_grpo`` and ``calibrl_rloo``). An estimator registered
+   later is registered in verl the moment it is registered in calibrl
+   (:func:`calibrl.advantages.registry.on_register`), so a user's estimator file listed in verl's own
+   ``VERL_USE_EXTERNAL_MODULES`` (imported in every process that imports verl) reaches verl before or after this
+   module, in any order (docs/custom-estimator.md).
    How a verl batch becomes a :class:`calibrl.RolloutBatch`, and where the estimator's parameters and
    diagnostics go: :mod:`calibrl.verl.advantage`.
 2. Policy losses. ``calibrl_ppo`` (token-level PPO-clip) and ``calibrl_gspo`` (sequence-level ratio, GSPO) in
@@ -39,7 +43,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import calibrl
+from calibrl.advantages.registry import EstimatorSpec, estimator_specs, on_register
 from calibrl.verl.advantage import (
     PARAMS_ENV,
     estimator_params,
@@ -93,17 +97,22 @@ def _import_core_algos() -> Any:
 
 
 def _register_estimators(core_algos: Any) -> None:
-    """Every calibrl estimator as ``calibrl_<name>``, and as ``<name>`` where verl has no estimator of that name."""
-    registry = core_algos.ADV_ESTIMATOR_REGISTRY
-    for name in calibrl.available_estimators():
-        for verl_name in (PREFIX + name, name):
-            current = registry.get(verl_name)
-            if current is None:
-                core_algos.register_adv_est(verl_name)(make_adv_estimator(name))
-                _REGISTERED[verl_name] = name
-            elif getattr(current, "calibrl_estimator", None) == name:
-                _REGISTERED[verl_name] = name
-            # else: verl's own estimator of that name (grpo, rloo) stays; calibrl's is PREFIX + name.
+    """Every calibrl estimator in verl's registry (:func:`_register_estimator`)."""
+    for spec in estimator_specs():
+        _register_estimator(core_algos, spec)
+
+
+def _register_estimator(core_algos: Any, spec: EstimatorSpec) -> None:
+    """``spec`` as ``calibrl_<name>``, and as ``<name>`` where verl has no estimator of that name."""
+    registry, name = core_algos.ADV_ESTIMATOR_REGISTRY, spec.name
+    for verl_name in (PREFIX + name, name):
+        current = registry.get(verl_name)
+        if current is None:
+            core_algos.register_adv_est(verl_name)(make_adv_estimator(name))
+            _REGISTERED[verl_name] = name
+        elif getattr(current, "calibrl_estimator", None) == name:
+            _REGISTERED[verl_name] = name
+        # else: verl's own estimator of that name (grpo, rloo) stays; calibrl's is PREFIX + name.
 
 
 def _register_policy_losses(core_algos: Any) -> None:
@@ -113,11 +122,17 @@ def _register_policy_losses(core_algos: Any) -> None:
             core_algos.register_policy_loss(loss_name)(make_policy_loss(level))
 
 
+_LISTENING: list[bool] = []
+
+
 def install() -> dict[str, str]:
-    """Register calibrl's estimators (all currently registered in calibrl) and losses in verl; wrap the advantage
-    step. Idempotent; call again after registering more calibrl estimators. Returns :func:`registered_names`."""
+    """Register calibrl's estimators (every one registered in calibrl, now and later) and losses in verl; wrap the
+    advantage step. Idempotent. Returns :func:`registered_names`."""
     core_algos = _import_core_algos()
     _register_estimators(core_algos)
+    if not _LISTENING:  # estimators registered in calibrl from now on reach verl too
+        on_register(lambda spec: _register_estimator(core_algos, spec))
+        _LISTENING.append(True)
     _register_policy_losses(core_algos)
     wrap_advantage_step()
     return registered_names()
