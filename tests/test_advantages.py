@@ -804,3 +804,44 @@ def test_gcpo_standardize_uses_mixed_groups_only_and_defaults_are_unchanged():
     for bad in ({"center": "whiten"}, {"standardize": "yes"}):
         with pytest.raises(ValueError):
             compute_advantages(b, "gcpo", **bad)
+
+
+def test_a_registration_declares_inputs_parameters_and_ranking():
+    from calibrl.advantages import estimator_inputs, estimator_spec, register_estimator
+    from calibrl.advantages.registry import on_register
+
+    heard = []
+    on_register(heard.append)
+
+    @register_estimator("test/declared", inputs=("answer_ids",), ranks_by="correctness", overwrite=True)
+    def declared(batch, *, scale: float = 1.0, mode: str | None = None, count: int = 2):
+        return scale * batch.rewards
+
+    spec = estimator_spec("test/declared")
+    assert heard[-1] is spec and spec.fn is declared
+    assert spec.inputs == {"answer_ids"} and spec.ranks_by == "correctness" and spec.noise_mask == "no"
+    assert {k: (p.annotation, p.default) for k, p in spec.params.items()} == {
+        "scale": (float, 1.0), "mode": (str | None, None), "count": (int, 2)}
+    assert estimator_inputs("test/declared", {"mask": "fixed"}) == {"answer_ids"}  # no noise mask: no reference
+
+    @register_estimator("test/undeclared", overwrite=True)
+    def undeclared(batch, **params):  # the default inputs (what a user's estimator received before), unchecked
+        return batch.rewards
+
+    assert estimator_spec("test/undeclared").inputs == {"logprob_mean"}
+    assert estimator_spec("test/undeclared").params is None
+    # capo reads the reference only with a mask; grpo_mask always
+    assert estimator_inputs("capo", {}) == {"logprob_mean"}
+    assert estimator_inputs("capo", {"mask": "quantile"}) == {"logprob_mean", "ref_logprob_mean"}
+    # the same definition again is no clash; another function under a taken name is
+    register_estimator("test/declared", inputs=("answer_ids",))(declared)
+    with pytest.raises(ValueError, match="already registered"):
+        register_estimator("test/declared")(lambda batch: batch.rewards)
+    with pytest.raises(ValueError, match="not RolloutBatch fields"):
+        register_estimator("test/bad", inputs={"logprobs"})
+    with pytest.raises(ValueError, match="ranks_by"):
+        register_estimator("test/bad", ranks_by="accuracy")
+    with pytest.raises(ValueError, match="'omega' is not one of its parameters"):
+        register_estimator("test/bad", annealed="omega")(declared)
+    with pytest.raises(KeyError, match="registered:"):
+        estimator_spec("test/bad")

@@ -125,6 +125,34 @@ def test_advantages_equal_compute_advantages_on_independent_inputs(tmp_path, est
         assert _logged(trainer, key), key
 
 
+@pytest.mark.parametrize("ranks_by", ["reward", "correctness"])
+def test_a_registered_estimator_gets_exactly_its_declared_inputs(tmp_path, ranks_by):
+    """The trainer reads the registration: ``inputs=()`` without telemetry runs no forward and gathers no log-probs;
+    ``ranks_by="correctness"`` hands the correctness reward's own column as ``rewards``, else the weighted total."""
+    from calibrl import register_estimator
+
+    seen = []
+
+    @register_estimator(f"test/declared_{ranks_by}", inputs=(), ranks_by=ranks_by, overwrite=True)
+    def declared(batch, *, scale: float = 1.0):
+        seen.append(batch)
+        return scale * (batch.rewards - batch.rewards.mean())
+
+    def bonus(prompts, completions, **kw):
+        return [0.25] * len(completions)
+
+    trainer = _trainer(tmp_path, reward=[parity_reward, bonus], advantage_estimator=f"test/declared_{ranks_by}",
+                       calibration_logging=False, rollout_logprobs="forward", max_steps=1)
+    calls = []
+    original = trainer._rollout_forward
+    trainer._rollout_forward = lambda *a, **k: calls.append(1) or original(*a, **k)
+    trainer.train()
+    assert calls == [] and len(seen) == 1
+    assert seen[0].logprob_mean is None and seen[0].ref_logprob_mean is None and seen[0].embeddings is None
+    correct = torch.tensor(parity_reward(None, trainer.records[0]["completions"]))
+    torch.testing.assert_close(seen[0].rewards, correct if ranks_by == "correctness" else correct + 0.25)
+
+
 def test_grpo_reproduces_stock_grpo_trainer(tmp_path):
     from trl import GRPOConfig, GRPOTrainer
 
