@@ -19,8 +19,8 @@ TRL 1.16's ``GRPOTrainer._generate_and_score_completions`` returns, for THIS pro
 * ``logprob_mean`` (the rollout policy's mean token log-prob over the completion mask, tool tokens excluded), from
   the first available source: TRL's ``old_per_token_logps``; the log-probs recorded during ``model.generate``
   (:mod:`calibrl.trl.generation`, plain temperature sampling only); one extra no-grad forward (the ``forward``
-  argument: :func:`calibrl.trl.forward.rollout_forward`). When only the telemetry needs it, it is read later from the loss pass TRL does anyway
-  (``logprobs_deferred``).
+  argument: :func:`calibrl.trl.forward.rollout_forward`). When only the telemetry needs it, it is read later
+  from the loss pass TRL does anyway (``logprobs_deferred``).
 * ``ref_logprob_mean`` (CAPO's noise mask, ``capo`` and ``grpo_mask``): TRL's ``ref_per_token_logps`` when
   ``beta > 0``, else the frozen reference (the ``reference`` argument: :func:`calibrl.trl.forward.ref_per_token_logps`;
   :mod:`calibrl.trl.reference` loads it).

@@ -189,9 +189,9 @@ def _reward_funcs(recipe: Recipe) -> list:
 
 def _check_fields_read(recipe: Recipe, overrides: dict, args) -> None:
     """An estimator's field that the chosen estimator does not read (``capo_mask`` with ``grpo``) is an error, not a
-    silent no-op (:data:`calibrl.trl.config.ESTIMATOR_FIELDS`): the recipe's fields are checked against the recipe's
-    own estimator, ``--set`` overrides against the estimator the run uses (so ``--set advantage_estimator=grpo``
-    on a CAPO recipe still gives its GRPO baseline)."""
+    silent no-op (:func:`calibrl.trl.config.estimator_fields_read`, from each estimator's registration): the
+    recipe's fields are checked against the recipe's own estimator, ``--set`` overrides against the estimator the
+    run uses (so ``--set advantage_estimator=grpo`` on a CAPO recipe still gives its GRPO baseline)."""
     from calibrl.trl.config import CalibratedGRPOConfig, ignored_field_error
 
     own = recipe.trainer

@@ -346,7 +346,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
                 self.accelerator.gather(correct_local.float()) > 0.5)
 
     def _decision_rows_selector(self, inputs):
-        """For :func:`~calibrl.trl.rollout.capture_hidden` during the loss pass: each forward's last hidden state
+        """For :func:`~calibrl.trl.forward.capture_hidden` during the loss pass: each forward's last hidden state
         [r, P+C, D] -> the [r, D] rows predicting its completions' decision tokens (forwards come in row order), so
         only those rows are kept (with their graph) for the decision term."""
         positions, prompt_len, seen = inputs["calibrl_decision_positions"], inputs["prompt_ids"].size(1), [0]

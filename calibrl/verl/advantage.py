@@ -76,8 +76,9 @@ _QUANTILE_KEYS = ("ref_high_quantile", "ref_low_quantile", "ref_quantile_batches
 
 def quantile_mask_state(name: str, params: dict[str, Any]) -> FrozenQuantileMask | None:
     """The :class:`FrozenQuantileMask` of estimator ``name`` with ``params`` in this process (created on first use),
-    or None unless ``name`` takes CAPO's noise mask (capo, grpo_mask) and ``mask="quantile"``. One state per estimator and quantile
-    configuration (quantile levels, K, thresholds given), so two estimators never share thresholds."""
+    or None unless ``name`` takes CAPO's noise mask (capo, grpo_mask) and ``mask="quantile"``. One state per
+    estimator and quantile configuration (quantile levels, K, thresholds given), so two estimators never share
+    thresholds."""
     try:
         spec = estimator_spec(name)
     except KeyError:  # a saved state of an estimator this run did not register
