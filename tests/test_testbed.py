@@ -19,6 +19,23 @@ def test_registered_names():
     assert ds[0]["classes"] == ["Y", "N"]
 
 
+def test_the_task_registry_reaches_the_testbed_only_through_the_provider_the_package_adds():
+    """In a fresh interpreter the testbed's tasks resolve by name (the package root adds their provider), and
+    without that provider the registry's own lookups import no testbed module (the lower layer never reaches up)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys\n"
+             "from calibrl.tasks import registry\n"
+             "assert registry.get_reward('testbed/addition') is not None\n"
+             "del sys.modules['calibrl.testbed.tasks']\n"
+             "registry._PROVIDERS.clear()\n"
+             "registry.available_datasets(); registry.get_reward('math')\n"
+             "print(sorted(m for m in sys.modules if m.startswith('calibrl.testbed')))\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "['calibrl.testbed']"  # the package, imported by the first lookup's provider
+
+
 def test_ideal_sampler_frontier_matches_monte_carlo_at_a_temperature():
     """The ideal sampler at T = 0.5 (answers drawn with probability proportional to q^2, reasoning always right),
     simulated on every code: its mean q and the AUROC of q against drawn outcomes match ideal_sampler; sharpening
