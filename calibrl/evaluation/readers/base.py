@@ -38,12 +38,14 @@ class Skips:
     def __init__(self, *, strict: bool = False):
         self.strict = strict
         self.counts: dict[str, int] = {}
+        self.first: SamplesError | None = None  # the first row's error (named when every row failed)
 
     def skip(self, error: SamplesError, cause: str, n: int = 1) -> None:
         """Count ``n`` rows left out for ``cause``; with ``strict``, raise ``error`` instead."""
         if self.strict:
             raise error
         self.counts[cause] = self.counts.get(cause, 0) + n
+        self.first = self.first or error
 
     def note(self, name: str) -> list[str]:
         """The notes saying what was left out of file ``name`` (none when nothing was)."""
