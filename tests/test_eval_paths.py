@@ -50,3 +50,21 @@ def test_out_under_a_file_is_refused(tmp_path):
     result = CliRunner().invoke(app, ["eval", str(src), "--out", str(tmp_path / "plain" / "report"), *FAST])
     _one_line_exit_2(result, "--out", "cannot write there")
     assert (tmp_path / "plain").read_text() == "x"
+
+
+def test_tex_like_and_undecodable_names_are_drawn_as_plain_text(tmp_path):
+    """File and benchmark names reach figure titles and legends: '$' or a lone surrogate must not stop the report
+    after every metric was computed (matplotlib's TeX math parser, a font without the character)."""
+    rows = [{"prompt_id": f"q{p}", "correct": (p + j) % 2 == 0, "logprob_mean": -0.1 * (j + 1), "benchmark": bench}
+            for bench in ("$x^{$", "a\ud800b", "\\bad$") for p in range(4) for j in range(3)]
+    tex = tmp_path / "x$\\bad$.jsonl"
+    tex.write_text("".join(json.dumps(r) + "\n" for r in rows))  # JSON keeps the surrogate as its escape
+    undecodable = _samples(tmp_path / os.fsdecode(b"f\xff.jsonl"))
+    out = tmp_path / "report"
+    result = CliRunner().invoke(app, ["eval", str(tex), str(undecodable), "--out", str(out), *FAST])
+    assert result.exit_code == 0, result.output
+    figures = json.loads((out / "metrics.json").read_text())["figures"]
+    assert set(figures) == {"overall", "$x^{$", "a\ud800b", "\\bad$"}
+    assert all((out / name).stat().st_size > 0 for names in figures.values() for name in names)
+    report = (out / "report.md").read_text()
+    assert "## $x^{$" in report and "## a\\ud800b" in report and "f\\udcff" in report

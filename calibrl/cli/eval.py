@@ -376,12 +376,15 @@ def _print_summary(metrics: dict[str, dict[str, Any]], out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"calibrl eval -> {out}")
-    for col in ("scope", "input", "samples", "accuracy", "AUROC", "ECE", "Brier", "best selection"):
-        table.add_column(col, justify="left" if col in ("scope", "input", "best selection") else "right")
-
     def num(x):
         return "n/a" if x is None else f"{x:.3f}"
+
+    def text(name: str) -> str:  # a lone surrogate (an undecodable file name byte) as its escape, as in report.md
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+    table = Table(title=f"calibrl eval -> {text(str(out))}")
+    for col in ("scope", "input", "samples", "accuracy", "AUROC", "ECE", "Brier", "best selection"):
+        table.add_column(col, justify="left" if col in ("scope", "input", "best selection") else "right")
 
     from calibrl.evaluation.report import repeated_scopes
 
@@ -391,7 +394,7 @@ def _print_summary(metrics: dict[str, dict[str, Any]], out: Path) -> None:
         for label, m in by_label.items():
             sel = m.get("selection") or {}
             best = max(sel.items(), key=lambda kv: -1 if kv[1] is None else kv[1], default=None)
-            table.add_row(scope, label, str(m["n_samples"]), num(m["accuracy"]), num(m.get("auroc")), num(m.get("ece")),
+            table.add_row(text(scope), text(label), str(m["n_samples"]), num(m["accuracy"]), num(m.get("auroc")), num(m.get("ece")),
                           num(m.get("brier")), f"{best[0]} {num(best[1])}" if best else "-")
     Console(file=sys.stdout).print(table)
     for scope, by_label in metrics.items():  # the certified abstention threshold, or plainly that there is none
@@ -399,6 +402,7 @@ def _print_summary(metrics: dict[str, dict[str, Any]], out: Path) -> None:
             a = m.get("abstention")
             if a is None:
                 continue
+            scope, label = text(scope), text(label)
             goal = (f"precision >= {a['target_precision']:g} with probability >= {1 - a['delta']:g}"
                     + (f", method {a['method_name']}" if a.get("method_name") else ""))
             if a.get("threshold") is None:
