@@ -269,3 +269,14 @@ def test_cli_answers_and_grader(tmp_path):
     assert "math-verify grader" in (tmp_path / "out" / "report.md").read_text()
     missing = CliRunner().invoke(app, ["eval", str(path), "--out", str(tmp_path / "o2"), "--answers", "nope.jsonl"])
     assert missing.exit_code == 2 and "--answers nope.jsonl: no such file" in missing.output
+
+
+def test_api_and_vllm_outputs_stopped_at_the_token_limit_are_truncated(tmp_path):
+    chat = _lines(F / "openai_chat.jsonl")
+    chat[0]["choices"][1]["finish_reason"] = "length"
+    del chat[1]["choices"][0]["finish_reason"]  # not said: not counted as truncated
+    assert _load(_write_lines(tmp_path / "c.jsonl", chat)).truncated.tolist() == [False, True, False]
+    outputs = _lines(F / "vllm_outputs.jsonl")
+    outputs[0]["outputs"][0]["finish_reason"] = "length"
+    s = _load(_write_lines(tmp_path / "v.jsonl", outputs))
+    assert s.truncated.tolist()[:2] == [True, False] and int(s.truncated.sum()) == 1

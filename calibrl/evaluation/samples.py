@@ -14,9 +14,10 @@ One row per sampled completion. Fields (see docs/eval.md for the full table):
   it is parsed from the text's last tag with :func:`calibrl.tasks.verbalized.parse_verbalized_confidence`).
 - optional: ``answer`` (str, or a number stored as its string; null = no answer extracted), ``benchmark`` (str;
   on every row or on none: a row without one among rows that name one is refused), ``completion`` (str),
-  ``n_tokens`` (int >= 0), ``classes`` (list of str), ``sample_index`` (int: which sample of the prompt; a
-  repeated (benchmark, prompt_id, sample_index) with the same completion, correctness, answer and confidences is
-  dropped and counted, one that differs in any of them is refused naming both lines).
+  ``n_tokens`` (int >= 0), ``truncated`` (bool: the completion hit the token limit), ``classes`` (list of
+  str), ``sample_index`` (int: which sample of the prompt; a repeated (benchmark, prompt_id, sample_index) with
+  the same completion, correctness, answer and confidences is dropped and counted, one that differs in any of
+  them is refused naming both lines).
 
 Which confidence to use is chosen per file (``confidence=`` or the first of logprob_mean, decision_prob,
 class_probs, verbalized_confidence present in the first row); that field is then required on every row. Every
@@ -105,6 +106,7 @@ class Samples:
     # own; what PC and RPC need. The texts themselves are not held (see `completions`).
     completion_ids: np.ndarray | None = None
     n_tokens: np.ndarray | None = None  # [N] float (NaN where absent)
+    truncated: np.ndarray | None = None  # [N] bool: the completion hit the token limit (False where not said)
     format: str = "calibrl"  # the format the file was read as (calibrl.evaluation.readers.FORMATS)
     notes: list[str] = field(default_factory=list)  # how a foreign format was read (which field gave correct, ...)
     # rows left out, by cause: failed requests / rewards (see readers.Skips) and repeated samples
@@ -215,7 +217,7 @@ class Samples:
         kwargs = {}
         for name in ("prompt_ids", "correct", "reward", "logprob_mean", "decision_prob", "class_probs",
                      "verbalized_confidence", "labels", "answers", "benchmarks", "completion_ids", "n_tokens",
-                     "rows"):
+                     "truncated", "rows"):
             value = getattr(self, name)
             kwargs[name] = None if value is None else value[mask]
         return replace(self, **kwargs)
@@ -395,7 +397,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
     correct: list[bool] = []
     # floats in compact arrays (8 bytes a row, not a Python float each)
     cols: dict[str, array] = {k: array("d") for k in ("reward", "logprob_mean", "decision_prob",
-                                                      "verbalized_confidence", "n_tokens")}
+                                                      "verbalized_confidence", "n_tokens", "truncated")}
     n_parsed = 0  # rows whose verbalized confidence was read from the completion text
     class_probs: list[list[float] | None] = []
     labels: list[int] = []
@@ -445,6 +447,10 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         for name in ("reward", "n_tokens"):
             cols[name].append(r.number(name, low=0 if name == "n_tokens" else -math.inf)
                               if raw.get(name) is not None else math.nan)
+        cut = raw.get("truncated")
+        if cut is not None and not isinstance(cut, (bool, np.bool_)) and not (_is_int(cut) and int(cut) in (0, 1)):
+            raise r.fail("truncated", f"expected a bool, got {type(cut).__name__} {_shown(cut)}")
+        cols["truncated"].append(math.nan if cut is None else float(cut))
         n_tokens = raw.get("n_tokens")
         if n_tokens is not None and type(n_tokens) is not int and not _is_int(n_tokens):
             raise r.fail("n_tokens", f"expected an integer, got {n_tokens!r}")
@@ -608,6 +614,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         completion_ids=None if 0 not in no_text else digest_ids(digests, np.frombuffer(no_text, dtype=np.uint8) == 1),
         rows=np.frombuffer(positions, dtype=np.int64).copy() if len(positions) else np.zeros(0, dtype=np.int64),
         n_tokens=opt_float(cols["n_tokens"]),
+        truncated=None if opt_float(cols["truncated"]) is None else opt_float(cols["truncated"]) == 1.0,
         notes=[f"{source}: verbalized_confidence read from the completion's <confidence> tag on {n_parsed} rows"]
         if n_parsed else [],
     )

@@ -13,7 +13,7 @@ import numpy as np
 
 __all__ = ["MAX_ROW_BYTES", "SamplesError", "rows_jsonl", "rows_parquet", "file_rows", "fail", "too_large",
            "prompt_text", "prompt_key", "as_float", "grade", "find_gold", "need_object", "Skips",
-           "GRADERS", "Grading", "answers_table"]
+           "GRADERS", "Grading", "answers_table", "hit_token_limit"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # the largest row read: a JSONL line's bytes, or the text bytes of a Parquet row (its strings, nested ones too).
@@ -336,6 +336,13 @@ def find_gold(places: list[Any], where: str) -> dict[str, Any]:
                 return {"gold": place[name]}
     raise fail(where, "gold", "missing (the file has no gold answer: add 'gold' (or 'answer') to each line or to "
                               "its 'metadata', or 'label' with 'classes' for a decision task)")
+
+
+def hit_token_limit(item: dict) -> bool | None:
+    """Whether an API choice or vLLM output stopped at the token limit (``finish_reason`` "length"), for the
+    ``truncated`` field; None when it does not say."""
+    reason = item.get("finish_reason")
+    return None if reason is None else reason == "length"
 
 
 def need_object(raw: Any, where: str) -> dict:
