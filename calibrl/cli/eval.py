@@ -5,8 +5,10 @@ several files compared side by side (each labelled by its file stem). Every inpu
 anything is written; the report is built in a temporary folder beside DIR and renamed into place at the end, so an
 error never leaves a half-written DIR. Only calibrl's own output is ever replaced: DIR must be absent, empty, or hold
 exactly a previous report (its metrics.json, report.md and the figures metrics.json lists), and no input file may
-lie inside it; otherwise the command exits with code 2 before writing anything. Invalid input exits with code 2 and
-a ``file:line: field 'x': problem`` message.
+lie inside it, and it must be renamable (not a mount point); otherwise the command exits with code 2 before
+reading anything. Invalid input exits with code 2 and a ``file:line: field 'x': problem`` message. A failed write
+(a full disk), Ctrl-C or SIGTERM while the report is built, and another eval's report landing in DIR first end in
+one line and exit code 2, DIR as it was and the temporary folder removed.
 
 This module parses the options, applies those rules and shows progress and the summary; the report itself is
 computed and written by :func:`calibrl.evaluation.pipeline.write_eval_report`.
