@@ -538,7 +538,33 @@ def test_abstention_says_plainly_when_no_threshold_qualifies(tmp_path):
     a = json.loads((out / "metrics.json").read_text())["results"]["overall"]["s"]["abstention"]
     assert a["threshold"] is None and a["coverage"] == 0.0 and a["precision_heldout"] is None
     assert "NO threshold satisfies precision >= 0.99" in res.output
-    assert "**s: no threshold satisfies the target.**" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "**s: no threshold satisfies the target.**" in report
+    # nothing is certified, so no guarantee is stated
+    assert "Guaranteed" not in report and "Abstention: no threshold t (answer only when confidence >= t) is " \
+        "certified for precision >= 0.99" in report
+
+
+def test_report_counts_truncated_and_unanswered_samples_beside_the_accuracy(tmp_path):
+    # 3 prompts x 4 samples; as calibrl generate writes them: truncated rows stopped at the token limit
+    rows = [{"prompt_id": p, "sample_index": j, "correct": j == 0, "logprob_mean": -0.2 * (j + 1),
+             "truncated": j >= 2, "answer": None if j == 3 or (p == 0 and j == 1) else str(j)}
+            for p in range(3) for j in range(4)]
+    rows[0]["truncated"] = None  # a row that does not say counts as not truncated
+    src = _jsonl(tmp_path / "g.jsonl", rows)
+    out = tmp_path / "rep"
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", ""])
+    assert res.exit_code == 0, res.output
+    m = json.loads((out / "metrics.json").read_text())["results"]["overall"]["g"]
+    assert m["n_truncated"] == 6 and m["n_no_answer"] == 4 and m["n_samples"] == 12
+    report = (out / "report.md").read_text()
+    assert "the fraction right among their 4 samples; 6 of 12 samples were cut at the token limit and 4 have no " \
+        "extracted answer." in report
+    assert "| samples cut at the token limit | 6 of 12 |" in report
+    assert "| samples with no extracted answer | 4 of 12 |" in report
+    bad = runner.invoke(app, ["eval", str(_jsonl(tmp_path / "b.jsonl", [dict(rows[1], truncated="yes")])),
+                              "--out", str(tmp_path / "b"), *FAST])
+    assert bad.exit_code == 2 and "b.jsonl:1: field 'truncated': expected a bool, got str 'yes'" in bad.output
 
 
 def test_a_row_over_the_size_limit_exits_2_with_its_line_and_leaves_nothing(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ The small files are built here in each tool's format, as tests/fixtures/formats 
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -56,6 +57,40 @@ def test_a_repeated_sample_with_another_completion_is_refused_at_its_line(tmp_pa
     with pytest.raises(SamplesError, match=r"^d\.jsonl:7: field 'sample_index': prompt_id 'p1' sample_index 1 "
                                            r"repeats d\.jsonl:5 with a different completion"):
         load_samples(_write_lines(tmp_path / "d.jsonl", rows + [other]))
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"correct": False, "logprob_mean": -2.0}, r"a different correct \(True, then False\) and logprob_mean "
+                                                r"\(-0\.1, then -2\.0\)"),
+    ({"answer": "1"}, r"a different answer \('0', then '1'\)"),
+    ({"logprob_mean": -0.7}, r"a different logprob_mean \(-0\.1, then -0\.7\)"),
+])
+def test_a_repeated_sample_with_the_same_completion_but_other_scores_is_refused(tmp_path, change, said):
+    rows = _calibrl_rows()  # rows[0]: p0 sample 0, correct True, answer '0', logprob_mean -0.1
+    conflicting = dict(rows[0], **change)  # the same completion
+    # line 7, an identical copy of line 1, is dropped; line 8 contradicts it
+    with pytest.raises(SamplesError, match=r"^c\.jsonl:8: field 'sample_index': prompt_id 'p0' sample_index 0 "
+                                           r"repeats c\.jsonl:1 with " + said):
+        load_samples(_write_lines(tmp_path / "c.jsonl", rows + [rows[0], conflicting]))
+
+
+def test_a_row_without_benchmark_among_named_ones_is_refused_at_its_line(tmp_path):
+    rows = [dict(r, benchmark="b") for r in _calibrl_rows()]
+    for missing in (dict(rows[3], benchmark=None), {k: v for k, v in rows[3].items() if k != "benchmark"}):
+        mixed = rows[:3] + [missing] + rows[4:]
+        with pytest.raises(SamplesError, match=r"^m\.jsonl:4: field 'benchmark': missing, while other rows name "
+                                               r"one \(m\.jsonl:1: 'b'\)"):
+            load_samples(_write_lines(tmp_path / "m.jsonl", mixed))
+    # no row naming one is one scope, as before
+    plain = [{k: v for k, v in r.items() if k != "benchmark"} for r in rows]
+    assert load_samples(_write_lines(tmp_path / "p.jsonl", plain)).benchmarks is None
+
+
+def test_a_fifo_is_not_a_regular_file(tmp_path):
+    fifo = tmp_path / "s.jsonl"
+    os.mkfifo(fifo)  # opening it would wait for a writer
+    with pytest.raises(SamplesError, match=r"s\.jsonl: not a regular file \(a FIFO\)"):
+        load_samples(fifo)
 
 
 def test_rows_without_completion_are_compared_whole(tmp_path):
@@ -125,6 +160,13 @@ def test_chat_choice_without_text_is_left_out_but_a_malformed_one_is_refused(tmp
     rows[0]["choices"][1]["message"]["content"] = 7  # malformed, not failed
     with pytest.raises(SamplesError, match=r"^c\.jsonl:1: field 'choices\[1\]\.message\.content': expected a str"):
         load_samples(_write_lines(tmp_path / "c.jsonl", rows), strict=False)
+
+
+def test_a_file_whose_every_row_failed_says_so_with_the_first_error(tmp_path):
+    failed = [row for row in _batch_with_failures() if row["custom_id"] in ("q-003", "q-004")]
+    with pytest.raises(SamplesError, match=r"^f\.jsonl: every row failed \(2 failed request\), so nothing is "
+                                           r"left to score; the first: f\.jsonl:1: field 'error': the request failed"):
+        load_samples(_write_lines(tmp_path / "f.jsonl", failed), strict=False)
 
 
 def test_cli_reports_failed_rows_and_strict_refuses_them(tmp_path):
@@ -227,3 +269,14 @@ def test_cli_answers_and_grader(tmp_path):
     assert "math-verify grader" in (tmp_path / "out" / "report.md").read_text()
     missing = CliRunner().invoke(app, ["eval", str(path), "--out", str(tmp_path / "o2"), "--answers", "nope.jsonl"])
     assert missing.exit_code == 2 and "--answers nope.jsonl: no such file" in missing.output
+
+
+def test_api_and_vllm_outputs_stopped_at_the_token_limit_are_truncated(tmp_path):
+    chat = _lines(F / "openai_chat.jsonl")
+    chat[0]["choices"][1]["finish_reason"] = "length"
+    del chat[1]["choices"][0]["finish_reason"]  # not said: not counted as truncated
+    assert _load(_write_lines(tmp_path / "c.jsonl", chat)).truncated.tolist() == [False, True, False]
+    outputs = _lines(F / "vllm_outputs.jsonl")
+    outputs[0]["outputs"][0]["finish_reason"] = "length"
+    s = _load(_write_lines(tmp_path / "v.jsonl", outputs))
+    assert s.truncated.tolist()[:2] == [True, False] and int(s.truncated.sum()) == 1

@@ -5,8 +5,10 @@ several files compared side by side (each labelled by its file stem). Every inpu
 anything is written; the report is built in a temporary folder beside DIR and renamed into place at the end, so an
 error never leaves a half-written DIR. Only calibrl's own output is ever replaced: DIR must be absent, empty, or hold
 exactly a previous report (its metrics.json, report.md and the figures metrics.json lists), and no input file may
-lie inside it; otherwise the command exits with code 2 before writing anything. Invalid input exits with code 2 and
-a ``file:line: field 'x': problem`` message.
+lie inside it, and it must be renamable (not a mount point); otherwise the command exits with code 2 before
+reading anything. Invalid input exits with code 2 and a ``file:line: field 'x': problem`` message. A failed write
+(a full disk), Ctrl-C or SIGTERM while the report is built, and another eval's report landing in DIR first end in
+one line and exit code 2, DIR as it was and the temporary folder removed.
 
 This module parses the options, applies those rules and shows progress and the summary; the report itself is
 computed and written by :func:`calibrl.evaluation.pipeline.write_eval_report`.
@@ -15,10 +17,13 @@ computed and written by :func:`calibrl.evaluation.pipeline.write_eval_report`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import json
 import os
+import secrets
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -244,6 +249,7 @@ def eval_command(
     _recover_interrupted(out)
     _check_out_dir(out, files)
     _check_out_writable(out)
+    _check_out_renamable(out)
 
     # 1. read and validate everything before writing anything
     reader_options = {"confidence": confidence.value if confidence else None, "strict": strict,
@@ -280,10 +286,44 @@ def eval_command(
                    scaling_draws=scaling_draws, rpc_draws=rpc_draws, seed=seed,
                    abstain_precision=abstain_precision, abstain_delta=abstain_delta,
                    abstain_method=abstain_method.value)
-    with _progress() as (step, track):
-        results = _replace_folder(
-            out, lambda folder: write_eval_report(folder, loaded, step=step, track=track, **options))
+    results = _write_report(out, lambda folder, step, track: write_eval_report(folder, loaded, step=step,
+                                                                               track=track, **options))
     _print_summary(results, out)
+
+
+class _Terminated(BaseException):
+    """SIGTERM while the report is built, raised as Ctrl-C raises KeyboardInterrupt so the build folder is removed
+    on the way out."""
+
+
+def _write_report(out: Path, build: Callable[[Path, Callable, Callable], Any]) -> Any:
+    """``build(folder, step, track)`` into a temporary folder swapped in as ``out`` (:func:`_replace_folder`), with
+    progress shown; returns what ``build`` returned. A full disk or another failure to write, a failed swap and
+    an interrupt (Ctrl-C, SIGTERM) end in one line and exit code 2, with ``out`` left as it was and the temporary
+    folder removed."""
+    def terminate(signum, frame):
+        raise _Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminate)
+    except ValueError:  # not the main thread: SIGTERM keeps its handler
+        previous = None
+    try:
+        with _progress() as (step, track):
+            return _replace_folder(out, lambda folder: build(folder, step, track))
+    except (KeyboardInterrupt, _Terminated) as exc:
+        why = "SIGTERM" if isinstance(exc, _Terminated) else "Ctrl-C (SIGINT)"
+        _fail(f"interrupted by {why}; " + (f"the report was already in place in {out}" if getattr(
+            exc, "report_placed", False) else f"--out {out} is left as it was, nothing written"))
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST) and out.is_dir():
+            _fail(f"--out {out} was written by another calibrl eval while this one ran; its report is kept and "
+                  "this one is not written")
+        _fail(f"--out {out}: cannot write the report ({reason}); {out} is left as it was, nothing written")
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -326,24 +366,86 @@ def _recover_interrupted(out: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM back until the block ends: between the two renames of a swap the previous report
+    is only in ``.<out>.old-<pid>``, and an interrupt there would leave it so."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held) if hasattr(signal, "pthread_sigmask") else None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _old_name(out: Path) -> Path:
+    """Where ``out`` is moved aside during a swap: ``.<out>.old-<pid>`` (:func:`_recover_interrupted` knows it)."""
+    return out.parent / f".{out.name}.old-{os.getpid()}"
+
+
+def _check_out_renamable(out: Path) -> None:
+    """Refuse an existing --out that cannot be renamed (a mount point, a folder in a sticky folder of another
+    user), before reading any input: the report replaces it by renaming. Tried by renaming it aside and back,
+    signals held (a run killed in between is undone by the next one, :func:`_recover_interrupted`)."""
+    if not out.is_dir():
+        return
+    out = out.resolve()
+    aside = _old_name(out)
+    with _signals_held():
+        try:
+            out.rename(aside)
+        except OSError as exc:
+            mount = "; it is a mount point" if os.path.ismount(out) else ""
+            _fail(f"--out {out} cannot be replaced: the report is put in its place by renaming, and renaming it "
+                  f"fails ({exc.strerror or exc}){mount}; choose a folder inside it or elsewhere")
+        try:
+            aside.rename(out)
+        except OSError as exc:
+            _fail(f"--out {out} was moved to {aside} to test it and cannot be moved back ({exc.strerror or exc}); "
+                  "rename it back")
+
+
+def _swap(tmp: Path, out: Path) -> None:
+    """Rename ``tmp`` to ``out``: a previous ``out`` is moved aside first and removed once ``tmp`` is in place.
+    When ``tmp`` cannot be put in place the previous report is moved back, unless another run's report has taken
+    its place meanwhile (two evals on one --out): that one is newer and kept, the one moved aside removed. Raises
+    the OSError of the failed rename."""
+    old = _old_name(out) if out.exists() else None
+    if old is not None:
+        out.rename(old)
+    try:
+        tmp.rename(out)
+    except OSError:
+        if old is not None:
+            try:
+                old.rename(out)
+            except OSError:
+                shutil.rmtree(old, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def _replace_folder(out: Path, build: Callable[[Path], Any]) -> Any:
     """Run ``build(folder)`` on a fresh temporary folder beside ``out`` and rename it to ``out`` (replacing a
-    previous one) once it returns; on any error the temporary folder is removed and ``out`` is left as it was.
-    Returns what ``build`` returned."""
+    previous one) once it returns; on any error or interrupt the temporary folder is removed and ``out`` is left
+    as it was (an exception after the swap carries ``report_placed = True``). Returns what ``build`` returned."""
     out = out.resolve()  # "." or "rep/" have no usable name/parent for the temp folder and the swap
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+    # mkdir, not mkdtemp: the report gets the permissions of any new folder (0o755 under umask 022), not 0o700
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(6)}"
+    tmp.mkdir()
+    placed = False
     try:
         result = build(tmp)
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with _signals_held():
+            _swap(tmp, out)
+            placed = True
+    except BaseException as exc:
+        if not placed:
+            shutil.rmtree(tmp, ignore_errors=True)
+        exc.report_placed = placed
         raise
     return result
 
@@ -376,12 +478,15 @@ def _print_summary(metrics: dict[str, dict[str, Any]], out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"calibrl eval -> {out}")
-    for col in ("scope", "input", "samples", "accuracy", "AUROC", "ECE", "Brier", "best selection"):
-        table.add_column(col, justify="left" if col in ("scope", "input", "best selection") else "right")
-
     def num(x):
         return "n/a" if x is None else f"{x:.3f}"
+
+    def text(name: str) -> str:  # a lone surrogate (an undecodable file name byte) as its escape, as in report.md
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+    table = Table(title=f"calibrl eval -> {text(str(out))}")
+    for col in ("scope", "input", "samples", "accuracy", "AUROC", "ECE", "Brier", "best selection"):
+        table.add_column(col, justify="left" if col in ("scope", "input", "best selection") else "right")
 
     from calibrl.evaluation.report import repeated_scopes
 
@@ -391,7 +496,7 @@ def _print_summary(metrics: dict[str, dict[str, Any]], out: Path) -> None:
         for label, m in by_label.items():
             sel = m.get("selection") or {}
             best = max(sel.items(), key=lambda kv: -1 if kv[1] is None else kv[1], default=None)
-            table.add_row(scope, label, str(m["n_samples"]), num(m["accuracy"]), num(m.get("auroc")), num(m.get("ece")),
+            table.add_row(text(scope), text(label), str(m["n_samples"]), num(m["accuracy"]), num(m.get("auroc")), num(m.get("ece")),
                           num(m.get("brier")), f"{best[0]} {num(best[1])}" if best else "-")
     Console(file=sys.stdout).print(table)
     for scope, by_label in metrics.items():  # the certified abstention threshold, or plainly that there is none
@@ -399,6 +504,7 @@ def _print_summary(metrics: dict[str, dict[str, Any]], out: Path) -> None:
             a = m.get("abstention")
             if a is None:
                 continue
+            scope, label = text(scope), text(label)
             goal = (f"precision >= {a['target_precision']:g} with probability >= {1 - a['delta']:g}"
                     + (f", method {a['method_name']}" if a.get("method_name") else ""))
             if a.get("threshold") is None:

@@ -39,7 +39,7 @@ def _safe(name: str) -> str:
     long benchmark names give short, still distinct names."""
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "scope"
     if len(stem) > _MAX_STEM:
-        digest = hashlib.sha1(name.encode("utf-8")).hexdigest()[:8]
+        digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
         stem = f"{stem[:_MAX_STEM - 9]}-{digest}"
     return stem
 
@@ -198,5 +198,7 @@ def write_eval_report(
                         abstain_method=abstain_method)
     payload = {"inputs": inputs, "settings": settings, "results": metrics, "figures": figures}
     (folder / "metrics.json").write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
-    (folder / "report.md").write_text(render_eval_report(metrics, figures, inputs=inputs, settings=settings))
+    # a lone surrogate in a label (an undecodable byte of a file name) is written as its escape, \udcff
+    (folder / "report.md").write_text(render_eval_report(metrics, figures, inputs=inputs, settings=settings),
+                                      encoding="utf-8", errors="backslashreplace")
     return metrics

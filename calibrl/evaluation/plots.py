@@ -9,12 +9,15 @@ file, labelled by the file's stem); a bare ``(confidence, correct)`` tuple draws
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib import rc_context
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from calibrl.evaluation.styles import SELECTION_NAMES, series_style
 
@@ -72,10 +75,22 @@ def _series(data: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return out
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a lone surrogate (an undecodable file name byte) has no glyph
+
+
 def _save(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` as a PNG. Every text is drawn as it is written: labels and titles carry users' file and
+    benchmark names, where ``$`` or ``\\`` would otherwise start TeX math (``x$\\bad$`` cannot be parsed) and a lone
+    surrogate cannot be drawn (it is shown as U+FFFD)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=_DPI, bbox_inches="tight")
+    for text in fig.findobj(Text):
+        text.set_usetex(False)
+        text.set_parse_math(False)
+        if _SURROGATE.search(text.get_text()):
+            text.set_text(_SURROGATE.sub("\ufffd", text.get_text()))
+    with rc_context({"text.usetex": False, "text.parse_math": False}):  # tick labels are made while drawing
+        fig.savefig(path, dpi=_DPI, bbox_inches="tight")
     return path
 
 

@@ -19,6 +19,8 @@ _ROWS = [
     ("n_prompts", "prompts"),
     ("confidence", "confidence input"),
     ("accuracy", "accuracy (mean@k = pass@1)"),
+    ("n_truncated", "samples cut at the token limit"),
+    ("n_no_answer", "samples with no extracted answer"),
     ("auroc", "AUROC (pooled)"),
     ("per_prompt_auroc", "AUROC (mean per prompt)"),
     ("ece", "ECE (uniform bins)"),
@@ -30,6 +32,7 @@ _ROWS = [
     ("mean_confidence", "mean confidence"),
 ]
 _NAMES = dict(_ROWS)
+_COUNT_ROWS = ("n_truncated", "n_no_answer")  # shown "k of n" where some input's rows say it
 _POSTHOC_ROWS = ["auroc", "ece", "ece_quantile", "brier", "nll", "aurc"]
 _SAME_FLOAT = 1e-9  # pass@1 and mean@k agree to float rounding (both are the mean over prompts of c / n)
 _SELECTION_TIE = 1e-12
@@ -117,12 +120,18 @@ def _abstention_section(by_label: Mapping[str, Mapping[str, Any]], labels: Seque
                "from a start chosen on the other prompts, which are held out"
                + ("; the final capital also counts against a seeded uniform draw (randomized Ville)"
                   if first.get("randomized") else ""))
-    out = ["", f"Abstention: answer only when confidence >= t, with t certified for precision >= {target:g} with "
-           f"probability >= {1 - delta:g} ({how}):", "",
-           f"Guaranteed: if prompts are exchangeable (calibration prompts and future ones drawn i.i.d. from one "
-           f"distribution), then with probability >= {1 - delta:g} the precision of the answered samples pooled "
-           f"over fresh prompts, E[answered and correct] / E[answered], is >= {target:g} at t (the held-out figures "
-           "estimate it, with their own noise; the x on the precision-coverage plot marks t).", ""]
+    goal = f"precision >= {target:g} with probability >= {1 - delta:g} ({how})"
+    certified = [l for l in found if by_label[l]["abstention"].get("threshold") is not None]
+    if certified:
+        whose = "" if certified == found else f" for {', '.join(certified)}"
+        out = ["", f"Abstention: answer only when confidence >= t, with t certified for {goal}:", "",
+               f"Guaranteed{whose}: if prompts are exchangeable (calibration prompts and future ones drawn i.i.d. "
+               f"from one distribution), then with probability >= {1 - delta:g} the precision of the answered "
+               f"samples pooled over fresh prompts, E[answered and correct] / E[answered], is >= {target:g} at t (the "
+               "held-out figures estimate it, with their own noise; the x on the precision-coverage plot marks t).",
+               ""]
+    else:  # no guarantee is stated for a threshold that does not exist
+        out = ["", f"Abstention: no threshold t (answer only when confidence >= t) is certified for {goal}:", ""]
     out.append(markdown_table(["figure"] + found, [[name] + [_fmt(by_label[l]["abstention"].get(k)) for l in found]
                                                     for k, name in keys]))
     for l in found:
@@ -242,6 +251,17 @@ def _benchmark_sentence(results: Mapping[str, Mapping[str, Mapping[str, Any]]], 
     return f"Over its {len(per)} benchmarks: " + "; ".join(parts) + "." if parts else None
 
 
+def _made_of(m: Mapping[str, Any]) -> str:
+    """What the accuracy is made of, when the rows say: ``; 87 of 160 samples were cut at the token limit and 17
+    have no extracted answer`` (nothing when neither happened or the rows do not say)."""
+    cut, unanswered, n = m.get("n_truncated"), m.get("n_no_answer"), m.get("n_samples")
+    if cut and unanswered:
+        return f"; {cut} of {n} samples were cut at the token limit and {unanswered} have no extracted answer"
+    if cut:
+        return f"; {cut} of {n} samples were cut at the token limit"
+    return f"; {unanswered} of {n} samples have no extracted answer" if unanswered else ""
+
+
 def what_this_shows(results: Mapping[str, Mapping[str, Mapping[str, Any]]], *, benchmarks: Sequence[str] = ()
                     ) -> list[str]:
     """Plain sentences, one paragraph per input, on what the overall numbers show: accuracy with its interval,
@@ -255,7 +275,7 @@ def what_this_shows(results: Mapping[str, Mapping[str, Mapping[str, Any]]], *, b
         n = m.get("samples_per_prompt") or {}
         per = f"{n.get('min')}" if n.get("min") == n.get("max") else f"{n.get('min')} to {n.get('max')}"
         out = [f"Accuracy {_value(acc, _interval(m, 'accuracy'))}: the mean over {m.get('n_prompts')} prompts of "
-               f"the fraction right among their {per} samples."] if acc is not None else []
+               f"the fraction right among their {per} samples{_made_of(m)}."] if acc is not None else []
         if m.get("confidence") is None:
             out.append("The input has no confidence: accuracy and majority vote only.")
         else:
@@ -313,7 +333,11 @@ def render_eval_report(
             out += [f"## {scope}", ""]
         rows = []
         for key, name in _ROWS:
-            if key in ("accuracy", "auroc", "ece"):
+            if key in _COUNT_ROWS:
+                if any(key in by_label[l] for l in labels):
+                    rows.append([name] + [f"{by_label[l][key]} of {by_label[l]['n_samples']}" if key in by_label[l]
+                                          else "n/a" for l in labels])
+            elif key in ("accuracy", "auroc", "ece"):
                 rows.append([name] + [_with_ci(by_label[l], key) for l in labels])
             else:
                 rows.append([name] + [_fmt(by_label[l].get(key)) for l in labels])

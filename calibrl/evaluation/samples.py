@@ -12,10 +12,12 @@ One row per sampled completion. Fields (see docs/eval.md for the full table):
   string looked up in ``classes``), ``verbalized_confidence`` (number in [0, 1] or null: the confidence the
   completion states, RLCR's ``<confidence>x</confidence>``; when a row has no such field but a ``completion`` text,
   it is parsed from the text's last tag with :func:`calibrl.tasks.verbalized.parse_verbalized_confidence`).
-- optional: ``answer`` (str, or a number stored as its string; null = no answer extracted), ``benchmark`` (str),
-  ``completion`` (str), ``n_tokens`` (int >= 0), ``classes`` (list of str), ``sample_index`` (int: which sample
-  of the prompt; a repeated (benchmark, prompt_id, sample_index) with the same completion is dropped and counted,
-  with a different one refused).
+- optional: ``answer`` (str, or a number stored as its string; null = no answer extracted), ``benchmark`` (str;
+  on every row or on none: a row without one among rows that name one is refused), ``completion`` (str),
+  ``n_tokens`` (int >= 0), ``truncated`` (bool: the completion hit the token limit), ``classes`` (list of
+  str), ``sample_index`` (int: which sample of the prompt; a repeated (benchmark, prompt_id, sample_index) with
+  the same completion, correctness, answer and confidences is dropped and counted, one that differs in any of
+  them is refused naming both lines).
 
 Which confidence to use is chosen per file (``confidence=`` or the first of logprob_mean, decision_prob,
 class_probs, verbalized_confidence present in the first row); that field is then required on every row. Every
@@ -33,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import stat
 import warnings
 from array import array
 from dataclasses import dataclass, field, replace
@@ -103,6 +106,7 @@ class Samples:
     # own; what PC and RPC need. The texts themselves are not held (see `completions`).
     completion_ids: np.ndarray | None = None
     n_tokens: np.ndarray | None = None  # [N] float (NaN where absent)
+    truncated: np.ndarray | None = None  # [N] bool: the completion hit the token limit (False where not said)
     format: str = "calibrl"  # the format the file was read as (calibrl.evaluation.readers.FORMATS)
     notes: list[str] = field(default_factory=list)  # how a foreign format was read (which field gave correct, ...)
     # rows left out, by cause: failed requests / rewards (see readers.Skips) and repeated samples
@@ -213,7 +217,7 @@ class Samples:
         kwargs = {}
         for name in ("prompt_ids", "correct", "reward", "logprob_mean", "decision_prob", "class_probs",
                      "verbalized_confidence", "labels", "answers", "benchmarks", "completion_ids", "n_tokens",
-                     "rows"):
+                     "truncated", "rows"):
             value = getattr(self, name)
             kwargs[name] = None if value is None else value[mask]
         return replace(self, **kwargs)
@@ -286,6 +290,14 @@ def _stated_confidence(row: dict) -> float | None:
     return parse_verbalized_confidence(text) if isinstance(text, str) else None
 
 
+def _file_kind(path: Path) -> str:
+    """What ``path`` is, in words, when it is neither a file nor a folder."""
+    mode = path.stat().st_mode
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a file or folder")
+
+
 def load_answers(spec: str) -> dict[str, dict]:
     """Gold answers by prompt id for ``--answers``: a dataset file (JSON / JSONL / Parquet rows with ``prompt_id``,
     ``custom_id``, ``id`` or ``unique_id`` and ``answer`` / ``gold``, or ``label`` with ``classes``), or the name of
@@ -327,7 +339,8 @@ def load_samples(path: str | Path, *, confidence: str | None = None, format: str
     ``strict=False`` leaves out the rows of failed requests or rewards (a null / NaN TRL reward, an API request
     that failed, an empty choice; see :class:`calibrl.evaluation.readers.Skips`) and counts them by cause in
     ``Samples.skipped`` and a note; ``strict=True`` (the default here; ``calibrl eval --strict``) refuses them.
-    Malformed rows are refused either way. Repeated samples are dropped (same completion) or refused (another).
+    Malformed rows are refused either way, and a file whose every row failed is refused with the first failure.
+    Repeated samples are dropped (the same completion and scores) or refused (any of them differs).
 
     Files without correctness (OpenAI-style, vLLM) are graded with ``grader`` (``"boxed"``: the last
     ``\\boxed{}``; ``"math-verify"``: math-verify's parse of the whole completion) against each line's gold, else
@@ -337,6 +350,8 @@ def load_samples(path: str | Path, *, confidence: str | None = None, format: str
     path = Path(path)
     if not path.exists():
         raise SamplesError(f"{path}: no such file")
+    if not path.is_file() and not path.is_dir():  # opening a FIFO would wait for a writer
+        raise SamplesError(f"{path}: not a regular file ({_file_kind(path)}); give a .jsonl or .parquet file")
     if format is not None and format not in FORMATS:
         raise SamplesError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     fmt = format or detect_format(path)
@@ -348,17 +363,23 @@ def load_samples(path: str | Path, *, confidence: str | None = None, format: str
     try:
         samples = _validate(read_rows(path, fmt, notes, skips, grading), path.name, confidence=confidence,
                             optional=fmt in _CONFIDENCE_OPTIONAL)
-    except _RepeatedSample as exc:  # name the two rows' lines
-        wheres, index = {}, None
+    except _NoRows:
+        if skips.first is None:
+            raise
+        causes = ", ".join(f"{n} {cause}" for cause, n in skips.counts.items())
+        raise SamplesError(f"{path.name}: every row failed ({causes}), so nothing is left to score; the first: "
+                           f"{skips.first}") from None
+    except _RepeatedSample as exc:  # name the two rows' lines and what differs between them
+        found: dict[int, tuple[str, dict]] = {}
         for position, (where, raw) in enumerate(read_rows(path, fmt, [], Skips(), grading)):
             if position in (exc.first, exc.second):
-                wheres[position], index = where, raw.get("sample_index")
+                found[position] = (where, raw)
             if position >= exc.second:
                 break
-        raise SamplesError(f"{wheres[exc.second]}: field 'sample_index': prompt_id {exc.prompt_id!r} sample_index "
-                           f"{int(index)} repeats "
-                           f"{wheres[exc.first]} with a different completion (the samples of two runs mixed?)"
-                           ) from None
+        (first_where, first), (where, second) = found[exc.first], found[exc.second]
+        raise SamplesError(f"{where}: field 'sample_index': prompt_id {exc.prompt_id!r} sample_index "
+                           f"{int(second['sample_index'])} repeats {first_where} with {_difference(first, second)} "
+                           "(the samples of two runs mixed?)") from None
     samples.skipped = {**skips.counts, **samples.skipped}
     samples.grading = grading
     if samples.confidence_kind is None:
@@ -376,7 +397,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
     correct: list[bool] = []
     # floats in compact arrays (8 bytes a row, not a Python float each)
     cols: dict[str, array] = {k: array("d") for k in ("reward", "logprob_mean", "decision_prob",
-                                                      "verbalized_confidence", "n_tokens")}
+                                                      "verbalized_confidence", "n_tokens", "truncated")}
     n_parsed = 0  # rows whose verbalized confidence was read from the completion text
     class_probs: list[list[float] | None] = []
     labels: list[int] = []
@@ -392,6 +413,8 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
     key_digests = bytearray()  # [N x 16]
     content_digests = bytearray()  # [N x 16]
     positions = array("q")  # [N] each row's position among the rows read
+    benchmark_named: tuple[str, str] | None = None  # (file:line, benchmark) of the first row naming one
+    no_benchmark: str | None = None  # file:line of the first row naming none
 
     for position, (where, raw) in enumerate(rows):
         if not isinstance(raw, dict):
@@ -416,19 +439,18 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
             # unambiguous: repr has no raw NUL and the index is digits
             key_digests += hashlib.blake2b(f"{raw.get('benchmark')!r}\0{pid_text}\0{int(index)}".encode(
                 "utf-8", "surrogatepass"), digest_size=16).digest()
-            # the completion's digest is taken below with the others; a row without one is compared whole
-            text = raw.get("completion")
-            content_digests += _NO_DIGEST if isinstance(text, str) else text_digest(
-                json.dumps(raw, sort_keys=True, default=str))
         else:
             key_digests += _NO_DIGEST
-            content_digests += _NO_DIGEST
         prompt_ids.append(pid_text)
         positions.append(position)
 
         for name in ("reward", "n_tokens"):
             cols[name].append(r.number(name, low=0 if name == "n_tokens" else -math.inf)
                               if raw.get(name) is not None else math.nan)
+        cut = raw.get("truncated")
+        if cut is not None and not isinstance(cut, (bool, np.bool_)) and not (_is_int(cut) and int(cut) in (0, 1)):
+            raise r.fail("truncated", f"expected a bool, got {type(cut).__name__} {_shown(cut)}")
+        cols["truncated"].append(math.nan if cut is None else float(cut))
         n_tokens = raw.get("n_tokens")
         if n_tokens is not None and type(n_tokens) is not int and not _is_int(n_tokens):
             raise r.fail("n_tokens", f"expected an integer, got {n_tokens!r}")
@@ -533,9 +555,26 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
                 no_text.append(value is None)
             else:
                 texts[name].append(value)
+        if texts["benchmark"][-1] is None:
+            no_benchmark = no_benchmark or where
+        elif benchmark_named is None:
+            benchmark_named = (where, texts["benchmark"][-1])
+        if index is None:
+            content_digests += _NO_DIGEST
+        elif no_text[-1]:  # a row without a completion is compared whole
+            content_digests += text_digest(json.dumps(raw, sort_keys=True, default=str))
+        else:  # the completion and every value read from the row that a figure uses
+            scored = (correct[-1], labels[-1], texts["answer"][-1], class_probs[-1],
+                      *(cols[k][-1] for k in ("reward", "logprob_mean", "decision_prob", "verbalized_confidence")))
+            content_digests += hashlib.blake2b(digests[-16:] + repr(scored).encode("utf-8", "surrogatepass"),
+                                               digest_size=16).digest()
 
     if kind is None:
-        raise SamplesError(f"{source}: no samples (the file is empty)")
+        raise _NoRows(f"{source}: no samples (the file is empty)")
+    if benchmark_named is not None and no_benchmark is not None:  # else a scope of its own, unnoticed
+        raise SamplesError(f"{no_benchmark}: field 'benchmark': missing, while other rows name one "
+                           f"({benchmark_named[0]}: {_shown(benchmark_named[1])}); give every row its benchmark, or no row one to score the file as "
+                           "one scope")
 
     def opt_float(values: array) -> np.ndarray | None:
         arr = np.frombuffer(values, dtype=np.float64) if len(values) else np.zeros(0)
@@ -556,8 +595,8 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         arr[:] = [fill if v is None else v for v in values]
         return arr
 
-    benchmarks = opt_text(texts["benchmark"], fill="(none)")
-    keep = _unrepeated(key_digests, content_digests, digests, positions, prompt_ids)
+    benchmarks = opt_text(texts["benchmark"])
+    keep = _unrepeated(key_digests, content_digests, positions, prompt_ids)
     samples = Samples(
         source=source,
         prompt_ids=np.asarray(prompt_ids, dtype=str),
@@ -575,6 +614,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         completion_ids=None if 0 not in no_text else digest_ids(digests, np.frombuffer(no_text, dtype=np.uint8) == 1),
         rows=np.frombuffer(positions, dtype=np.int64).copy() if len(positions) else np.zeros(0, dtype=np.int64),
         n_tokens=opt_float(cols["n_tokens"]),
+        truncated=None if opt_float(cols["truncated"]) is None else opt_float(cols["truncated"]) == 1.0,
         notes=[f"{source}: verbalized_confidence read from the completion's <confidence> tag on {n_parsed} rows"]
         if n_parsed else [],
     )
@@ -582,10 +622,14 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         return samples
     n_repeated = int((~keep).sum())
     samples = samples.subset(keep)
-    samples.notes.append(f"{source}: {n_repeated} repeated rows dropped (the same prompt_id, sample_index and "
-                         "completion as an earlier row)")
+    samples.notes.append(f"{source}: {n_repeated} repeated rows dropped (the same prompt_id, sample_index, "
+                         "completion, correctness and confidence as an earlier row)")
     samples.skipped = {"repeated sample": n_repeated}
     return samples
+
+
+class _NoRows(SamplesError):
+    """A file that gave no row (``load_samples`` says so, or that every row failed)."""
 
 
 class _RepeatedSample(SamplesError):
@@ -594,18 +638,36 @@ class _RepeatedSample(SamplesError):
 
     def __init__(self, second: int, first: int, prompt_id: str):
         super().__init__(f"row {second + 1}: field 'sample_index': prompt_id {prompt_id!r} repeats row {first + 1} "
-                         "with a different completion")
+                         "with different content")
         self.second, self.first, self.prompt_id = second, first, prompt_id
 
 
-def _unrepeated(keys: bytearray, contents: bytearray, completions: bytearray, positions: array,
-                prompt_ids: list[str]) -> np.ndarray | None:
+# the fields of a repeated row compared by value, in the order an error names them
+_COMPARED = ("completion", "correct", "reward", "answer", "label", "class_probs", "logprob_mean", "decision_prob",
+             "verbalized_confidence")
+
+
+def _difference(first: dict, second: dict) -> str:
+    """What differs between two rows with one (prompt_id, sample_index): "a different completion", "a different
+    correct (True, then False)", ...; for rows compared whole, the names of the fields that differ."""
+    names = [n for n in _COMPARED if first.get(n) != second.get(n)]
+    if not names:
+        names = sorted(n for n in set(first) | set(second) if first.get(n) != second.get(n))
+        return f"different fields {', '.join(names)}" if names else "different content"
+    return "a different " + " and ".join(
+        n if n == "completion" else f"{n} ({_shown(first.get(n), 40)}, then {_shown(second.get(n), 40)})"
+        for n in names)
+
+
+def _unrepeated(keys: bytearray, contents: bytearray, positions: array, prompt_ids: list[str]
+                ) -> np.ndarray | None:
     """[N] bool: the rows to keep, False on a repeat of an earlier row's (benchmark, prompt_id, sample_index) with
     the same content digest; None when there is no repeat. Raises :class:`_RepeatedSample` on the first repeat (in
     row order) whose content differs from the first occurrence's.
 
-    ``keys``: N x 16 digest bytes (zeros: the row has no sample_index); the content is the completion's digest
-    (``completions``), else, for a row without a completion, the whole row's (``contents``)."""
+    ``keys``: N x 16 digest bytes (zeros: the row has no sample_index); ``contents``: N x 16 digest bytes of what
+    is compared (the completion with the row's correctness, reward, answer, label and confidences; the whole row
+    for a row without a completion)."""
     if not keys:
         return None
     key = np.frombuffer(bytes(keys), dtype="V16")  # [N]
@@ -618,9 +680,7 @@ def _unrepeated(keys: bytearray, contents: bytearray, completions: bytearray, po
     repeat = first_of != rows
     if not repeat.any():
         return None
-    content = np.frombuffer(bytes(contents), dtype="V16")  # [N] zeros where the row has a completion
-    content = np.where(content == np.frombuffer(_NO_DIGEST, dtype="V16")[0],
-                       np.frombuffer(bytes(completions), dtype="V16"), content)
+    content = np.frombuffer(bytes(contents), dtype="V16")  # [N]
     differ = repeat & (content[rows] != content[first_of])
     if differ.any():
         j = int(np.flatnonzero(differ)[0])

@@ -251,6 +251,10 @@ def evaluate_samples(
         "accuracy": _f(M.mean_at_k(samples.correct, pidx)),
         "pass@1": _f(M.pass_at_k(samples.correct, pidx, 1)),
     }
+    if samples.truncated is not None:  # what the accuracy is made of: completions cut short, answers not found
+        out["n_truncated"] = int(samples.truncated.sum())
+    if samples.answers is not None:
+        out["n_no_answer"] = int(np.equal(samples.answers, None).sum())
     if kmax > 1:
         out[f"pass@{kmax}"] = _f(M.pass_at_k(samples.correct, pidx, kmax))
     if samples.confidence_kind == "class_probs":

@@ -13,7 +13,7 @@ import numpy as np
 
 __all__ = ["MAX_ROW_BYTES", "SamplesError", "rows_jsonl", "rows_parquet", "file_rows", "fail", "too_large",
            "prompt_text", "prompt_key", "as_float", "grade", "find_gold", "need_object", "Skips",
-           "GRADERS", "Grading", "answers_table"]
+           "GRADERS", "Grading", "answers_table", "hit_token_limit"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # the largest row read: a JSONL line's bytes, or the text bytes of a Parquet row (its strings, nested ones too).
@@ -38,12 +38,14 @@ class Skips:
     def __init__(self, *, strict: bool = False):
         self.strict = strict
         self.counts: dict[str, int] = {}
+        self.first: SamplesError | None = None  # the first row's error (named when every row failed)
 
     def skip(self, error: SamplesError, cause: str, n: int = 1) -> None:
         """Count ``n`` rows left out for ``cause``; with ``strict``, raise ``error`` instead."""
         if self.strict:
             raise error
         self.counts[cause] = self.counts.get(cause, 0) + n
+        self.first = self.first or error
 
     def note(self, name: str) -> list[str]:
         """The notes saying what was left out of file ``name`` (none when nothing was)."""
@@ -334,6 +336,13 @@ def find_gold(places: list[Any], where: str) -> dict[str, Any]:
                 return {"gold": place[name]}
     raise fail(where, "gold", "missing (the file has no gold answer: add 'gold' (or 'answer') to each line or to "
                               "its 'metadata', or 'label' with 'classes' for a decision task)")
+
+
+def hit_token_limit(item: dict) -> bool | None:
+    """Whether an API choice or vLLM output stopped at the token limit (``finish_reason`` "length"), for the
+    ``truncated`` field; None when it does not say."""
+    reason = item.get("finish_reason")
+    return None if reason is None else reason == "length"
 
 
 def need_object(raw: Any, where: str) -> dict:

@@ -22,7 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
-from calibrl.evaluation.readers.base import Grading, SamplesError, Skips, as_float, fail, need_object, rows_jsonl
+from calibrl.evaluation.readers.base import (Grading, SamplesError, Skips, as_float, fail, hit_token_limit, need_object,
+                                             rows_jsonl)
 
 
 class _Failed(SamplesError):
@@ -125,5 +126,6 @@ def read(path: Path, notes: list[str], skips: Skips | None = None,
             index = choice.get("index")
             yield where, {"prompt_id": prompt_id, "sample_index": index if isinstance(index, int) else i,
                           "completion": text, "answer": answer, "correct": correct,
-                          "logprob_mean": sum(values) / len(values), "n_tokens": len(values)}
+                          "logprob_mean": sum(values) / len(values), "n_tokens": len(values),
+                          "truncated": hit_token_limit(choice)}
     notes.extend(grading.note(path.name) + skips.note(path.name))

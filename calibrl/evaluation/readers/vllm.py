@@ -17,7 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
-from calibrl.evaluation.readers.base import Grading, Skips, as_float, fail, need_object, prompt_key, rows_jsonl
+from calibrl.evaluation.readers.base import (Grading, Skips, as_float, fail, hit_token_limit, need_object, prompt_key,
+                                             rows_jsonl)
 
 
 def _token_logprob(entry: Any, token: Any, where: str, field: str) -> float:
@@ -84,5 +85,6 @@ def read(path: Path, notes: list[str], skips: Skips | None = None,
             index = output.get("index")
             yield where, {"prompt_id": prompt_id, "sample_index": index if isinstance(index, int) else i,
                           "completion": output["text"], "answer": answer,
-                          "correct": correct, "logprob_mean": mean, "n_tokens": n_tokens}
+                          "correct": correct, "logprob_mean": mean, "n_tokens": n_tokens,
+                          "truncated": hit_token_limit(output)}
     notes.extend(grading.note(path.name) + skips.note(path.name))
