@@ -187,6 +187,34 @@ def _check_hub_model(name: str, source: str) -> None:
                           "folder") from None
 
 
+def _check_decision_classes(spec: ModelSpec, classes: list[str] | None, tokenizer, source: str) -> None:
+    """Each decision class must have a single-token spelling of its own in the run's tokenizer (the rule the
+    trainer applies, :func:`calibrl.trl.decision.class_tokens`), checked with the tokenizer alone, before the model
+    loads. A tokenizer that does not load here (a GGUF builtin, a hub id) is checked when the trainer is built."""
+    if not classes:
+        return
+    if tokenizer is None and spec.name_or_path == TINY:
+        from calibrl.models import build_char_tokenizer
+
+        tokenizer = build_char_tokenizer()
+    elif tokenizer is None and not spec.name_or_path.startswith("builtin:"):
+        from transformers import AutoTokenizer
+
+        try:
+            with quiet_transformers_bars():
+                tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer or spec.name_or_path)
+        except (OSError, ValueError):
+            return  # the model's own load names the problem
+    if tokenizer is None:
+        return
+    from calibrl.trl.decision import class_tokens
+
+    try:
+        class_tokens(tokenizer, list(classes))
+    except ValueError as exc:
+        raise RecipeError(f"{source}: trainer.{' '.join(str(exc).split())}") from None
+
+
 def _model_init_kwargs(spec: ModelSpec) -> dict:
     """The ``from_pretrained`` keyword arguments a recipe's model section asks for (none for the tiny model)."""
     if spec.name_or_path == TINY:
@@ -389,6 +417,9 @@ def build_trainer(recipe: Recipe, *, model=None, tokenizer=None, overrides: dict
         name = recipe.model.name_or_path
         if name != TINY and not name.startswith("builtin:") and not _looks_local(name) and not Path(name).exists():
             _check_hub_model(name, source)
+    if model is None or tokenizer is not None:  # a stand-in model without its tokenizer: checked by the trainer
+        _check_decision_classes(recipe.model, args.decision_classes, tokenizer, source)
+    if model is None:
         try:
             model, recipe_tokenizer = _load_model(recipe.model)
         except RecipeError as exc:
