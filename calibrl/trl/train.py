@@ -411,14 +411,14 @@ def build_trainer(recipe: Recipe, *, model=None, tokenizer=None, overrides: dict
     source = recipe.source
     args = validate_recipe(recipe, overrides=overrides, stand_in_model=model is not None)
     reward_funcs = _reward_funcs(recipe)
-    train_dataset = _load_dataset(recipe.dataset, "dataset", source)
-    eval_dataset = _load_dataset(recipe.eval_dataset, "eval_dataset", source) if recipe.eval_dataset else None
     if model is None:
         name = recipe.model.name_or_path
         if name != TINY and not name.startswith("builtin:") and not _looks_local(name) and not Path(name).exists():
             _check_hub_model(name, source)
     if model is None or tokenizer is not None:  # a stand-in model without its tokenizer: checked by the trainer
         _check_decision_classes(recipe.model, args.decision_classes, tokenizer, source)
+    train_dataset = _load_dataset(recipe.dataset, "dataset", source)
+    eval_dataset = _load_dataset(recipe.eval_dataset, "eval_dataset", source) if recipe.eval_dataset else None
     if model is None:
         try:
             model, recipe_tokenizer = _load_model(recipe.model)
