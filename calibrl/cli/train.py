@@ -81,7 +81,9 @@ def train_command(
 ) -> None:
     """Train with a calibration-aware advantage (CAPO, GCPO, ...) through TRL, from a YAML recipe.
 
-    The recipe is checked before anything loads: a bad value is one line naming the file and key (exit 2).
+    The recipe is checked before anything loads: a bad value is one line naming the file and key (exit 2). An
+    output dir that holds a run is refused unless --resume (continue it; a finished run is left unchanged) or
+    --overwrite (move it aside to <dir>.replaced-<UTC time>).
     """
     from rich.console import Console
 

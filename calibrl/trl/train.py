@@ -334,10 +334,11 @@ def _check_writable(existing: Path, output_dir: str, where: str) -> None:
 def validate_recipe(recipe: Recipe, *, overrides: dict | None = None, stand_in_model: bool = False):
     """The recipe's :class:`~calibrl.trl.CalibratedGRPOConfig`, after checking everything that can be checked
     without loading a model or a dataset: field names and types, value ranges, the estimator name and the fields it
-    reads, the reward names and ``correctness_reward``, dataset sections and paths, a local model folder, an
-    ``output_dir`` that can be a folder. Any problem is a one-line
-    :class:`RecipeError` naming the file and the key, so ``calibrl train`` fails in a second, not after loading.
-    Creates nothing on disk."""
+    reads, counts that must be positive (batch sizes, ``num_generations``, ``logging_steps``, ...), the reward names
+    and ``correctness_reward``, dataset sections and paths, a local model folder (a JSON ``config.json`` and
+    weights), ``model.peft``'s keys, an ``output_dir`` that can be a folder and can be written. Any problem is a
+    one-line :class:`RecipeError` naming the file and the key, so ``calibrl train`` fails in a second, not after
+    loading. Leaves nothing on disk (the write check makes and removes a temporary folder)."""
     from calibrl.advantages import available_estimators
     from calibrl.trl.config import CalibratedGRPOConfig
 
