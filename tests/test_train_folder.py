@@ -59,9 +59,10 @@ def _train(recipe_path: Path, **kwargs):
 
 
 def _snapshot(folder: Path) -> dict[str, tuple[str, int]]:
-    """Every file under ``folder``: (sha256 of its bytes, mtime in ns)."""
-    return {str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    """``folder`` and everything under it: (sha256 of a file's bytes, or "folder"; mtime in ns)."""
+    return {str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "folder",
+                                         p.stat().st_mtime_ns)
+            for p in [folder, *sorted(folder.rglob("*"))]}
 
 
 def _train_loss(log_history: list[dict]) -> float:
@@ -228,3 +229,17 @@ def test_resumed_train_loss_is_the_uninterrupted_runs(finished_run, tmp_path, st
     assert losses == {h["step"]: h["loss"] for h in reference["log_history"] if "loss" in h}
     ends = [json.loads(line) for line in (out / "log_history.jsonl").read_text().splitlines()]
     assert [h["train_loss"] for h in ends if "train_loss" in h] == [_train_loss(reference["log_history"])]
+
+
+def test_a_checkpoint_without_the_kept_sums_falls_back_to_the_logged_losses(finished_run, tmp_path):
+    """A checkpoint written before calibrl kept the loss sums: train_loss is rebuilt from the logged losses (each
+    times the steps it averages), equal up to rounding, and the resumed run saves its own checkpoints again."""
+    _, reference = finished_run
+    out = _copy_run(finished_run, tmp_path, checkpoints=(1, 2))
+    state_path = out / "checkpoint-2" / "trainer_state.json"
+    state = json.loads(state_path.read_text())
+    del state["stateful_callbacks"]["CalibrlTrainLoss"]
+    state_path.write_text(json.dumps(state))
+    result, _ = _train(_recipe_file(tmp_path, out), resume=True)
+    assert result["global_step"] == STEPS and (out / f"checkpoint-{STEPS}" / "trainer_state.json").is_file()
+    assert _train_loss(result["log_history"]) == pytest.approx(_train_loss(reference["log_history"]), rel=1e-6)

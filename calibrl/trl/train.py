@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import json
+import os
 import tempfile
 import time
 import warnings
@@ -322,8 +323,13 @@ def _output_key(overrides: dict | None) -> str:
 
 
 def _check_writable(existing: Path, output_dir: str, where: str) -> None:
-    """The run can write in ``existing`` (the output folder, or its nearest existing parent): a temporary folder
-    is made there and removed (a permission check alone misses read-only mounts and is always true for root)."""
+    """The run can write in ``existing``: the output folder itself (``os.access``, which also answers no on a
+    read-only mount, so a folder holding a run is left untouched, its times included), or its nearest existing
+    parent, where a temporary folder is made and removed (what creating the output folder will need)."""
+    if existing == Path(output_dir).expanduser().absolute():
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise RecipeError(f"{where}: cannot write in {output_dir} (no permission, or a read-only file system)")
+        return
     try:
         tempfile.TemporaryDirectory(dir=existing, prefix=".calibrl-write-check-").cleanup()
     except OSError as exc:
@@ -338,7 +344,8 @@ def validate_recipe(recipe: Recipe, *, overrides: dict | None = None, stand_in_m
     and ``correctness_reward``, dataset sections and paths, a local model folder (a JSON ``config.json`` and
     weights), ``model.peft``'s keys, an ``output_dir`` that can be a folder and can be written. Any problem is a
     one-line :class:`RecipeError` naming the file and the key, so ``calibrl train`` fails in a second, not after
-    loading. Leaves nothing on disk (the write check makes and removes a temporary folder)."""
+    loading. Leaves nothing on disk (where the output folder does not exist yet, the write check makes and removes
+    a temporary folder in its nearest existing parent)."""
     from calibrl.advantages import available_estimators
     from calibrl.trl.config import CalibratedGRPOConfig
 
