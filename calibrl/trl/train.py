@@ -161,7 +161,7 @@ def _check_model_folder(path: Path, name: str, source: str) -> None:
                           "file; save_pretrained writes them beside config.json)")
 
 
-def _check_hub_model(name: str, source: str) -> None:
+def _check_hub_model(name: str, source: str, init_kwargs: dict) -> None:
     """A hub id that is not in the local hub cache must be downloadable: with ``HF_HUB_OFFLINE`` set, or when the
     hub's host does not answer within a few seconds, this is one line now rather than a traceback after
     transformers' retries (about 30 s)."""
@@ -171,7 +171,9 @@ def _check_hub_model(name: str, source: str) -> None:
     from huggingface_hub import constants, try_to_load_from_cache
 
     try:
-        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        cached = try_to_load_from_cache(name, "config.json", cache_dir=init_kwargs.get("cache_dir"),
+                                        revision=init_kwargs.get("revision"))
+        if isinstance(cached, str):
             return
     except ValueError:  # not a valid repo id: transformers says so when it loads
         return
@@ -422,7 +424,7 @@ def build_trainer(recipe: Recipe, *, model=None, tokenizer=None, overrides: dict
     if model is None:
         name = recipe.model.name_or_path
         if name != TINY and not name.startswith("builtin:") and not _looks_local(name) and not Path(name).exists():
-            _check_hub_model(name, source)
+            _check_hub_model(name, source, recipe.model.init_kwargs or {})
     if model is None or tokenizer is not None:  # a stand-in model without its tokenizer: checked by the trainer
         _check_decision_classes(recipe.model, args.decision_classes, tokenizer, source)
     train_dataset = _load_dataset(recipe.dataset, "dataset", source)
