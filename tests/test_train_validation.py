@@ -39,6 +39,38 @@ def _empty_dataset(recipe, tmp):
     recipe["dataset"]["path"] = str(path)
 
 
+def _model_folder(config_text: str | None, weights: bool):
+    """A local model folder holding ``config.json`` with ``config_text`` and (with ``weights``) a weights file."""
+    def edit(recipe, tmp):
+        folder = tmp / "model"
+        folder.mkdir()
+        if config_text is not None:
+            (folder / "config.json").write_text(config_text)
+        if weights:
+            (folder / "model.safetensors").write_bytes(b"\0" * 16)
+        recipe["model"].update(name_or_path=str(folder))
+    return edit
+
+
+def _hub_unreachable(recipe, tmp):
+    """A hub id that is not cached while the hub's host refuses connections (a closed local port)."""
+    from huggingface_hub import constants
+
+    recipe["model"].update(name_or_path="calibrl-test/not-cached-model")
+    _PATCHES.append((constants, "ENDPOINT", "http://127.0.0.1:9"))
+    _PATCHES.append((constants, "HF_HUB_OFFLINE", False))
+
+
+def _hub_offline(recipe, tmp):
+    from huggingface_hub import constants
+
+    recipe["model"].update(name_or_path="calibrl-test/not-cached-model")
+    _PATCHES.append((constants, "HF_HUB_OFFLINE", True))
+
+
+_PATCHES: list = []  # (object, attribute, value) a case edit asks the test to monkeypatch
+
+
 # (case id, recipe edit, extra CLI arguments, text the error must name)
 CASES = [
     ("tau_zero", _trainer(capo_tau=0), [], "capo_tau"),
@@ -74,6 +106,24 @@ CASES = [
     ("tau_with_grpo_mask", _trainer(advantage_estimator="grpo_mask", capo_mask="fixed", capo_tau=0.5), [],
      "trainer.capo_tau"),
     ("ref_high_with_quantile_mask", _trainer(capo_mask="quantile", capo_ref_high=3.0), [], "capo_ref_high"),
+    # counts TRL's config and transformers take unchecked (ZeroDivisionError, torch's sampler after the model loaded)
+    ("num_generations_zero", _trainer(num_generations=0), [], "trainer.num_generations"),
+    ("batch_size_zero", _trainer(per_device_train_batch_size=0), [], "trainer.per_device_train_batch_size"),
+    ("set_batch_size_zero", lambda r, tmp: None, ["--set", "per_device_train_batch_size=0"],
+     "overrides.per_device_train_batch_size"),
+    ("gradient_accumulation_zero", _trainer(gradient_accumulation_steps=0), [], "gradient_accumulation_steps"),
+    ("logging_steps_negative", _trainer(logging_steps=-1), [], "trainer.logging_steps"),
+    ("save_steps_zero", _trainer(save_steps=0), [], "trainer.save_steps"),
+    ("model_config_not_json", _model_folder("{not json", weights=True), [], "config.json"),
+    ("model_config_a_list", _model_folder("[1, 2]", weights=True), [], "config.json"),
+    ("model_without_weights", _model_folder("{}", weights=False), [], "no weights"),
+    ("peft_unknown_key", lambda r, tmp: r["model"].update(peft={"rr": 8}), [], "model.peft"),
+    ("decision_class_not_one_token", _trainer(decision_classes=["hello world", "1"]), [],
+     "trainer.decision_classes"),
+    ("decision_classes_repeated", _trainer(decision_classes=["1", "1"]), [], "trainer.decision_classes"),
+    ("output_dir_under_read_only", _trainer(output_dir="/proc/calibrl-test-run/out"), [], "output_dir"),
+    ("hub_id_unreachable", _hub_unreachable, [], "model.name_or_path"),
+    ("hub_id_offline", _hub_offline, [], "HF_HUB_OFFLINE"),
 ]
 
 
@@ -82,7 +132,10 @@ def test_bad_recipe_values_exit_2_naming_the_key(case, edit, args, key, tmp_path
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "run"
     recipe = _base(out)
+    _PATCHES.clear()
     edit(recipe, tmp_path)
+    for target, attribute, value in _PATCHES:
+        monkeypatch.setattr(target, attribute, value)
     path = tmp_path / f"{case}.yaml"
     path.write_text(yaml.safe_dump(recipe))
     import calibrl.trl.train as training
@@ -215,3 +268,9 @@ def test_switching_the_estimator_by_set_keeps_the_recipe_fields(tmp_path):
                                                                   "capo_mask": "quantile"}), "capo.yaml")
     args = validate_recipe(recipe, overrides={"advantage_estimator": "grpo", "capo_mask": "none"})
     assert args.advantage_estimator == "grpo" and args.estimator_params() == {}
+
+
+def test_recipe_path_that_is_a_folder_is_named_as_a_folder(tmp_path):
+    (tmp_path / "recipes").mkdir()
+    line = _one_error_line(CliRunner().invoke(app, ["train", str(tmp_path / "recipes")]), "recipes", "is a folder")
+    assert "no such" not in line, line

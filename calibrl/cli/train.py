@@ -1,4 +1,4 @@
-"""``calibrl train RECIPE [--resume] [--max-steps N] [--output-dir D] [--set key=value ...]`` and
+"""``calibrl train RECIPE [--resume | --overwrite] [--max-steps N] [--output-dir D] [--set key=value ...]`` and
 ``calibrl train --list``."""
 
 from __future__ import annotations
@@ -65,7 +65,10 @@ def train_command(
     config: Optional[str] = typer.Argument(
         None, help="YAML recipe file, or the name of a shipped recipe (calibrl train --list), e.g. tiny_cpu."),
     list_: bool = typer.Option(False, "--list", help="List the shipped recipes and exit."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in the output dir."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in the output dir (a "
+                                "finished run is left as it is)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="The output dir holds an earlier run: move it aside "
+                                   "to <dir>.replaced-<UTC time> and start afresh (without it, such a dir is refused)."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Override trainer.max_steps."),
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Override trainer.output_dir."),
     set_: list[str] = typer.Option(
@@ -78,7 +81,9 @@ def train_command(
 ) -> None:
     """Train with a calibration-aware advantage (CAPO, GCPO, ...) through TRL, from a YAML recipe.
 
-    The recipe is checked before anything loads: a bad value is one line naming the file and key (exit 2).
+    The recipe is checked before anything loads: a bad value is one line naming the file and key (exit 2). An
+    output dir that holds a run is refused unless --resume (continue it; a finished run is left unchanged) or
+    --overwrite (move it aside to <dir>.replaced-<UTC time>).
     """
     from rich.console import Console
 
@@ -107,11 +112,12 @@ def train_command(
 
             steps = overrides.pop("max_steps", 2)
             run_rehearsal(recipe, overrides=overrides, steps=steps, output_dir=overrides.pop("output_dir", None),
-                          console=console)
+                          console=console, overwrite=overwrite)
             return
         from calibrl.trl.train import train
 
-        train(recipe, resume=resume, overrides=overrides, console=console, result_console=Console())  # stdout
+        train(recipe, resume=resume, overwrite=overwrite, overrides=overrides, console=console,
+              result_console=Console())  # stdout
     except RecipeError as exc:
         console.print(f"error: {' '.join(str(exc).split())}", markup=False, soft_wrap=True, highlight=False)
         raise typer.Exit(2)

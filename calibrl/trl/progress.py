@@ -72,14 +72,16 @@ def log_history_writer():
 
 
 def _truncate_log_history(path: Path, *, after_step: int) -> None:
-    """Keep only the lines of steps up to ``after_step`` (a resumed run rewrites the steps after its checkpoint;
-    a fresh run in a used folder starts an empty history)."""
+    """Keep only the lines of steps up to ``after_step`` but the end-of-training line (a resumed run rewrites the
+    steps after its checkpoint and its own end line; a fresh run starts an empty history)."""
     if not path.exists():
         return
     kept = []
     for line in path.read_text().splitlines():
         try:
-            if json.loads(line).get("step", 0) <= after_step and after_step > 0:
+            record = json.loads(line)
+            # the end-of-training line (train_runtime, train_loss) is written again when the resumed run ends
+            if record.get("step", 0) <= after_step and after_step > 0 and "train_runtime" not in record:
                 kept.append(line)
         except json.JSONDecodeError:
             continue

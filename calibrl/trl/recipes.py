@@ -477,6 +477,9 @@ def resolve_recipe_path(name_or_path: str | Path) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
+    if path.is_dir():
+        raise RecipeError(f"{name_or_path}: is a folder, not a recipe file (give the YAML file in it, or a shipped "
+                          "recipe's name: calibrl train --list)")
     shipped = shipped_recipes()
     if str(name_or_path) in shipped:
         return shipped[str(name_or_path)]

@@ -36,6 +36,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -400,12 +401,14 @@ def _step_callback(console, *, steps: int, rehearsal: Rehearsal, print_steps: bo
 
 
 def rehearse(recipe: Recipe, *, overrides: dict | None = None, steps: int = 2, output_dir: str | None = None,
-             console=None, progress: bool = True, device: str = "cpu") -> Rehearsal:
+             console=None, progress: bool = True, device: str = "cpu", overwrite: bool = False) -> Rehearsal:
     """Runs ``recipe`` on the CPU for ``steps`` optimizer steps with its GPU-only settings mapped (module
     docstring), printing a note per change, a line per step and a last line saying the rehearsal passed.
 
     ``overrides`` (trainer fields, e.g. from ``--set``) apply to the recipe before the mapping. ``device="cuda"``
-    rehearses on one GPU (module docstring). Returns a :class:`Rehearsal`; a recipe that cannot run raises as the
+    rehearses on one GPU (module docstring). The default output folder (``runs/rehearse/<recipe>``) holds the
+    latest rehearsal only; an ``output_dir`` that holds a run is refused as ``calibrl train`` refuses it, unless
+    ``overwrite`` (moved aside). Returns a :class:`Rehearsal`; a recipe that cannot run raises as the
     real run would."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
@@ -414,14 +417,14 @@ def rehearse(recipe: Recipe, *, overrides: dict | None = None, steps: int = 2, o
     console = console or Console()
     try:
         return _rehearse(recipe, overrides=overrides, steps=steps, output_dir=output_dir, console=console,
-                         progress=progress, device=device)
+                         progress=progress, device=device, overwrite=overwrite)
     except RecipeError as exc:
         message = str(exc)
         raise RecipeError(message if message.startswith(recipe.source) else f"{recipe.source}: {message}") from exc
 
 
 def _rehearse(recipe: Recipe, *, overrides: dict | None, steps: int, output_dir: str | None, console,
-              progress: bool, device: str) -> Rehearsal:
+              progress: bool, device: str, overwrite: bool) -> Rehearsal:
     from calibrl.trl.recipes import check_trainer_fields
     from calibrl.trl.train import train
 
@@ -476,8 +479,12 @@ def _rehearse(recipe: Recipe, *, overrides: dict | None, steps: int, output_dir:
         for note in notes:
             console.print(f"  {note}", markup=False, highlight=False, soft_wrap=True)
         # without the rich bar, the printed step lines stand in for it: no transformers tqdm bar among them
+        if output_dir is None and Path(mapped["output_dir"]).is_dir():  # calibrl's own folder: the last rehearsal
+            shutil.rmtree(mapped["output_dir"])
+            console.print(f"  (replaced the previous rehearsal in {mapped['output_dir']})", markup=False,
+                          highlight=False, soft_wrap=True)
         with contextlib.nullcontext() if progress else quiet_transformers_bars():
-            result.result = train(rehearsed, overrides={} if progress else {"disable_tqdm": True},
+            result.result = train(rehearsed, overwrite=overwrite, overrides={} if progress else {"disable_tqdm": True},
                                   progress=progress, console=console,
                                   callbacks=[_step_callback(console, steps=steps, rehearsal=result,
                                                              print_steps=not progress)])

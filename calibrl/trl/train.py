@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import json
+import os
+import tempfile
+import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from calibrl.trl.checkpoints import inside_generation_block, last_complete_checkpoint
+from calibrl.trl.checkpoints import (checkpoint_step, inside_generation_block, last_complete_checkpoint, run_contents,
+                                     train_loss_keeper, weights_problem)
 from calibrl.trl.progress import (LOG_HISTORY, log_history_writer, print_summary, progress_callback,
                                   quiet_transformers_bars, summarize)
 from calibrl.trl.recipes import (
@@ -126,12 +132,91 @@ def _check_model_spec(spec: ModelSpec, source: str) -> None:
         if _looks_local(name) and not path.exists():
             raise RecipeError(f"{source}: model.{key}: {name} does not exist (a local folder; hub ids look like "
                               "'org/name')")
-        if key == "name_or_path" and path.is_dir() and not any(
-                (path / f).is_file() for f in ("config.json", "adapter_config.json")):
-            raise RecipeError(f"{source}: model.name_or_path: {name} is a folder without config.json (a saved "
-                              "model folder holds config.json and the weights, as save_pretrained writes them)")
+        if key == "name_or_path" and path.is_dir():
+            _check_model_folder(path, name, source)
     if spec.name_or_path == TINY and spec.tiny is not None and not isinstance(spec.tiny, dict):
         raise RecipeError(f"{source}: model.tiny must be a mapping of TinyModelConfig fields")
+
+
+_MODEL_WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.h5", "*.msgpack", "*.index.json")
+
+
+def _check_model_folder(path: Path, name: str, source: str) -> None:
+    """A local model folder holds a ``config.json`` (or a PEFT adapter's ``adapter_config.json``) that reads as a
+    JSON mapping, and weights (what ``save_pretrained`` writes), so a wrong folder is refused before loading."""
+    configs = [path / f for f in ("config.json", "adapter_config.json") if (path / f).is_file()]
+    if not configs:
+        raise RecipeError(f"{source}: model.name_or_path: {name} is a folder without config.json (a saved "
+                          "model folder holds config.json and the weights, as save_pretrained writes them)")
+    for config in configs:
+        try:
+            parsed = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            detail = exc.strerror if isinstance(exc, OSError) else " ".join(str(exc).split())
+            raise RecipeError(f"{source}: model.name_or_path: {config} does not read as JSON ({detail})") from None
+        if not isinstance(parsed, dict):
+            raise RecipeError(f"{source}: model.name_or_path: {config} holds {type(parsed).__name__}, not a JSON "
+                              "mapping of model settings")
+    if not any(any(path.glob(pattern)) for pattern in _MODEL_WEIGHTS):
+        raise RecipeError(f"{source}: model.name_or_path: {name} holds no weights (no .safetensors or .bin "
+                          "file; save_pretrained writes them beside config.json)")
+
+
+def _check_hub_model(name: str, source: str, init_kwargs: dict) -> None:
+    """A hub id that is not in the local hub cache must be downloadable: with ``HF_HUB_OFFLINE`` set, or when the
+    hub's host does not answer within a few seconds, this is one line now rather than a traceback after
+    transformers' retries (about 30 s)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json", cache_dir=init_kwargs.get("cache_dir"),
+                                        revision=init_kwargs.get("revision"))
+        if isinstance(cached, str):
+            return
+    except ValueError:  # not a valid repo id: transformers says so when it loads
+        return
+    if constants.HF_HUB_OFFLINE:
+        raise RecipeError(f"{source}: model.name_or_path: {name} is not in the local hub cache and HF_HUB_OFFLINE is "
+                          "set; download it first (huggingface-cli download) or give a local folder")
+    endpoint = urlparse(constants.ENDPOINT)
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as exc:
+        raise RecipeError(f"{source}: model.name_or_path: {name} is not in the local hub cache and {host} cannot be "
+                          f"reached ({exc.strerror or type(exc).__name__}); download it first or give a local "
+                          "folder") from None
+
+
+def _check_decision_classes(spec: ModelSpec, classes: list[str] | None, tokenizer, source: str) -> None:
+    """Each decision class must have a single-token spelling of its own in the run's tokenizer (the rule the
+    trainer applies, :func:`calibrl.trl.decision.class_tokens`), checked with the tokenizer alone, before the model
+    loads. A tokenizer that does not load here (a GGUF builtin, a hub id) is checked when the trainer is built."""
+    if not classes:
+        return
+    if tokenizer is None and spec.name_or_path == TINY:
+        from calibrl.models import build_char_tokenizer
+
+        tokenizer = build_char_tokenizer()
+    elif tokenizer is None and not spec.name_or_path.startswith("builtin:"):
+        from transformers import AutoTokenizer
+
+        try:
+            with quiet_transformers_bars():
+                tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer or spec.name_or_path)
+        except (OSError, ValueError):
+            return  # the model's own load names the problem
+    if tokenizer is None:
+        return
+    from calibrl.trl.decision import class_tokens
+
+    try:
+        class_tokens(tokenizer, list(classes))
+    except ValueError as exc:
+        raise RecipeError(f"{source}: trainer.{' '.join(str(exc).split())}") from None
 
 
 def _model_init_kwargs(spec: ModelSpec) -> dict:
@@ -164,14 +249,25 @@ def _load_model(spec: ModelSpec):
     return spec.name_or_path, tokenizer
 
 
-def _peft_config(peft: dict | None):
+def _peft_config(peft: dict | None, source: str = "<recipe>"):
+    """The recipe's ``peft.LoraConfig`` (None without a ``peft`` section); an unknown key or a value LoraConfig
+    refuses is a one-line :class:`RecipeError` naming ``model.peft``."""
     if not peft:
         return None
+    import dataclasses
+
     from peft import LoraConfig
 
+    known = [f.name for f in dataclasses.fields(LoraConfig) if f.init]
+    for key in peft:
+        if key not in known:
+            raise unknown_key_error(key, "model.peft", known, source)
     kwargs = dict(peft)
     kwargs.setdefault("task_type", "CAUSAL_LM")
-    return LoraConfig(**kwargs)
+    try:
+        return LoraConfig(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise RecipeError(f"{source}: model.peft: {' '.join(str(exc).split())}") from None
 
 
 def _reward_funcs(recipe: Recipe) -> list:
@@ -204,13 +300,55 @@ def _check_fields_read(recipe: Recipe, overrides: dict, args) -> None:
             raise RecipeError(f"{recipe.source}: {section}.{problem}")
 
 
+# Counts TRL and transformers take without checking (0 divides by zero in TRL's config or fails in torch's sampler
+# after the model loaded; a negative logging_steps logs never): each must be >= 1, or > 0 for the *_steps fields,
+# which also take a fraction of the run (0.1 = every tenth of max_steps).
+_POSITIVE_COUNTS = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                    "num_generations", "num_generations_eval", "num_iterations", "steps_per_generation",
+                    "generation_batch_size")
+_POSITIVE_INTERVALS = ("logging_steps", "save_steps", "eval_steps")
+
+
+def _check_counts(settings: dict, section: str, source: str) -> None:
+    for key in _POSITIVE_COUNTS + _POSITIVE_INTERVALS:
+        value = settings.get(key)
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue  # unset, or a type check_trainer_fields already refused
+        if key in _POSITIVE_COUNTS and value < 1:
+            raise RecipeError(f"{source}: {section}.{key}: must be an integer >= 1, got {value!r}")
+        if key in _POSITIVE_INTERVALS and not value > 0:
+            raise RecipeError(f"{source}: {section}.{key}: must be > 0 (a number of steps, or a fraction of the run "
+                              f"below 1), got {value!r}")
+
+
+def _output_key(overrides: dict | None) -> str:
+    return "overrides.output_dir" if "output_dir" in (overrides or {}) else "trainer.output_dir"
+
+
+def _check_writable(existing: Path, output_dir: str, where: str) -> None:
+    """The run can write in ``existing``: the output folder itself (``os.access``, which also answers no on a
+    read-only mount, so a folder holding a run is left untouched, its times included), or its nearest existing
+    parent, where a temporary folder is made and removed (what creating the output folder will need)."""
+    if existing == Path(output_dir).expanduser().absolute():
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise RecipeError(f"{where}: cannot write in {output_dir} (no permission, or a read-only file system)")
+        return
+    try:
+        tempfile.TemporaryDirectory(dir=existing, prefix=".calibrl-write-check-").cleanup()
+    except OSError as exc:
+        raise RecipeError(f"{where}: cannot write in {existing} ({exc.strerror or type(exc).__name__}), so not "
+                          f"{output_dir} either") from None
+
+
 def validate_recipe(recipe: Recipe, *, overrides: dict | None = None, stand_in_model: bool = False):
     """The recipe's :class:`~calibrl.trl.CalibratedGRPOConfig`, after checking everything that can be checked
     without loading a model or a dataset: field names and types, value ranges, the estimator name and the fields it
-    reads, the reward names and ``correctness_reward``, dataset sections and paths, a local model folder, an
-    ``output_dir`` that can be a folder. Any problem is a one-line
-    :class:`RecipeError` naming the file and the key, so ``calibrl train`` fails in a second, not after loading.
-    Creates nothing on disk."""
+    reads, counts that must be positive (batch sizes, ``num_generations``, ``logging_steps``, ...), the reward names
+    and ``correctness_reward``, dataset sections and paths, a local model folder (a JSON ``config.json`` and
+    weights), ``model.peft``'s keys, an ``output_dir`` that can be a folder and can be written. Any problem is a
+    one-line :class:`RecipeError` naming the file and the key, so ``calibrl train`` fails in a second, not after
+    loading. Leaves nothing on disk (where the output folder does not exist yet, the write check makes and removes
+    a temporary folder in its nearest existing parent)."""
     from calibrl.advantages import available_estimators
     from calibrl.trl.config import CalibratedGRPOConfig
     source = recipe.source
@@ -225,12 +363,14 @@ def validate_recipe(recipe: Recipe, *, overrides: dict | None = None, stand_in_m
             merged.update(init_kwargs)
             trainer_kwargs["model_init_kwargs"] = merged
         _check_model_spec(recipe.model, source)
+    for section, settings in (("trainer", recipe.trainer), ("overrides", overrides or {})):
+        _check_counts(settings, section, source)
     weights = [r.weight for r in recipe.rewards]
     if any(w != 1.0 for w in weights) and "reward_weights" not in trainer_kwargs:
         trainer_kwargs["reward_weights"] = weights
     try:
         args = CalibratedGRPOConfig(**trainer_kwargs)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, ZeroDivisionError) as exc:
         raise RecipeError(f"{source}: section 'trainer': {' '.join(str(exc).split())}") from exc
     names = available_estimators()
     if args.advantage_estimator not in names:
@@ -247,6 +387,10 @@ def validate_recipe(recipe: Recipe, *, overrides: dict | None = None, stand_in_m
         key = "overrides.output_dir" if "output_dir" in (overrides or {}) else "trainer.output_dir"
         what = "" if existing == output else f" ({existing} is a file)"
         raise RecipeError(f"{source}: {key}: {args.output_dir} is not a folder{what}")
+    if existing is not None:
+        _check_writable(existing, args.output_dir, f"{source}: {_output_key(overrides)}")
+    if not stand_in_model:
+        _peft_config(recipe.model.peft, source)
     funcs = _reward_funcs(recipe)
     if args.correctness_reward is not None:
         known = [r.name for r in recipe.rewards] + [getattr(f, "__name__", "") for f in funcs]
@@ -279,6 +423,12 @@ def build_trainer(recipe: Recipe, *, model=None, tokenizer=None, overrides: dict
     source = recipe.source
     args = validate_recipe(recipe, overrides=overrides, stand_in_model=model is not None)
     reward_funcs = _reward_funcs(recipe)
+    if model is None:
+        name = recipe.model.name_or_path
+        if name != TINY and not name.startswith("builtin:") and not _looks_local(name) and not Path(name).exists():
+            _check_hub_model(name, source, recipe.model.init_kwargs or {})
+    if model is None or tokenizer is not None:  # a stand-in model without its tokenizer: checked by the trainer
+        _check_decision_classes(recipe.model, args.decision_classes, tokenizer, source)
     train_dataset = _load_dataset(recipe.dataset, "dataset", source)
     eval_dataset = _load_dataset(recipe.eval_dataset, "eval_dataset", source) if recipe.eval_dataset else None
     if model is None:
@@ -288,17 +438,23 @@ def build_trainer(recipe: Recipe, *, model=None, tokenizer=None, overrides: dict
             raise RecipeError(f"{source}: {exc}") from exc
         tokenizer = tokenizer if tokenizer is not None else recipe_tokenizer
 
-    trainer = CalibratedGRPOTrainer(
-        model=model,
-        reward_funcs=reward_funcs,
-        args=args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        peft_config=_peft_config(recipe.model.peft),
-        callbacks=callbacks,
-    )
+    try:
+        trainer = CalibratedGRPOTrainer(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=tokenizer,
+            peft_config=_peft_config(recipe.model.peft, source),
+            callbacks=callbacks,
+        )
+    except ValueError as exc:  # the classes checked against the tokenizer (calibrl.trl.decision.class_tokens)
+        if str(exc).startswith("decision_classes"):
+            raise RecipeError(f"{source}: trainer.{' '.join(str(exc).split())}") from None
+        raise
     trainer.callback_handler.callbacks.insert(0, log_history_writer())  # first: the others see filtered logs
+    trainer.callback_handler.callbacks.insert(0, train_loss_keeper(trainer))  # before the writer: it sets train_loss
     if recipe.calibration_eval is not None:  # held-out calibration: calibrl.trl.callbacks
         from calibrl.trl.callbacks import attach_calibration_eval
 
@@ -333,10 +489,114 @@ def _save_quietly(trainer) -> None:
         trainer.save_model(trainer.args.output_dir)
 
 
-def train(recipe: Recipe, resume: bool = False, *, overrides: dict | None = None, model=None, tokenizer=None,
-          progress: bool = True, console=None, result_console=None,
+def _move_aside(output: Path, where: str) -> Path:
+    """Renames the folder ``output`` to a sibling ``<name>.replaced-<UTC time>`` and returns it (``--overwrite``)."""
+    resolved, here = output.resolve(), Path.cwd().resolve()
+    if resolved == here or resolved in here.parents or resolved == Path.home().resolve():
+        raise RecipeError(f"{where}: --overwrite would move {output} aside, and it is the working directory, one of "
+                          "its parents or the home folder; give the run a folder of its own")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    target, n = output.with_name(f"{output.name}.replaced-{stamp}"), 2
+    while target.exists():
+        target, n = output.with_name(f"{output.name}.replaced-{stamp}-{n}"), n + 1
+    try:
+        output.rename(target)
+    except OSError as exc:
+        raise RecipeError(f"{where}: --overwrite: cannot move {output} aside to {target.name} "
+                          f"({exc.strerror or type(exc).__name__}); move or remove it yourself") from None
+    return target
+
+
+def _read_log_history(output: Path) -> list[dict]:
+    """The records of ``<output>/log_history.jsonl`` (a line that does not parse is left out)."""
+    records = []
+    path = output / LOG_HISTORY
+    for line in path.read_text().splitlines() if path.is_file() else ():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def _checkpoint_max_steps(checkpoint: str | None) -> int | None:
+    try:
+        value = json.loads((Path(checkpoint) / "trainer_state.json").read_text()).get("max_steps")
+    except (TypeError, OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _start(args, where: str, *, resume: bool, overwrite: bool, say) -> tuple[str | None, int | None]:
+    """What to do with the output folder before anything loads: (the checkpoint to resume from or None, the step a
+    finished run ended at, or None). A folder holding a run (:func:`~calibrl.trl.checkpoints.run_contents`) is
+    refused without ``resume`` or ``overwrite``; ``overwrite`` moves it aside; ``resume`` continues from the newest
+    checkpoint that is complete and loads (finite weights), or reports a finished run and changes nothing."""
+    output = Path(args.output_dir)
+    if resume and overwrite:
+        raise RecipeError(f"{where}: --resume continues the run in {output} and --overwrite moves it aside: "
+                          "give one of them")
+    found = run_contents(output)
+    listed = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    if found and overwrite:
+        say(f"--overwrite: moved the earlier run in {output} to {_move_aside(output, where)}")
+        return None, None
+    if found and not resume:
+        raise RecipeError(f"{where}: {output} holds a run ({listed}); pass --resume to continue it, or --overwrite "
+                          "to move it aside and start again")
+    if not resume:
+        return None, None
+    checkpoint, skipped = last_complete_checkpoint(output, loadable=True)
+    for folder, problem in skipped:
+        say(f"--resume: skipping {folder}: {problem}")
+    reached = [s for s in (checkpoint_step(checkpoint) if checkpoint else None,
+                           max((r["step"] for r in _read_log_history(output)
+                                if "train_runtime" in r and isinstance(r.get("step"), int)), default=None))
+               if s is not None]
+    target = args.max_steps if args.max_steps > 0 else _checkpoint_max_steps(checkpoint)
+    final_model = weights_problem(output, loadable=False) is None
+    ended = max(reached, default=None)
+    if final_model and ended is not None and (target is None or ended >= target):
+        say(f"--resume: the run in {output} has finished (step {ended}{f' of {target}' if target else ''}); "
+            "nothing to do, no file changed (a larger --max-steps continues it; --overwrite starts again)")
+        return None, ended
+    if checkpoint is not None:
+        note = " (the last complete checkpoint)" if skipped else ""
+        say(f"resuming from {checkpoint}{note}")
+        if inside_generation_block(checkpoint_step(checkpoint), gradient_accumulation_steps=args.gradient_accumulation_steps,
+                                   steps_per_generation=args.steps_per_generation, num_iterations=args.num_iterations):
+            say(f"note: {Path(checkpoint).name} ends inside a generation block (steps_per_generation "
+                f"{args.steps_per_generation} x num_iterations {args.num_iterations}); its completions are generated "
+                "again, so the run will not be bit-identical to an uninterrupted one")
+        return checkpoint, None
+    if final_model:
+        raise RecipeError(f"{where}: --resume: {output} holds a run ({listed}) but no complete checkpoint to continue "
+                          "from; --overwrite moves it aside and starts again")
+    say(f"--resume: no {'complete ' if skipped else ''}checkpoint in {output}; starting from scratch")
+    return None, None
+
+
+def _finished_result(args, step: int, console, result_console, is_main: bool) -> dict[str, Any]:
+    """train()'s result for a finished run that ``--resume`` left as it was: its summary from its log."""
+    history = _read_log_history(Path(args.output_dir))
+    summary = summarize(history)
+    if is_main:
+        print_summary(result_console, summary,
+                      SimpleNamespace(args=args, state=SimpleNamespace(global_step=step, log_history=history)))
+    return {"output_dir": args.output_dir, "global_step": step, "resumed_from": None, "summary": summary,
+            "log_history": history}
+
+
+def train(recipe: Recipe, resume: bool = False, *, overwrite: bool = False, overrides: dict | None = None,
+          model=None, tokenizer=None, progress: bool = True, console=None, result_console=None,
           callbacks: list | None = None) -> dict[str, Any]:
     """Train ``recipe``; with ``resume`` continue from the last checkpoint in its output_dir.
+
+    An output folder that holds a run is refused (:class:`RecipeError`) unless ``resume`` (continue it; a finished
+    run is left as it is and its summary returned) or ``overwrite`` (move it aside to ``<name>.replaced-<UTC
+    time>``, then start afresh).
 
     Returns ``{"output_dir", "global_step", "resumed_from", "summary", "log_history"}``; saves the final model
     in ``output_dir`` and prints a rich summary table (main process). Progress and notes go to ``console``, the
@@ -353,10 +613,21 @@ def train(recipe: Recipe, resume: bool = False, *, overrides: dict | None = None
         callbacks.append(progress_callback(console))
     with warnings.catch_warnings():
         _filter_known_warnings()
-        output_dir = Path(validate_recipe(recipe, overrides=overrides, stand_in_model=model is not None).output_dir)
+        args = validate_recipe(recipe, overrides=overrides, stand_in_model=model is not None)
+        output_dir, is_main = Path(args.output_dir), args.process_index == 0
+
+        def say(text: str) -> None:
+            if is_main:
+                console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+        with args.main_process_first(local=False, desc="checking the output folder"):
+            checkpoint, finished = _start(args, f"{recipe.source}: {_output_key(overrides)}", resume=resume,
+                                          overwrite=overwrite, say=say)
+        if finished is not None:
+            return _finished_result(args, finished, console, result_console, is_main)
         existed = output_dir.exists()
-        trainer, checkpoint, is_main = _run(recipe, resume, overrides, model, tokenizer, callbacks, console, progress,
-                                            output_dir, existed)
+        trainer, is_main = _run(recipe, checkpoint, overrides, model, tokenizer, callbacks, progress, output_dir,
+                                existed)
     summary = summarize(trainer.state.log_history)
     if is_main:
         print_summary(result_console, summary, trainer)
@@ -369,33 +640,16 @@ def train(recipe: Recipe, resume: bool = False, *, overrides: dict | None = None
     }
 
 
-def _run(recipe, resume, overrides, model, tokenizer, callbacks, console, progress, output_dir, existed):
-    """Builds the trainer, trains (from the last checkpoint with ``resume``), evaluates, saves; a failure removes
-    the output folder when this run created it and left it empty. Returns (trainer, checkpoint, is_main)."""
+def _run(recipe, checkpoint, overrides, model, tokenizer, callbacks, progress, output_dir, existed):
+    """Builds the trainer, trains (from ``checkpoint`` when given), evaluates, saves; a failure removes the output
+    folder when this run created it and left it empty. Returns (trainer, is_main)."""
     try:
         trainer = build_trainer(recipe, model=model, tokenizer=tokenizer, overrides=overrides, callbacks=callbacks)
         if progress:
             from transformers.trainer_callback import PrinterCallback
 
             trainer.remove_callback(PrinterCallback)  # the rich bar replaces the printed log dicts
-        checkpoint, torn = last_complete_checkpoint(trainer.args.output_dir) if resume else (None, [])
         is_main = trainer.accelerator.is_main_process
-        for folder, problem in torn if is_main else ():
-            console.print(f"--resume: skipping {folder}: incomplete, {problem}", markup=False, highlight=False)
-        if resume and checkpoint is None and is_main:
-            console.print(f"[yellow]--resume: no {'complete ' if torn else ''}checkpoint in "
-                          f"{trainer.args.output_dir}; starting from scratch")
-        elif checkpoint and is_main:
-            console.print(f"resuming from {checkpoint}" + (" (the last complete checkpoint)" if torn else ""))
-            args = trainer.args
-            if inside_generation_block(int(Path(checkpoint).name.rsplit("-", 1)[1]),
-                                       gradient_accumulation_steps=args.gradient_accumulation_steps,
-                                       steps_per_generation=args.steps_per_generation,
-                                       num_iterations=args.num_iterations):
-                console.print(f"note: {Path(checkpoint).name} ends inside a generation block (steps_per_generation "
-                              f"{args.steps_per_generation} x num_iterations {args.num_iterations}); its completions "
-                              "are generated again, so the run will not be bit-identical to an uninterrupted one",
-                              markup=False, highlight=False)
         trainer.train(resume_from_checkpoint=checkpoint)
         final = trainer.state.global_step
         evaluated = any(h.get("step") == final and "eval_runtime" in h for h in trainer.state.log_history)
@@ -408,4 +662,4 @@ def _run(recipe, resume, overrides, model, tokenizer, callbacks, console, progre
     except BaseException:
         _remove_if_empty(output_dir, existed=existed)
         raise
-    return trainer, checkpoint, is_main
+    return trainer, is_main
