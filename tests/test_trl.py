@@ -943,3 +943,57 @@ def test_grpo_mask_zeroes_masked_rows_of_the_grpo_advantage(tmp_path):
     assert _logged(trainer, "calibration/estimator/mask_fraction")
     saved = json.loads((tmp_path / "out" / "checkpoint-2" / CAPO_MASK_STATE_FILE).read_text())
     assert saved["ref_ppl_high_low"] == pytest.approx([high, low], rel=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------- Clip-Cov / KL-Cov
+
+
+@pytest.mark.parametrize("loss_type,params", [
+    ("clip_cov", {"clip_cov_ratio": 0.1, "clip_cov_lb": -100.0, "clip_cov_ub": 100.0}),
+    ("kl_cov", {"kl_cov_ratio": 0.1, "ppo_kl_coef": 0.5}),
+])
+def test_cov_loss_types_are_calibrls_loss_on_trls_inputs(tmp_path, loss_type, params):
+    """loss_type clip_cov / kl_cov: the trainer trains, logs the share of tokens selected, and its loss on a
+    generation batch is calibrl.losses.covariance's on log-probs from an independent forward, plus beta * k3 KL
+    (steps_per_generation=2 and num_iterations=2: the old log-probs differ from the current ones)."""
+    from calibrl.losses.covariance import clip_cov_policy_loss, kl_cov_policy_loss
+    from calibrl.losses.ppo import aggregate_loss, kl_k3
+
+    trainer = _trainer(tmp_path, loss_type=loss_type, beta=0.1, steps_per_generation=2, num_iterations=2,
+                       max_steps=2, **params)
+    trainer.train()
+    fractions = _logged(trainer, f"{loss_type}/{loss_type}_fraction")
+    assert fractions and all(f > 0 for f in fractions)
+    assert _logged(trainer, "kl") and all(math.isfinite(x) for x in _logged(trainer, "loss"))
+
+    rec = trainer.records[-1]
+    inputs = {**rec["output"], "advantages": rec["advantages_out"]}
+    assert "old_per_token_logps" in inputs
+    trainer.model.eval()
+    with torch.no_grad():
+        torch.manual_seed(5)
+        loss = trainer._policy_loss(trainer.model, inputs)
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        p, c = inputs["prompt_ids"].size(1), inputs["completion_ids"].size(1)
+        logits = trainer.model(input_ids=ids, attention_mask=att).logits.float()[:, p - 1: p + c - 1]
+        logp = torch.log_softmax(logits / trainer.temperature, -1).gather(-1, inputs["completion_ids"][..., None])[..., 0]
+    mask = inputs["completion_mask"].float()
+    common = dict(logprobs=logp, old_logprobs=inputs["old_per_token_logps"], advantages=inputs["advantages"],
+                  completion_mask=mask)
+    torch.manual_seed(5)
+    if loss_type == "clip_cov":
+        expected, _ = clip_cov_policy_loss(eps_low=0.2, eps_high=0.2, **params, **common)
+    else:
+        expected, _ = kl_cov_policy_loss(**params, **common)
+    expected = expected + 0.1 * aggregate_loss(kl_k3(logp, inputs["ref_per_token_logps"]) * mask, mask)
+    torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_cov_loss_types_refuse_options_they_do_not_apply(tmp_path):
+    with pytest.raises(ValueError, match="importance_sampling_level='sequence' is not applied by loss_type='kl_cov'"):
+        _config(tmp_path, loss_type="kl_cov", importance_sampling_level="sequence")
+    with pytest.raises(ValueError, match="clip_cov_ratio must be a number in"):
+        _config(tmp_path, loss_type="clip_cov", clip_cov_ratio=0.0)
+    with pytest.raises(ValueError, match="cov_loss_aggregation must be one of"):
+        _config(tmp_path, loss_type="clip_cov", cov_loss_aggregation="mean")
