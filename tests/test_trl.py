@@ -997,3 +997,35 @@ def test_cov_loss_types_refuse_options_they_do_not_apply(tmp_path):
         _config(tmp_path, loss_type="clip_cov", clip_cov_ratio=0.0)
     with pytest.raises(ValueError, match="cov_loss_aggregation must be one of"):
         _config(tmp_path, loss_type="clip_cov", cov_loss_aggregation="mean")
+
+
+# ---------------------------------------------------------------------------------------------------- DCPO
+
+
+def test_stated_confidences_split_where_the_code_splits():
+    """DCPO's split position from the tiny model's character tokenizer: the tag starts at character 3, the
+    token whose accumulated text reaches 3 is token 2 ("\\n"), so the split is token 1; no tag: length - 2."""
+    from calibrl.trl.rollout import stated_confidences
+
+    _, tok = build_tiny_model(seed=0)
+    texts = ["ab\n<confidence>0.7</confidence>", "abcdef", "x <confidence>high</confidence>"]
+    ids = [tok.encode(t, add_special_tokens=False) for t in texts]
+    assert [tok.decode([i]) for i in ids[0][:3]] == ["a", "b", "\n"]
+    stated, starts = stated_confidences(texts, ids, [len(i) for i in ids], tok)
+    assert stated == [0.7, -1.0, -1.0]  # malformed: none stated (-1), but the split is still at the tag
+    assert starts == [1, 4, 0]  # "x <": the tag starts at character 2, reached by token 1 (" "): split 0
+
+
+def test_dcpo_trains_with_per_token_advantages(tmp_path):
+    trainer = _trainer(tmp_path, advantage_estimator="dcpo", max_steps=2)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    rec = trainer.records[0]
+    batch = rec["rollout"]["batch"]
+    assert torch.all(batch.stated_confidence == -1)  # the tiny model states no confidence
+    torch.testing.assert_close(batch.confidence_start, (batch.lengths - 2).clamp(min=0))
+    expected = compute_advantages(batch, "dcpo")
+    out = rec["advantages_out"]
+    assert out.shape == rec["output"]["completion_ids"].shape
+    torch.testing.assert_close(out[:, : expected.shape[1]], expected)
+    assert torch.all(out[:, expected.shape[1]:] == 0)

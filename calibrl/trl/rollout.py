@@ -199,6 +199,23 @@ def on_every_rank(flag: bool, *, accelerator) -> bool:
     return bool(flags.min().item())
 
 
+def stated_confidences(completions: list, completion_ids: list[list[int]], lengths: list[int],
+                       tokenizer: Any) -> tuple[list[float], list[int]]:
+    """Per completion: the confidence it states (the last ``<confidence>`` tag,
+    :func:`calibrl.tasks.verbalized.stated_confidence_span`; -1 where none or malformed, DCPO's value) and DCPO's
+    split position (:func:`calibrl.advantages.dcpo.dcpo_split_position`, its tokens decoded one by one)."""
+    from calibrl.advantages.dcpo import NO_CONFIDENCE, dcpo_split_position
+    from calibrl.tasks.verbalized import stated_confidence_span
+
+    stated, starts = [], []
+    for completion, ids, length in zip(completions, completion_ids, lengths):
+        confidence, char_start = stated_confidence_span(completion_text(completion))
+        stated.append(NO_CONFIDENCE if confidence is None else confidence)
+        pieces = [] if char_start is None else [tokenizer.decode([token]) for token in ids[:length]]
+        starts.append(dcpo_split_position(pieces, char_start, length))
+    return stated, starts
+
+
 @dataclass(frozen=True)
 class RolloutState:
     """What :func:`collect_rollout` needs of the trainer for one generation batch (built by
@@ -219,6 +236,7 @@ class RolloutState:
     decision_tokens: tuple[torch.Tensor, torch.Tensor] | None  # ([K] class token ids, [K] class of each), if any
     decision_classes: list[str] | None
     answer_last_line: bool
+    tokenizer: Any = None  # decodes completion tokens one by one (stated_confidence / confidence_start: DCPO)
 
 
 def collect_rollout(state: RolloutState, output: dict, *, forward: Callable[..., dict[str, torch.Tensor]],
@@ -292,6 +310,12 @@ def collect_rollout(state: RolloutState, output: dict, *, forward: Callable[...,
         ids = answer_ids_for(texts, group_ids=group_ids.tolist(), classes=state.decision_classes,
                              last_line=state.answer_last_line)
         fields["answer_ids"] = torch.tensor(ids, device=device)
+    if needed & {"stated_confidence", "confidence_start"}:
+        local_lengths = mask.sum(dim=1).tolist()
+        stated, starts = stated_confidences(state.completions, output["completion_ids"].tolist(), local_lengths,
+                                            state.tokenizer)
+        fields["stated_confidence"] = accelerator.gather(torch.tensor(stated, dtype=torch.float32, device=device))
+        fields["confidence_start"] = accelerator.gather(torch.tensor(starts, dtype=torch.long, device=device))
     fields["lengths"] = lengths
 
     fields = dict(rewards=columns.correct_signal if state.ranks_by_correctness else columns.rewards,

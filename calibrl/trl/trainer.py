@@ -319,12 +319,16 @@ class CalibratedGRPOTrainer(GRPOTrainer):
                                   reference=self._reference_logps)
         all_adv, info, _ = self._advantages(rollout, trl_advantages)
         advantages = all_adv[rollout.process_slice]
+        if advantages.dim() == 2:  # per-token advantages (dcpo) [N, max length]: this process's completion width
+            width = output["completion_ids"].size(1)
+            advantages = torch.nn.functional.pad(advantages, (0, max(0, width - advantages.size(1))))[:, :width]
         decision_probs = decision_correct = None
         if self._decision_class_ids is not None:
             advantages, decision_probs, decision_correct = self._mark_decisions(output, rollout, advantages)
         output["advantages"] = advantages
         # TRL logs the advantages of the completions table from its own values; show ours instead.
-        overwrite_last(self._logs["advantages"], all_adv.tolist())
+        row_adv = all_adv if all_adv.dim() == 1 else all_adv.sum(-1) / rollout.batch.lengths.clamp(min=1)
+        overwrite_last(self._logs["advantages"], row_adv.tolist())
         self._log_completion_columns(rollout, decision_probs)
 
         self.last_rollout = {
@@ -497,7 +501,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
             estimator_reads_logprobs="logprob_mean" in self._calibrl_inputs,
             ranks_by_correctness=self._calibrl_spec.ranks_by == "correctness", logs_confidence=logs_confidence,
             generation_logps=recorded, decision_tokens=decision, decision_classes=self.args.decision_classes,
-            answer_last_line=self.args.answer_last_line,
+            answer_last_line=self.args.answer_last_line, tokenizer=self._tokenizer,
         )
 
     def _policy_forward(self) -> PolicyForward:
