@@ -763,3 +763,27 @@ def test_clip_cov_draw_differs_from_verl_under_another_seed():
                                    eps_high=0.28, clip_cov_ratio=0.05, clip_cov_lb=0.2, clip_cov_ub=2.0)
     (grad,) = torch.autograd.grad(loss, logp)
     assert not torch.allclose(grad, ref_grad)
+
+
+@pytest.mark.parametrize("names", [("stated_confidence", "confidence_start"), ("confidence", "confidence_pos")])
+def test_dcpo_per_token_advantages_through_the_wrapped_step(names):
+    """dcpo in verl: the stated confidences and split positions come from the batch's non-tensor fields (calibrl's
+    names, or those DCPO's own reward managers write); verl gets calibrl's per-token advantages at its width."""
+    from calibrl.advantages.dcpo import NO_CONFIDENCE
+
+    data = make_data(4, with_ref=False)
+    n = len(data)
+    gen = np.random.default_rng(4)
+    stated = np.where(gen.random(n) < 0.7, gen.random(n).round(2), NO_CONFIDENCE).astype(object)
+    lengths = data.batch["response_mask"].sum(-1).long()
+    starts = np.array([int(gen.integers(0, int(length))) for length in lengths], dtype=object)
+    data.non_tensor_batch[names[0]], data.non_tensor_batch[names[1]] = stated, starts
+    base = expected_rollout_batch(data)
+    batch = RolloutBatch(rewards=base.rewards, group_ids=base.group_ids, lengths=lengths,
+                         stated_confidence=stated.astype(float), confidence_start=starts.astype(int))
+    expected = calibrl.compute_advantages(batch, "dcpo")
+    out = ray_trainer.compute_advantage(data, adv_estimator="dcpo", config=algo_config())
+    mask = data.batch["response_mask"]
+    assert out.batch["advantages"].shape == mask.shape
+    torch.testing.assert_close(out.batch["advantages"][:, : expected.shape[1]], expected * mask[:, : expected.shape[1]])
+    assert (out.batch["advantages"][mask == 0] == 0).all() and expected.abs().sum() > 0
