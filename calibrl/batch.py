@@ -64,6 +64,9 @@ class RolloutBatch:
             DCPO's verbalised confidence), -1 where it states none (DCPO's convention).
         confidence_start: [N] int, optional. DCPO's split position: the token before the one where the stated
             confidence begins (at least 0), or the second-last token when none is stated.
+        self_certainty: [N] float, optional. INTUITOR's self-certainty (arXiv 2505.19590): the mean over the
+            completion's tokens of KL(uniform || next-token distribution) under the rollout policy
+            (:mod:`calibrl.self_certainty`).
 
     ``rewards`` and ``group_ids`` are required; the other fields may be None.
 
@@ -80,6 +83,7 @@ class RolloutBatch:
     lengths: torch.Tensor | None = None
     stated_confidence: torch.Tensor | None = None
     confidence_start: torch.Tensor | None = None
+    self_certainty: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -142,6 +146,7 @@ class RolloutBatch:
                 "lengths": "the number of completion tokens",
                 "stated_confidence": "the confidence each completion states, -1 where none",
                 "confidence_start": "the token position where each completion's stated confidence begins",
+                "self_certainty": "the mean over each completion's tokens of KL(uniform || next-token distribution)",
             }
             detail = "; ".join(f"{name} ({hints.get(name, '')})" for name in missing)
             raise RolloutBatchError(f"estimator {estimator!r} needs RolloutBatch field(s): {detail}")

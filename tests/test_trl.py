@@ -1029,3 +1029,25 @@ def test_dcpo_trains_with_per_token_advantages(tmp_path):
     assert out.shape == rec["output"]["completion_ids"].shape
     torch.testing.assert_close(out[:, : expected.shape[1]], expected)
     assert torch.all(out[:, expected.shape[1]:] == 0)
+
+
+# ---------------------------------------------------------------------------------------------------- INTUITOR
+
+
+def test_intuitor_reads_self_certainty_from_an_independent_forward(tmp_path):
+    """advantage_estimator intuitor: each completion's self-certainty (chunked through the LM head in the rollout
+    forward) equals KL(uniform || softmax(logits / T)) averaged over its tokens from the model's whole logits, and
+    the advantages are the estimator's on it."""
+    trainer = _trainer(tmp_path, advantage_estimator="intuitor", max_steps=1, temperature=0.7)
+    trainer.train()
+    rec = trainer.records[0]
+    out = rec["output"]
+    p, c = out["prompt_ids"].size(1), out["completion_ids"].size(1)
+    logp = torch.log_softmax(rec["logits"][:, p - 1: p + c - 1] / 0.7, -1)  # [B, C, V]
+    kl = (-logp.mean(-1) - math.log(logp.shape[-1]))  # KL(U || p) = -mean_j log p_j - log V
+    m = out["completion_mask"].float()
+    expected = (kl * m).sum(1) / m.sum(1).clamp(min=1)
+    batch = rec["rollout"]["batch"]
+    torch.testing.assert_close(batch.self_certainty, expected, rtol=1e-4, atol=1e-5)
+    assert batch.self_certainty.std() > 0
+    torch.testing.assert_close(rec["rollout"]["advantages"], compute_advantages(batch, "intuitor"))

@@ -262,6 +262,7 @@ def collect_rollout(state: RolloutState, output: dict, *, forward: Callable[...,
     needed = set(state.needed)
     want_dec = state.decision_tokens is not None and state.logs_confidence  # decision probabilities
     want_emb = "embeddings" in needed
+    want_sc = "self_certainty" in needed  # INTUITOR: from the full next-token distributions, one more forward
 
     fields: dict[str, torch.Tensor] = {}
     decision_hidden = None
@@ -280,12 +281,12 @@ def collect_rollout(state: RolloutState, output: dict, *, forward: Callable[...,
     # of this generation batch went through the loss.
     deferred = (
         state.logs_confidence and not state.estimator_reads_logprobs and old_like is None
-        and not want_emb and not want_dec
+        and not want_emb and not want_dec and not want_sc
     )
     if deferred:
         needed.discard("logprob_mean")
-    if "logprob_mean" in needed or want_emb or want_dec:
-        if old_like is not None and not want_emb and not want_dec:
+    if "logprob_mean" in needed or want_emb or want_dec or want_sc:
+        if old_like is not None and not want_emb and not want_dec and not want_sc:
             per_token = old_like
         else:
             positions = None
@@ -297,11 +298,13 @@ def collect_rollout(state: RolloutState, output: dict, *, forward: Callable[...,
                     completion_ids=output["completion_ids"], completion_mask=mask, token_ids=token_ids, owner=owner,
                 )
             fwd = forward(output, mask, want_embeddings=want_emb, want_decision=want_dec,
-                          decision_positions=positions)
+                          decision_positions=positions, **({"want_self_certainty": True} if want_sc else {}))
             per_token = old if old is not None else fwd["per_token_logps"]
             if want_emb:
                 fields["embeddings"] = accelerator.gather(fwd["embeddings"].contiguous())
             decision_hidden = fwd.get("decision_hidden")
+            if want_sc:
+                fields["self_certainty"] = accelerator.gather(fwd["self_certainty"].contiguous())
         fields["logprob_mean"] = accelerator.gather(masked_row_mean(per_token, mask))
     if "ref_logprob_mean" in needed or "ref_per_token_logps" in output:
         fields["ref_logprob_mean"] = accelerator.gather(masked_row_mean(reference(output), mask))

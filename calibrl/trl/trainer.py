@@ -530,10 +530,11 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         return can_record_generation_logprobs(self)
 
     def _rollout_forward(self, output, mask, *, want_embeddings: bool, want_decision: bool,
-                         decision_positions: torch.Tensor | None = None):
+                         decision_positions: torch.Tensor | None = None, want_self_certainty: bool = False):
         """One no-grad forward of the policy (:func:`calibrl.trl.forward.rollout_forward`)."""
         return rollout_forward(self._policy_forward(), output, mask, want_embeddings=want_embeddings,
-                               want_decision=want_decision, decision_positions=decision_positions)
+                               want_decision=want_decision, decision_positions=decision_positions,
+                               want_self_certainty=want_self_certainty)
 
     def _reference_logps(self, output) -> torch.Tensor:
         """[B, C] the frozen reference's log-probs (:func:`calibrl.trl.forward.ref_per_token_logps`)."""
