@@ -237,6 +237,9 @@ def _missing_input_hint(message: str, *, have_step: bool) -> str:
                 "(or DCPO's reward managers' 'confidence' / 'confidence_pos'): have the reward function's extra info "
                 "carry the confidence each completion states (-1 where none) and DCPO's split token "
                 "(calibrl.advantages.dcpo.dcpo_split_position).")
+    if "self_certainty" in message:
+        return (". verl 0.9.1 computes no self-certainty (it needs the full next-token distributions): use calibrl's "
+                "TRL trainer (`calibrl train`) for intuitor.")
     if "embeddings" in message:
         return (". verl 0.9.1 computes no per-completion embeddings: use calibrl's TRL trainer (`calibrl train`), or "
                 "verl's legacy trainer (trainer.use_v1=False) with a worker that writes data.batch['embeddings'].")
