@@ -125,7 +125,7 @@ class CalibratedGRPOConfig(GRPOConfig):
             "help": "Advantage estimator: any name in `calibrl.available_estimators()`, e.g. `capo` (CAPO, "
             "arXiv 2604.12632), `grpo_mask` (GRPO + CAPO's noise mask `capo_mask`, the paper's ablation), `gcpo` "
             "(arXiv 2605.21801), `seed_grpo` (arXiv 2505.12346), `codapo`, `cde` (arXiv 2509.09675), `grpo`, "
-            "`dr_grpo`, `rloo`."
+            "`dr_grpo`, `rloo`, `dcpo` (arXiv 2603.09117), `intuitor` (arXiv 2505.19590)."
         },
     )
     advantage_params: dict | None = field(
