@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-_INT_FIELDS = ("group_ids", "answer_ids", "lengths")
+_INT_FIELDS = ("group_ids", "answer_ids", "lengths", "confidence_start")
 _REQUIRED_FIELDS = ("rewards", "group_ids")
 
 
@@ -60,6 +60,14 @@ class RolloutBatch:
             ``mask_truncated_completions``, verl's rejection sampling) has nothing to train on:
             :func:`calibrl.compute_advantages` gives it advantage 0 and leaves it out of every group statistic.
 
+        stated_confidence: [N] float, optional. The confidence each completion states after its answer (RLCR's /
+            DCPO's verbalised confidence), -1 where it states none (DCPO's convention).
+        confidence_start: [N] int, optional. DCPO's split position: the token before the one where the stated
+            confidence begins (at least 0), or the second-last token when none is stated.
+        self_certainty: [N] float, optional. INTUITOR's self-certainty (arXiv 2505.19590): the mean over the
+            completion's tokens of KL(uniform || next-token distribution) under the rollout policy
+            (:mod:`calibrl.self_certainty`).
+
     ``rewards`` and ``group_ids`` are required; the other fields may be None.
 
     Construction converts lists and arrays to tensors, checks shapes, dtypes and finiteness, and raises
@@ -73,6 +81,9 @@ class RolloutBatch:
     embeddings: torch.Tensor | None = None
     answer_ids: torch.Tensor | None = None
     lengths: torch.Tensor | None = None
+    stated_confidence: torch.Tensor | None = None
+    confidence_start: torch.Tensor | None = None
+    self_certainty: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -133,6 +144,9 @@ class RolloutBatch:
                 "embeddings": "one embedding per completion, e.g. mean-pooled last hidden states",
                 "answer_ids": "an integer id per completion, equal for equivalent final answers",
                 "lengths": "the number of completion tokens",
+                "stated_confidence": "the confidence each completion states, -1 where none",
+                "confidence_start": "the token position where each completion's stated confidence begins",
+                "self_certainty": "the mean over each completion's tokens of KL(uniform || next-token distribution)",
             }
             detail = "; ".join(f"{name} ({hints.get(name, '')})" for name in missing)
             raise RolloutBatchError(f"estimator {estimator!r} needs RolloutBatch field(s): {detail}")

@@ -537,3 +537,106 @@ def test_non_finite_padding_does_not_reach_the_loss_or_its_gradient(ratio_level,
     assert torch.isfinite(grad_inf).all()
     torch.testing.assert_close(grad_inf, _grad(loss, logp))
     assert math.isfinite(metrics["kl"])
+
+
+# ----------------------------------------------------------------------------------------------------- Clip-Cov / KL-Cov
+# Hand example: 2 completions x 3 tokens, A = +1 / -1, the same log-probs (-0.1, -2, -3) in both rows. Means: A 0,
+# logp -1.7, so cov = (1.6, -0.3, -1.3) in row 0 and (-1.6, 0.3, 1.3) in row 1: in Clip-Cov's window (1, 5) lie
+# (0, 0) and (1, 2); KL-Cov's top three are (0, 0) 1.6, (1, 2) 1.3, (1, 1) 0.3.
+
+from calibrl.losses.covariance import clip_cov_policy_loss, kl_cov_policy_loss  # noqa: E402
+
+COV_LOGP = [[-0.1, -2.0, -3.0], [-0.1, -2.0, -3.0]]
+COV_ADV = torch.tensor([1.0, -1.0])
+
+
+def _cov_logp():
+    return torch.tensor(COV_LOGP, requires_grad=True)
+
+
+def test_clip_cov_detaches_the_tokens_in_the_covariance_window():
+    logp = _cov_logp()
+    loss, m = clip_cov_policy_loss(logprobs=logp, old_logprobs=None, advantages=COV_ADV, completion_mask=torch.ones(2, 3),
+                                   clip_cov_ratio=0.5)  # int(0.5 * 6) = 3 >= the 2 candidates: both
+    # on-policy r = 1: per-token loss -A, detached at (0,0) and (1,2); token-mean over 6
+    assert float(loss) == pytest.approx((0 - 1 - 1 + 1 + 1 + 0) / 6)
+    torch.testing.assert_close(_grad(loss, logp), torch.tensor([[0.0, -1, -1], [1, 1, 0]]) / 6)
+    assert m["clip_cov_fraction"] == pytest.approx(2 / 6) and m["clip_fraction"] == 0.0
+
+    logp = _cov_logp()  # window (1, 1.5): only (1, 2)
+    loss, m = clip_cov_policy_loss(logprobs=logp, old_logprobs=None, advantages=COV_ADV, completion_mask=torch.ones(2, 3),
+                                   clip_cov_ratio=0.5, clip_cov_ub=1.5)
+    torch.testing.assert_close(_grad(loss, logp), torch.tensor([[-1.0, -1, -1], [1, 1, 0]]) / 6)
+
+
+def test_clip_cov_draws_at_random_among_candidates_and_never_a_ppo_clipped_token():
+    drawn = set()
+    for seed in range(20):  # int(0.2 * 6) = 1 token among the 2 candidates
+        logp = _cov_logp()
+        loss, m = clip_cov_policy_loss(logprobs=logp, old_logprobs=None, advantages=COV_ADV,
+                                       completion_mask=torch.ones(2, 3), clip_cov_ratio=0.2,
+                                       generator=torch.Generator().manual_seed(seed))
+        zero = (_grad(loss, logp) == 0).nonzero().tolist()
+        assert len(zero) == 1 and m["clip_cov_fraction"] == pytest.approx(1 / 6)
+        drawn.add(tuple(zero[0]))
+    assert drawn == {(0, 0), (1, 2)}
+
+    # (0, 0) already clipped by PPO (r = 1.5 > 1 + 0.2 with A > 0): never drawn, so (1, 2) always is
+    logp = _cov_logp()
+    old = logp.detach().clone()
+    old[0, 0] -= math.log(1.5)
+    loss, m = clip_cov_policy_loss(logprobs=logp, old_logprobs=old, advantages=COV_ADV, completion_mask=torch.ones(2, 3),
+                                   clip_cov_ratio=0.2)
+    torch.testing.assert_close(_grad(loss, logp), torch.tensor([[0.0, -1, -1], [1, 1, 0]]) / 6)
+    assert m["clip_fraction"] == pytest.approx(1 / 6) and m["clip_cov_fraction"] == pytest.approx(1 / 6)
+    assert float(loss) == pytest.approx((-1.2 - 1 - 1 + 1 + 1 + 0) / 6)  # clipped value (1 + 0.2) * -A
+
+
+def test_kl_cov_penalises_the_largest_covariance_tokens():
+    logp = _cov_logp()
+    old = logp.detach().clone()
+    old[0, 0] += 0.1  # log r = -0.1 at the top-covariance token
+    loss, m = kl_cov_policy_loss(logprobs=logp, old_logprobs=old, advantages=COV_ADV, completion_mask=torch.ones(2, 3),
+                                 kl_cov_ratio=0.2, ppo_kl_coef=0.1)  # max(1, int(1.2)) = 1 token: (0, 0)
+    assert float(loss) == pytest.approx((-math.exp(-0.1) + 0.1 * 0.1 - 1 - 1 + 1 + 1 + 1) / 6, rel=1e-6)
+    expected = torch.tensor([[-math.exp(-0.1) - 0.1, -1, -1], [1, 1, 1]]) / 6  # d|log r|/dlogp = sign(-0.1)
+    torch.testing.assert_close(_grad(loss, logp), expected)
+    assert m["kl_cov_fraction"] == pytest.approx(1 / 6) and m["ppo_kl_abs"] == pytest.approx(0.1 / 6, rel=1e-5)
+
+    logp = _cov_logp()
+    old = logp.detach() + 0.1  # every log r = -0.1; three tokens: (0,0), (1,2), (1,1)
+    loss, m = kl_cov_policy_loss(logprobs=logp, old_logprobs=old, advantages=COV_ADV, completion_mask=torch.ones(2, 3),
+                                 kl_cov_ratio=0.5, ppo_kl_coef=0.1)
+    r = math.exp(-0.1)
+    expected = torch.tensor([[-r - 0.1, -r, -r], [r, r - 0.1, r - 0.1]]) / 6
+    torch.testing.assert_close(_grad(loss, logp), expected)
+
+
+def test_kl_cov_on_policy_is_the_unclipped_policy_gradient():
+    """At r = 1 (one update per generation, TRL's on-policy default) |log r| is 0 with zero gradient: KL-Cov is
+    then the plain -A r loss, with no clip; the penalty acts only on later updates of the same rollouts."""
+    logp = _cov_logp()
+    loss, m = kl_cov_policy_loss(logprobs=logp, old_logprobs=None, advantages=COV_ADV, completion_mask=torch.ones(2, 3),
+                                 kl_cov_ratio=0.5)
+    torch.testing.assert_close(_grad(loss, logp), torch.tensor([[-1.0, -1, -1], [1, 1, 1]]) / 6)
+    assert m["kl_cov_fraction"] == pytest.approx(3 / 6)
+
+
+@pytest.mark.parametrize("which", ["clip_cov", "kl_cov"])
+def test_cov_losses_ignore_junk_in_padding(which):
+    """A padded column holding -inf log-probs and a junk advantage changes neither the selection, the loss nor the
+    gradient of the real tokens (the covariance means run over the mask), and leaves no NaN."""
+    fn = clip_cov_policy_loss if which == "clip_cov" else kl_cov_policy_loss
+    params = {"clip_cov_ratio": 0.5} if which == "clip_cov" else {"kl_cov_ratio": 0.5}
+    logp = _cov_logp()
+    old = logp.detach() + 0.1
+    loss, _ = fn(logprobs=logp, old_logprobs=old, advantages=COV_ADV, completion_mask=torch.ones(2, 3), **params)
+    padded = torch.cat([logp.detach(), torch.full((2, 1), -math.inf)], 1).requires_grad_()
+    adv = torch.cat([COV_ADV[:, None].expand(2, 3), torch.full((2, 1), 50.0)], 1)
+    mask = torch.cat([torch.ones(2, 3), torch.zeros(2, 1)], 1)
+    loss_pad, _ = fn(logprobs=padded, old_logprobs=torch.cat([old, torch.full((2, 1), -math.inf)], 1), advantages=adv,
+                     completion_mask=mask, **params)
+    torch.testing.assert_close(loss_pad, loss)
+    grad = _grad(loss_pad, padded)
+    assert torch.isfinite(grad).all() and (grad[:, 3] == 0).all()
+    torch.testing.assert_close(grad[:, :3], _grad(loss, logp))

@@ -943,3 +943,111 @@ def test_grpo_mask_zeroes_masked_rows_of_the_grpo_advantage(tmp_path):
     assert _logged(trainer, "calibration/estimator/mask_fraction")
     saved = json.loads((tmp_path / "out" / "checkpoint-2" / CAPO_MASK_STATE_FILE).read_text())
     assert saved["ref_ppl_high_low"] == pytest.approx([high, low], rel=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------- Clip-Cov / KL-Cov
+
+
+@pytest.mark.parametrize("loss_type,params", [
+    ("clip_cov", {"clip_cov_ratio": 0.1, "clip_cov_lb": -100.0, "clip_cov_ub": 100.0}),
+    ("kl_cov", {"kl_cov_ratio": 0.1, "ppo_kl_coef": 0.5}),
+])
+def test_cov_loss_types_are_calibrls_loss_on_trls_inputs(tmp_path, loss_type, params):
+    """loss_type clip_cov / kl_cov: the trainer trains, logs the share of tokens selected, and its loss on a
+    generation batch is calibrl.losses.covariance's on log-probs from an independent forward, plus beta * k3 KL
+    (steps_per_generation=2 and num_iterations=2: the old log-probs differ from the current ones)."""
+    from calibrl.losses.covariance import clip_cov_policy_loss, kl_cov_policy_loss
+    from calibrl.losses.ppo import aggregate_loss, kl_k3
+
+    trainer = _trainer(tmp_path, loss_type=loss_type, beta=0.1, steps_per_generation=2, num_iterations=2,
+                       max_steps=2, **params)
+    trainer.train()
+    fractions = _logged(trainer, f"{loss_type}/{loss_type}_fraction")
+    assert fractions and all(f > 0 for f in fractions)
+    assert _logged(trainer, "kl") and all(math.isfinite(x) for x in _logged(trainer, "loss"))
+
+    rec = trainer.records[-1]
+    inputs = {**rec["output"], "advantages": rec["advantages_out"]}
+    assert "old_per_token_logps" in inputs
+    trainer.model.eval()
+    with torch.no_grad():
+        torch.manual_seed(5)
+        loss = trainer._policy_loss(trainer.model, inputs)
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        p, c = inputs["prompt_ids"].size(1), inputs["completion_ids"].size(1)
+        logits = trainer.model(input_ids=ids, attention_mask=att).logits.float()[:, p - 1: p + c - 1]
+        logp = torch.log_softmax(logits / trainer.temperature, -1).gather(-1, inputs["completion_ids"][..., None])[..., 0]
+    mask = inputs["completion_mask"].float()
+    common = dict(logprobs=logp, old_logprobs=inputs["old_per_token_logps"], advantages=inputs["advantages"],
+                  completion_mask=mask)
+    torch.manual_seed(5)
+    if loss_type == "clip_cov":
+        expected, _ = clip_cov_policy_loss(eps_low=0.2, eps_high=0.2, **params, **common)
+    else:
+        expected, _ = kl_cov_policy_loss(**params, **common)
+    expected = expected + 0.1 * aggregate_loss(kl_k3(logp, inputs["ref_per_token_logps"]) * mask, mask)
+    torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_cov_loss_types_refuse_options_they_do_not_apply(tmp_path):
+    with pytest.raises(ValueError, match="importance_sampling_level='sequence' is not applied by loss_type='kl_cov'"):
+        _config(tmp_path, loss_type="kl_cov", importance_sampling_level="sequence")
+    with pytest.raises(ValueError, match="clip_cov_ratio must be a number in"):
+        _config(tmp_path, loss_type="clip_cov", clip_cov_ratio=0.0)
+    with pytest.raises(ValueError, match="cov_loss_aggregation must be one of"):
+        _config(tmp_path, loss_type="clip_cov", cov_loss_aggregation="mean")
+
+
+# ---------------------------------------------------------------------------------------------------- DCPO
+
+
+def test_stated_confidences_split_where_the_code_splits():
+    """DCPO's split position from the tiny model's character tokenizer: the tag starts at character 3, the
+    token whose accumulated text reaches 3 is token 2 ("\\n"), so the split is token 1; no tag: length - 2."""
+    from calibrl.trl.rollout import stated_confidences
+
+    _, tok = build_tiny_model(seed=0)
+    texts = ["ab\n<confidence>0.7</confidence>", "abcdef", "x <confidence>high</confidence>"]
+    ids = [tok.encode(t, add_special_tokens=False) for t in texts]
+    assert [tok.decode([i]) for i in ids[0][:3]] == ["a", "b", "\n"]
+    stated, starts = stated_confidences(texts, ids, [len(i) for i in ids], tok)
+    assert stated == [0.7, -1.0, -1.0]  # malformed: none stated (-1), but the split is still at the tag
+    assert starts == [1, 4, 0]  # "x <": the tag starts at character 2, reached by token 1 (" "): split 0
+
+
+def test_dcpo_trains_with_per_token_advantages(tmp_path):
+    trainer = _trainer(tmp_path, advantage_estimator="dcpo", max_steps=2)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    rec = trainer.records[0]
+    batch = rec["rollout"]["batch"]
+    assert torch.all(batch.stated_confidence == -1)  # the tiny model states no confidence
+    torch.testing.assert_close(batch.confidence_start, (batch.lengths - 2).clamp(min=0))
+    expected = compute_advantages(batch, "dcpo")
+    out = rec["advantages_out"]
+    assert out.shape == rec["output"]["completion_ids"].shape
+    torch.testing.assert_close(out[:, : expected.shape[1]], expected)
+    assert torch.all(out[:, expected.shape[1]:] == 0)
+
+
+# ---------------------------------------------------------------------------------------------------- INTUITOR
+
+
+def test_intuitor_reads_self_certainty_from_an_independent_forward(tmp_path):
+    """advantage_estimator intuitor: each completion's self-certainty (chunked through the LM head in the rollout
+    forward) equals KL(uniform || softmax(logits / T)) averaged over its tokens from the model's whole logits, and
+    the advantages are the estimator's on it."""
+    trainer = _trainer(tmp_path, advantage_estimator="intuitor", max_steps=1, temperature=0.7)
+    trainer.train()
+    rec = trainer.records[0]
+    out = rec["output"]
+    p, c = out["prompt_ids"].size(1), out["completion_ids"].size(1)
+    logp = torch.log_softmax(rec["logits"][:, p - 1: p + c - 1] / 0.7, -1)  # [B, C, V]
+    kl = (-logp.mean(-1) - math.log(logp.shape[-1]))  # KL(U || p) = -mean_j log p_j - log V
+    m = out["completion_mask"].float()
+    expected = (kl * m).sum(1) / m.sum(1).clamp(min=1)
+    batch = rec["rollout"]["batch"]
+    torch.testing.assert_close(batch.self_certainty, expected, rtol=1e-4, atol=1e-5)
+    assert batch.self_certainty.std() > 0
+    torch.testing.assert_close(rec["rollout"]["advantages"], compute_advantages(batch, "intuitor"))

@@ -684,3 +684,106 @@ def test_the_custom_estimator_page_runs_in_verl(tmp_path, monkeypatch):
     grpo = calibrl.compute_advantages(expected_rollout_batch(data), "grpo")
     assert not torch.allclose(expected, grpo)  # the penalty acted
     assert out.meta_info["calibrl/advantage"]["penalty_abs_mean"] > 0
+
+
+def _cov_config(**policy_loss):
+    """An actor config with verl's Clip-Cov / KL-Cov parameters (clip range 0.2 / 0.28)."""
+    from verl.workers.config.actor import FSDPActorConfig, PolicyLossConfig
+
+    return FSDPActorConfig(strategy="fsdp", rollout_n=4, ppo_micro_batch_size_per_gpu=4, use_dynamic_bsz=False,
+                           ppo_mini_batch_size=4, clip_ratio=0.2, clip_ratio_high=0.28,
+                           policy_loss=PolicyLossConfig(**policy_loss))
+
+
+def _cov_tensors(seed: int, per_token: bool):
+    """16 completions of up to 40 tokens (no empty row: verl's seq-mean skips those, calibrl's counts them as 0),
+    ratios within (0.4, 2.5) so the PPO clip acts on some tokens; advantages per row or per token."""
+    gen = torch.Generator().manual_seed(seed)
+    n, t = 16, 40
+    mask = (torch.arange(t)[None, :] < torch.randint(5, t + 1, (n,), generator=gen)[:, None]).float()
+    old = -3 * torch.rand(n, t, generator=gen)
+    logp = (old + 0.3 * torch.randn(n, t, generator=gen)).requires_grad_()
+    adv = torch.randn(n, t, generator=gen) if per_token else torch.randn(n, generator=gen)[:, None].expand(n, t)
+    return old, logp, adv * mask, mask
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_clip_cov_and_kl_cov_match_verl(mode, per_token, seed):
+    """calibrl.losses.covariance equals verl 0.9.1's compute_policy_loss_clip_cov / _kl_cov on the same tensors:
+    loss and gradient to assert_close's float32 tolerance (1.3e-6 relative), the same tokens selected. Clip-Cov's
+    random draw is made equal by seeding torch's global generator before each call (both draw with
+    torch.randperm over the candidates in the same order); the window (0.2, 2) and ratio 5% leave more candidates
+    than are drawn, so a different draw would change the loss."""
+    from calibrl.losses.covariance import clip_cov_policy_loss, kl_cov_policy_loss
+
+    old, logp, adv, mask = _cov_tensors(seed, per_token)
+    cases = [
+        ("clip_cov", dict(clip_cov_ratio=0.05, clip_cov_lb=0.2, clip_cov_ub=2.0),
+         lambda: clip_cov_policy_loss(logprobs=logp, old_logprobs=old, advantages=adv, completion_mask=mask,
+                                      eps_low=0.2, eps_high=0.28, clip_cov_ratio=0.05, clip_cov_lb=0.2,
+                                      clip_cov_ub=2.0, aggregation=mode)),
+        ("kl_cov", dict(kl_cov_ratio=0.05, ppo_kl_coef=0.5),
+         lambda: kl_cov_policy_loss(logprobs=logp, old_logprobs=old, advantages=adv, completion_mask=mask,
+                                    kl_cov_ratio=0.05, ppo_kl_coef=0.5, aggregation=mode)),
+    ]
+    for name, params, ours in cases:
+        torch.manual_seed(123)
+        ref_loss, ref_metrics = core_algos.get_policy_loss_fn(name)(
+            old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask, loss_agg_mode=mode,
+            config=_cov_config(loss_mode=name, **params))
+        (ref_grad,) = torch.autograd.grad(ref_loss, logp)
+        torch.manual_seed(123)
+        loss, metrics = ours()
+        (grad,) = torch.autograd.grad(loss, logp)
+        torch.testing.assert_close(loss, ref_loss)
+        torch.testing.assert_close(grad, ref_grad)
+        assert metrics[f"{name}_fraction"] > 0
+        if name == "clip_cov":
+            assert metrics["clip_cov_fraction"] == pytest.approx(ref_metrics["actor/pg_clipfrac"], abs=1e-6)
+            assert metrics["ppo_kl"] == pytest.approx(ref_metrics["actor/ppo_kl"], abs=1e-6)
+        else:
+            assert metrics["ppo_kl_abs"] == pytest.approx(ref_metrics["actor/ppo_kl"], abs=1e-6)
+
+
+def test_clip_cov_draw_differs_from_verl_under_another_seed():
+    """The seeded comparison above is not vacuous: with another seed verl detaches other tokens and the gradients
+    differ (there are more candidates than tokens drawn)."""
+    from calibrl.losses.covariance import clip_cov_policy_loss
+
+    old, logp, adv, mask = _cov_tensors(0, False)
+    torch.manual_seed(1)
+    ref_loss, _ = core_algos.get_policy_loss_fn("clip_cov")(
+        old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask,
+        config=_cov_config(loss_mode="clip_cov", clip_cov_ratio=0.05, clip_cov_lb=0.2, clip_cov_ub=2.0))
+    (ref_grad,) = torch.autograd.grad(ref_loss, logp)
+    torch.manual_seed(2)
+    loss, _ = clip_cov_policy_loss(logprobs=logp, old_logprobs=old, advantages=adv, completion_mask=mask, eps_low=0.2,
+                                   eps_high=0.28, clip_cov_ratio=0.05, clip_cov_lb=0.2, clip_cov_ub=2.0)
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert not torch.allclose(grad, ref_grad)
+
+
+@pytest.mark.parametrize("names", [("stated_confidence", "confidence_start"), ("confidence", "confidence_pos")])
+def test_dcpo_per_token_advantages_through_the_wrapped_step(names):
+    """dcpo in verl: the stated confidences and split positions come from the batch's non-tensor fields (calibrl's
+    names, or those DCPO's own reward managers write); verl gets calibrl's per-token advantages at its width."""
+    from calibrl.advantages.dcpo import NO_CONFIDENCE
+
+    data = make_data(4, with_ref=False)
+    n = len(data)
+    gen = np.random.default_rng(4)
+    stated = np.where(gen.random(n) < 0.7, gen.random(n).round(2), NO_CONFIDENCE).astype(object)
+    lengths = data.batch["response_mask"].sum(-1).long()
+    starts = np.array([int(gen.integers(0, int(length))) for length in lengths], dtype=object)
+    data.non_tensor_batch[names[0]], data.non_tensor_batch[names[1]] = stated, starts
+    base = expected_rollout_batch(data)
+    batch = RolloutBatch(rewards=base.rewards, group_ids=base.group_ids, lengths=lengths,
+                         stated_confidence=stated.astype(float), confidence_start=starts.astype(int))
+    expected = calibrl.compute_advantages(batch, "dcpo")
+    out = ray_trainer.compute_advantage(data, adv_estimator="dcpo", config=algo_config())
+    mask = data.batch["response_mask"]
+    assert out.batch["advantages"].shape == mask.shape
+    torch.testing.assert_close(out.batch["advantages"][:, : expected.shape[1]], expected * mask[:, : expected.shape[1]])
+    assert (out.batch["advantages"][mask == 0] == 0).all() and expected.abs().sum() > 0

@@ -27,7 +27,8 @@ RanksBy = Literal["reward", "correctness"]
 NoiseMask = Literal["no", "optional", "required"]
 
 # The RolloutBatch fields an estimator may ask for (rewards and group_ids always come; lengths is the adapters').
-OPTIONAL_INPUTS: frozenset[str] = frozenset({"logprob_mean", "ref_logprob_mean", "embeddings", "answer_ids"})
+OPTIONAL_INPUTS: frozenset[str] = frozenset({"logprob_mean", "ref_logprob_mean", "embeddings", "answer_ids",
+                                             "stated_confidence", "confidence_start", "self_certainty"})
 
 
 @dataclass(frozen=True)

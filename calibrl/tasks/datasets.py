@@ -28,6 +28,8 @@ Math templates (``template=``):
   (``<|im_start|>system ... <|im_start|>assistant\n``), the exact Qwen2.5-Math "qwen25-math-cot" prompt;
 * ``"chat"``: a conversational prompt ``[{"role": "user", "content": "{problem}\nPlease reason ..."}]`` that TRL
   and ``calibrl generate`` render with the tokenizer's own chat template;
+* ``"chat-confidence"``: ``"chat"`` asking also for a stated confidence after the answer,
+  ``<confidence>0.8</confidence>`` (:func:`calibrl.tasks.verbalized.with_confidence_instruction`; DCPO, RLCR);
 * ``"none"``: the bare problem.
 
 Decision templates:
@@ -79,7 +81,7 @@ from calibrl.tasks.registry import register_dataset
 logger = logging.getLogger(__name__)
 
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-MATH_TEMPLATES = ("qwen-math", "qwen-math-chat", "chat", "none")
+MATH_TEMPLATES = ("qwen-math", "qwen-math-chat", "chat", "chat-confidence", "none")
 DECISION_TEMPLATES = ("direct", "reasoning", "chat")
 
 __all__ = [
@@ -122,6 +124,10 @@ def math_prompt(problem: str, template: str = "qwen-math"):
         )
     if template == "chat":
         return [{"role": "user", "content": f"{problem}\n{MATH_INSTRUCTION}"}]
+    if template == "chat-confidence":
+        from calibrl.tasks.verbalized import with_confidence_instruction
+
+        return with_confidence_instruction(math_prompt(problem, "chat"))
     if template == "none":
         return problem
     raise ValueError(f"unknown math template {template!r}; choose one of {', '.join(MATH_TEMPLATES)}")

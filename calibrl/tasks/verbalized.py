@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["parse_verbalized_confidence", "CONFIDENCE_INSTRUCTION", "strip_confidence_tags",
+__all__ = ["parse_verbalized_confidence", "CONFIDENCE_INSTRUCTION", "stated_confidence_span",
+           "strip_confidence_tags",
            "with_confidence_instruction"]
 
 _TAG = re.compile(r"<confidence>(.*?)</confidence>", re.IGNORECASE | re.DOTALL)
@@ -34,6 +35,18 @@ def parse_verbalized_confidence(text: str) -> float | None:
         return None
     confidence = float(value)
     return confidence if 0.0 <= confidence <= 1.0 else None
+
+
+def stated_confidence_span(text: str) -> tuple[float | None, int | None]:
+    """(the confidence :func:`parse_verbalized_confidence` reads, the character offset where its tag, the LAST
+    ``<confidence>`` tag, starts); the offset is None when there is no tag, the confidence None when it is
+    malformed (DCPO splits the completion's tokens there, calibrl.advantages.dcpo)."""
+    if not text:
+        return None, None
+    last = None
+    for last in _TAG.finditer(text):
+        pass
+    return parse_verbalized_confidence(text), (None if last is None else last.start())
 
 
 # --------------------------------------------------------------------------------------------------- RLCR

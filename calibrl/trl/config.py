@@ -8,8 +8,9 @@ from typing import Any
 
 from trl import GRPOConfig
 
-__all__ = ["CalibratedGRPOConfig", "estimator_fields_read", "ignored_field_error"]
+__all__ = ["COV_LOSS_TYPES", "CalibratedGRPOConfig", "estimator_fields_read", "ignored_field_error"]
 
+COV_LOSS_TYPES = ("clip_cov", "kl_cov")  # loss_type values calibrl's trainer computes (calibrl.losses.covariance)
 ANNEAL_FIELD = "cde_omega_schedule"  # read by the trainer for an estimator registered with annealed=<parameter>
 _OFF = {"capo_mask": "none"}  # a value that asks for nothing: not an error where the field is not read
 
@@ -104,6 +105,15 @@ class CalibratedGRPOConfig(GRPOConfig):
     decision_consistency_gate (`bool`, *optional*): the consistency gate on or off; None = the target's default.
     decision_zero_advantage (`bool`, defaults to `True`): zero the policy-gradient advantage at the decision token.
 
+    > Clip-Cov / KL-Cov (arXiv 2505.22617; ``loss_type="clip_cov"`` or ``"kl_cov"``, verl 0.9.1's losses)
+
+    clip_cov_ratio, clip_cov_lb, clip_cov_ub (defaults 2e-4, 1, 5): share of a micro-batch's tokens Clip-Cov
+        detaches, drawn among the tokens whose covariance lies in (lb, ub); the clip range is TRL's ``epsilon`` /
+        ``epsilon_high``.
+    kl_cov_ratio, ppo_kl_coef (defaults 2e-4, 0.1): share of the tokens KL-Cov penalises, and the penalty's weight.
+    cov_loss_aggregation (`str`, defaults to `"token-mean"`): their aggregation (verl's ``loss_agg_mode`` names),
+        per micro-batch.
+
     > Telemetry
 
     calibration_logging (`bool`, defaults to `True`): log ``calibration/...`` metrics every generation batch.
@@ -115,7 +125,7 @@ class CalibratedGRPOConfig(GRPOConfig):
             "help": "Advantage estimator: any name in `calibrl.available_estimators()`, e.g. `capo` (CAPO, "
             "arXiv 2604.12632), `grpo_mask` (GRPO + CAPO's noise mask `capo_mask`, the paper's ablation), `gcpo` "
             "(arXiv 2605.21801), `seed_grpo` (arXiv 2505.12346), `codapo`, `cde` (arXiv 2509.09675), `grpo`, "
-            "`dr_grpo`, `rloo`."
+            "`dr_grpo`, `rloo`, `dcpo` (arXiv 2603.09117), `intuitor` (arXiv 2505.19590)."
         },
     )
     advantage_params: dict | None = field(
@@ -236,6 +246,25 @@ class CalibratedGRPOConfig(GRPOConfig):
                   "repetition penalty, no generation_kwargs, no tools), else runs one extra no-grad forward; "
                   "`forward` always runs the forward."},
     )
+    clip_cov_ratio: float = field(
+        default=2e-4,
+        metadata={"help": "loss_type='clip_cov' (arXiv 2505.22617): share of a micro-batch's tokens whose loss is "
+                  "detached, drawn at random among those with covariance in (clip_cov_lb, clip_cov_ub)."},
+    )
+    clip_cov_lb: float = field(default=1.0, metadata={"help": "loss_type='clip_cov': lower covariance bound."})
+    clip_cov_ub: float = field(default=5.0, metadata={"help": "loss_type='clip_cov': upper covariance bound."})
+    kl_cov_ratio: float = field(
+        default=2e-4,
+        metadata={"help": "loss_type='kl_cov' (arXiv 2505.22617): share of a micro-batch's tokens, those of largest "
+                  "covariance, that get the penalty ppo_kl_coef * |logp - old_logp|."},
+    )
+    ppo_kl_coef: float = field(default=0.1, metadata={"help": "loss_type='kl_cov': weight of the penalty."})
+    cov_loss_aggregation: str = field(
+        default="token-mean",
+        metadata={"help": "loss_type='clip_cov' / 'kl_cov': aggregation of the per-token loss over a micro-batch: "
+                  "token-mean, seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm (verl's "
+                  "loss_agg_mode)."},
+    )
     calibration_logging: bool = field(
         default=True,
         metadata={"help": "Log calibration telemetry (AUROC of mean token log-prob vs correctness, pooled and per "
@@ -313,8 +342,36 @@ class CalibratedGRPOConfig(GRPOConfig):
         if classes is not None and (not isinstance(classes, list) or not classes
                                     or not all(isinstance(c, str) and c for c in classes)):
             raise ValueError(f"decision_classes must be a non-empty list of non-empty strings, got {classes!r}")
+        self._check_cov_loss()
         if self.correctness_reward is not None and not isinstance(self.correctness_reward, str):
             raise ValueError(f"correctness_reward must be a reward name, got {self.correctness_reward!r}")
+
+    def _check_cov_loss(self) -> None:
+        """With ``loss_type`` clip_cov / kl_cov: their fields in range, and none of the TRL options their loss does
+        not apply (each would otherwise be silently ignored)."""
+        from calibrl.losses.ppo import AGGREGATIONS
+
+        if self.loss_type not in COV_LOSS_TYPES:
+            return
+        for name in ("clip_cov_ratio", "kl_cov_ratio"):
+            value = getattr(self, name)
+            if not _is_number(value) or not 0 < value <= 1:
+                raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+        for name in ("clip_cov_lb", "clip_cov_ub", "ppo_kl_coef"):
+            if not _is_number(getattr(self, name)) or not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)!r}")
+        if self.cov_loss_aggregation not in AGGREGATIONS:
+            raise ValueError(f"cov_loss_aggregation must be one of {', '.join(AGGREGATIONS)}, got "
+                             f"{self.cov_loss_aggregation!r}")
+        unsupported = {"importance_sampling_level": self.importance_sampling_level != "token",
+                       "top_entropy_quantile": self.top_entropy_quantile < 1.0,
+                       "off_policy_mask_threshold": self.off_policy_mask_threshold is not None,
+                       "delta": self.delta is not None,
+                       "entropy_coef": self.entropy_coef != 0.0 or self.use_adaptive_entropy}
+        for name, is_set in unsupported.items():
+            if is_set:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not applied by loss_type={self.loss_type!r} "
+                                 "(verl's Clip-Cov / KL-Cov loss); leave it at its default")
 
     # ------------------------------------------------------------------ helpers read by the trainer
     def estimator_params(self) -> dict[str, Any]:

@@ -96,6 +96,21 @@ def _agreed_rows(rows: int, accelerator) -> int:
     return int(accelerator.gather(torch.tensor([rows], device=accelerator.device)).min().item())
 
 
+def logits_projection(policy: PolicyForward, model: torch.nn.Module
+                      ) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+    """(``project``: hidden states [n, D] -> the model's float32 logits [n, V] at T = 1, through its LM head and
+    post-processed as its forward does (:func:`calibrl.trl.decision.logit_postprocessing`); V)."""
+    from calibrl.trl import decision as dec
+
+    _, lm_head = backbone_and_head(policy.accelerator, model)
+    postprocess = dec.logit_postprocessing(policy.accelerator.unwrap_model(model).config)
+
+    def project(h: torch.Tensor) -> torch.Tensor:
+        return postprocess(lm_head(h.to(lm_head.weight.dtype)).float())
+
+    return project, lm_head.weight.shape[0]
+
+
 @torch.no_grad()
 def completion_logps(policy: PolicyForward, model: torch.nn.Module, output: dict, *,
                      on_hidden: Callable[[torch.Tensor, slice], None] | None = None,
@@ -110,24 +125,19 @@ def completion_logps(policy: PolicyForward, model: torch.nn.Module, output: dict
     ``on_hidden(hidden [r, P+C, D], rows)`` sees each forward's hidden states before they are freed. None when
     ``output`` has multimodal inputs (TRL's helper slices those per row: the caller uses it)."""
     from calibrl.logprobs import chunked_token_logps, positions_per_chunk, rows_per_forward
-    from calibrl.trl import decision as dec
 
     input_ids, attention_mask, n_completion, batch_size, kwargs = forward_inputs(policy, output)
     if kwargs:
         return None
-    backbone, lm_head = backbone_and_head(policy.accelerator, model)
-    postprocess = dec.logit_postprocessing(policy.accelerator.unwrap_model(model).config)
+    backbone, _ = backbone_and_head(policy.accelerator, model)
+    project, vocab_size = logits_projection(policy, model)
     n_rows, seq_len = input_ids.shape
-    vocab_size = lm_head.weight.shape[0]
     rows = _agreed_rows(rows_per_forward(vocab_size=vocab_size, seq_len=seq_len, budget_bytes=budget_bytes,
                                          limit=batch_size), policy.accelerator)
     chunk = positions_per_chunk(vocab_size=vocab_size, budget_bytes=budget_bytes)
     extra = {"use_cache": False}
     if _accepts_logits_to_keep(policy.accelerator.unwrap_model(model)):
         extra["logits_to_keep"] = 1  # the model's own logits: [r, 1, V]
-
-    def project(h: torch.Tensor) -> torch.Tensor:  # [n, D] -> [n, V] the model's logits (T = 1)
-        return postprocess(lm_head(h.to(lm_head.weight.dtype)).float())
 
     completion = input_ids[:, -n_completion:]  # [B, C]
     valid = attention_mask[:, -n_completion:].bool()  # [B, C]
@@ -151,11 +161,14 @@ def completion_logps(policy: PolicyForward, model: torch.nn.Module, output: dict
 
 @torch.no_grad()
 def rollout_forward(policy: PolicyForward, output: dict, mask: torch.Tensor, *, want_embeddings: bool,
-                    want_decision: bool, decision_positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                    want_decision: bool, decision_positions: torch.Tensor | None = None,
+                    want_self_certainty: bool = False) -> dict[str, torch.Tensor]:
     """One no-grad forward of the policy (:func:`completion_logps`; TRL's ``_get_per_token_logps_and_entropies``
     for multimodal inputs): per-token log-probs [B, C]; with ``want_embeddings`` the completion-mean last hidden
     states [B, D]; with ``want_decision`` the hidden states [B, D] that predict each completion's decision token
-    (``decision_positions`` [B], -1 where none; the decision logits are read from them)."""
+    (``decision_positions`` [B], -1 where none; the decision logits are read from them); with
+    ``want_self_certainty`` each completion's self-certainty [B] at the sampling temperature
+    (:func:`calibrl.self_certainty.chunked_token_self_certainty`, a chunk of positions' logits at a time)."""
     from trl.models.utils import disable_gradient_checkpointing
 
     from calibrl.trl import decision as dec
@@ -164,7 +177,13 @@ def rollout_forward(policy: PolicyForward, output: dict, mask: torch.Tensor, *, 
         raise ValueError("rollout_forward: want_decision needs decision_positions")
     prompt_len = output["prompt_ids"].size(1)
     n_completion = output["completion_ids"].size(1)
-    parts: dict[str, list] = {"embeddings": [], "decision_hidden": []}
+    parts: dict[str, list] = {"embeddings": [], "decision_hidden": [], "self_certainty": []}
+    if want_self_certainty:
+        from calibrl.logprobs import positions_per_chunk
+        from calibrl.self_certainty import chunked_token_self_certainty, completion_self_certainty
+
+        project, vocab_size = logits_projection(policy, policy.model)
+        chunk = positions_per_chunk(vocab_size=vocab_size)
 
     def reduce(hidden: torch.Tensor, rows) -> None:  # hidden [r, P+C, D] of the rows ``rows``
         if want_embeddings:
@@ -174,6 +193,13 @@ def rollout_forward(policy: PolicyForward, output: dict, mask: torch.Tensor, *, 
         if want_decision:
             parts["decision_hidden"].append(dec.decision_hidden(hidden, prompt_len=prompt_len,
                                                                 positions=decision_positions[rows]))
+        if want_self_certainty:
+            keep = mask[rows].bool()
+            per_token = torch.zeros(keep.shape, dtype=torch.float32, device=hidden.device)
+            predictors = hidden[:, -n_completion - 1:-1]  # position t predicts completion token t
+            per_token[keep] = chunked_token_self_certainty(predictors[keep], project=project, chunk=chunk,
+                                                           temperature=policy.temperature)
+            parts["self_certainty"].append(completion_self_certainty(per_token, keep))
 
     with disable_gradient_checkpointing(policy.model, policy.gradient_checkpointing_kwargs):
         logps = completion_logps(policy, policy.model, output, on_hidden=reduce)
@@ -191,6 +217,8 @@ def rollout_forward(policy: PolicyForward, output: dict, mask: torch.Tensor, *, 
         result["embeddings"] = torch.cat(parts["embeddings"], dim=0)
     if want_decision:
         result["decision_hidden"] = torch.cat(parts["decision_hidden"], dim=0)
+    if want_self_certainty:
+        result["self_certainty"] = torch.cat(parts["self_certainty"], dim=0)
     return result
 
 

@@ -199,6 +199,23 @@ def on_every_rank(flag: bool, *, accelerator) -> bool:
     return bool(flags.min().item())
 
 
+def stated_confidences(completions: list, completion_ids: list[list[int]], lengths: list[int],
+                       tokenizer: Any) -> tuple[list[float], list[int]]:
+    """Per completion: the confidence it states (the last ``<confidence>`` tag,
+    :func:`calibrl.tasks.verbalized.stated_confidence_span`; -1 where none or malformed, DCPO's value) and DCPO's
+    split position (:func:`calibrl.advantages.dcpo.dcpo_split_position`, its tokens decoded one by one)."""
+    from calibrl.advantages.dcpo import NO_CONFIDENCE, dcpo_split_position
+    from calibrl.tasks.verbalized import stated_confidence_span
+
+    stated, starts = [], []
+    for completion, ids, length in zip(completions, completion_ids, lengths):
+        confidence, char_start = stated_confidence_span(completion_text(completion))
+        stated.append(NO_CONFIDENCE if confidence is None else confidence)
+        pieces = [] if char_start is None else [tokenizer.decode([token]) for token in ids[:length]]
+        starts.append(dcpo_split_position(pieces, char_start, length))
+    return stated, starts
+
+
 @dataclass(frozen=True)
 class RolloutState:
     """What :func:`collect_rollout` needs of the trainer for one generation batch (built by
@@ -219,6 +236,7 @@ class RolloutState:
     decision_tokens: tuple[torch.Tensor, torch.Tensor] | None  # ([K] class token ids, [K] class of each), if any
     decision_classes: list[str] | None
     answer_last_line: bool
+    tokenizer: Any = None  # decodes completion tokens one by one (stated_confidence / confidence_start: DCPO)
 
 
 def collect_rollout(state: RolloutState, output: dict, *, forward: Callable[..., dict[str, torch.Tensor]],
@@ -244,6 +262,7 @@ def collect_rollout(state: RolloutState, output: dict, *, forward: Callable[...,
     needed = set(state.needed)
     want_dec = state.decision_tokens is not None and state.logs_confidence  # decision probabilities
     want_emb = "embeddings" in needed
+    want_sc = "self_certainty" in needed  # INTUITOR: from the full next-token distributions, one more forward
 
     fields: dict[str, torch.Tensor] = {}
     decision_hidden = None
@@ -262,12 +281,12 @@ def collect_rollout(state: RolloutState, output: dict, *, forward: Callable[...,
     # of this generation batch went through the loss.
     deferred = (
         state.logs_confidence and not state.estimator_reads_logprobs and old_like is None
-        and not want_emb and not want_dec
+        and not want_emb and not want_dec and not want_sc
     )
     if deferred:
         needed.discard("logprob_mean")
-    if "logprob_mean" in needed or want_emb or want_dec:
-        if old_like is not None and not want_emb and not want_dec:
+    if "logprob_mean" in needed or want_emb or want_dec or want_sc:
+        if old_like is not None and not want_emb and not want_dec and not want_sc:
             per_token = old_like
         else:
             positions = None
@@ -279,11 +298,13 @@ def collect_rollout(state: RolloutState, output: dict, *, forward: Callable[...,
                     completion_ids=output["completion_ids"], completion_mask=mask, token_ids=token_ids, owner=owner,
                 )
             fwd = forward(output, mask, want_embeddings=want_emb, want_decision=want_dec,
-                          decision_positions=positions)
+                          decision_positions=positions, **({"want_self_certainty": True} if want_sc else {}))
             per_token = old if old is not None else fwd["per_token_logps"]
             if want_emb:
                 fields["embeddings"] = accelerator.gather(fwd["embeddings"].contiguous())
             decision_hidden = fwd.get("decision_hidden")
+            if want_sc:
+                fields["self_certainty"] = accelerator.gather(fwd["self_certainty"].contiguous())
         fields["logprob_mean"] = accelerator.gather(masked_row_mean(per_token, mask))
     if "ref_logprob_mean" in needed or "ref_per_token_logps" in output:
         fields["ref_logprob_mean"] = accelerator.gather(masked_row_mean(reference(output), mask))
@@ -292,6 +313,12 @@ def collect_rollout(state: RolloutState, output: dict, *, forward: Callable[...,
         ids = answer_ids_for(texts, group_ids=group_ids.tolist(), classes=state.decision_classes,
                              last_line=state.answer_last_line)
         fields["answer_ids"] = torch.tensor(ids, device=device)
+    if needed & {"stated_confidence", "confidence_start"}:
+        local_lengths = mask.sum(dim=1).tolist()
+        stated, starts = stated_confidences(state.completions, output["completion_ids"].tolist(), local_lengths,
+                                            state.tokenizer)
+        fields["stated_confidence"] = accelerator.gather(torch.tensor(stated, dtype=torch.float32, device=device))
+        fields["confidence_start"] = accelerator.gather(torch.tensor(starts, dtype=torch.long, device=device))
     fields["lengths"] = lengths
 
     fields = dict(rewards=columns.correct_signal if state.ranks_by_correctness else columns.rewards,

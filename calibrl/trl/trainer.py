@@ -18,7 +18,9 @@ TRL 1.16 method overridden             what calibrl adds
                                        ``logprob_mean`` / ``correct`` / ``decision_prob`` columns of the
                                        completions table (``log_completions``)
 ``_get_per_token_logps_and_entropies`` keeps the loss pass's log-probs for telemetry (no extra forward)
-``_compute_loss``                      adds ``decision_loss_coef * decision_token_loss`` (arXiv 2601.13284)
+``_compute_loss``                      adds ``decision_loss_coef * decision_token_loss`` (arXiv 2601.13284);
+                                       ``loss_type`` ``clip_cov`` / ``kl_cov`` (arXiv 2505.22617): calibrl's
+                                       policy loss (:mod:`calibrl.losses.covariance`) in place of TRL's
 ``training_step``                      on a device without Triton (the CPU), TRL's fused LM head projects tiles of
                                        at most :func:`calibrl.logprobs.fused_head_tile_tokens` positions
 ``log``                                leaves out metrics undefined for the whole logging period (no NaN / None)
@@ -52,7 +54,9 @@ from calibrl.advantages.grpo import grpo as calibrl_grpo
 from calibrl.batch import RolloutBatch, masked_row_mean
 from calibrl.models import resolve_model
 from calibrl.trl import decision as dec
-from calibrl.trl.config import CalibratedGRPOConfig
+from calibrl.losses.covariance import clip_cov_policy_loss, kl_cov_policy_loss
+from calibrl.losses.ppo import aggregate_loss, kl_k3, masked_mean, on_mask
+from calibrl.trl.config import COV_LOSS_TYPES, CalibratedGRPOConfig
 from calibrl.trl.generation import can_record_generation_logprobs, recording_generation_logprobs
 from calibrl.trl.reference import install_reference, plan_reference
 from calibrl.trl.forward import (
@@ -69,6 +73,10 @@ from calibrl.trl.telemetry import PendingTelemetry, calibration_metrics, complet
 __all__ = ["CalibratedGRPOTrainer", "CAPO_MASK_STATE_FILE"]
 
 logger = logging.getLogger(__name__)
+
+# the model inputs TRL 1.16's _compute_loss passes to _get_per_token_logps_and_entropies besides the token ids
+_MODEL_INPUTS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+                 "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
 
 CAPO_MASK_STATE_FILE = QUANTILE_MASK_FILE  # in each checkpoint folder: FrozenQuantileMask.state_dict()
 
@@ -186,16 +194,16 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         pending = self._calibrl_pending is not None and "calibrl_row" in inputs
         decision = self._decision_class_ids is not None and "calibrl_decision_positions" in inputs
         if not pending and not decision:
-            return super()._compute_loss(model, inputs)
+            return self._policy_loss(model, inputs)
         self._calibrl_capture = [] if pending else None
         hidden_store: list = []
         try:
             if not decision:
-                loss = super()._compute_loss(model, inputs)
+                loss = self._policy_loss(model, inputs)
             else:
                 backbone, _ = self._backbone_and_head(model)
                 with capture_hidden(backbone, hidden_store, select=self._decision_rows_selector(inputs)):
-                    loss = super()._compute_loss(model, inputs)
+                    loss = self._policy_loss(model, inputs)
             captured = self._calibrl_capture
         finally:
             self._calibrl_capture = None
@@ -204,6 +212,50 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         if decision:
             loss = loss + self._decision_loss(model, inputs, hidden_store)
         return loss
+
+    def _policy_loss(self, model, inputs):
+        """TRL's ``_compute_loss``, or for ``loss_type`` ``clip_cov`` / ``kl_cov`` verl's Clip-Cov / KL-Cov loss
+        (:mod:`calibrl.losses.covariance`) on TRL's inputs: its forward, old log-probs, advantages ([N] or
+        [N, T]), tool mask and vLLM importance weights; plus ``beta`` * k3 KL aggregated the same way; divided by
+        the gradient-accumulation steps as TRL's ``grpo`` / ``bnpo`` losses."""
+        if self.loss_type not in COV_LOSS_TYPES:
+            return super()._compute_loss(model, inputs)
+        args = self.args
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled, **{key: inputs.get(key) for key in _MODEL_INPUTS})
+        weights = None
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            weights = inputs["importance_sampling_ratio"].expand_as(logps)
+        common = dict(logprobs=logps, old_logprobs=inputs.get("old_per_token_logps"), advantages=inputs["advantages"],
+                      completion_mask=mask, aggregation=args.cov_loss_aggregation,
+                      max_completion_length=self.max_completion_length, rollout_is_weights=weights)
+        if self.loss_type == "clip_cov":
+            loss, metrics = clip_cov_policy_loss(eps_low=self.epsilon_low, eps_high=self.epsilon_high,
+                                                 clip_cov_ratio=args.clip_cov_ratio, clip_cov_lb=args.clip_cov_lb,
+                                                 clip_cov_ub=args.clip_cov_ub, **common)
+        else:
+            loss, metrics = kl_cov_policy_loss(kl_cov_ratio=args.kl_cov_ratio, ppo_kl_coef=args.ppo_kl_coef, **common)
+        work_mask = mask.to(loss.dtype)
+        if self.beta != 0.0:
+            kl = kl_k3(on_mask(logps, work_mask, loss.dtype), on_mask(inputs["ref_per_token_logps"], work_mask,
+                                                                       loss.dtype))
+            loss = loss + self.beta * aggregate_loss(kl, work_mask, args.cov_loss_aggregation,
+                                                     self.max_completion_length)
+            metrics["kl"] = float(masked_mean(kl.detach(), work_mask))
+        metrics["entropy"] = float(masked_mean(on_mask(entropies.detach(), work_mask, loss.dtype), work_mask))
+        if self.aux_loss_enabled:  # a mixture of experts' router loss, as TRL adds it
+            loss = loss + self.router_aux_loss_coef * aux_loss
+        mode = "train" if self.model.training else "eval"
+        for key, value in metrics.items():
+            name = key if key in ("kl", "entropy", "policy_loss") else f"{self.loss_type}/{key}"
+            local = torch.tensor(value, device=self.accelerator.device)
+            self._metrics[mode][name].append(self.accelerator.gather(local).mean().item())
+        return loss / self.current_gradient_accumulation_steps if mode == "train" else loss
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         """Mirrors ``GRPOTrainer.training_step`` (TRL 1.16): TRL's, with its fused LM head's tile shrunk to the
@@ -267,12 +319,16 @@ class CalibratedGRPOTrainer(GRPOTrainer):
                                   reference=self._reference_logps)
         all_adv, info, _ = self._advantages(rollout, trl_advantages)
         advantages = all_adv[rollout.process_slice]
+        if advantages.dim() == 2:  # per-token advantages (dcpo) [N, max length]: this process's completion width
+            width = output["completion_ids"].size(1)
+            advantages = torch.nn.functional.pad(advantages, (0, max(0, width - advantages.size(1))))[:, :width]
         decision_probs = decision_correct = None
         if self._decision_class_ids is not None:
             advantages, decision_probs, decision_correct = self._mark_decisions(output, rollout, advantages)
         output["advantages"] = advantages
         # TRL logs the advantages of the completions table from its own values; show ours instead.
-        overwrite_last(self._logs["advantages"], all_adv.tolist())
+        row_adv = all_adv if all_adv.dim() == 1 else all_adv.sum(-1) / rollout.batch.lengths.clamp(min=1)
+        overwrite_last(self._logs["advantages"], row_adv.tolist())
         self._log_completion_columns(rollout, decision_probs)
 
         self.last_rollout = {
@@ -445,7 +501,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
             estimator_reads_logprobs="logprob_mean" in self._calibrl_inputs,
             ranks_by_correctness=self._calibrl_spec.ranks_by == "correctness", logs_confidence=logs_confidence,
             generation_logps=recorded, decision_tokens=decision, decision_classes=self.args.decision_classes,
-            answer_last_line=self.args.answer_last_line,
+            answer_last_line=self.args.answer_last_line, tokenizer=self._tokenizer,
         )
 
     def _policy_forward(self) -> PolicyForward:
@@ -474,10 +530,11 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         return can_record_generation_logprobs(self)
 
     def _rollout_forward(self, output, mask, *, want_embeddings: bool, want_decision: bool,
-                         decision_positions: torch.Tensor | None = None):
+                         decision_positions: torch.Tensor | None = None, want_self_certainty: bool = False):
         """One no-grad forward of the policy (:func:`calibrl.trl.forward.rollout_forward`)."""
         return rollout_forward(self._policy_forward(), output, mask, want_embeddings=want_embeddings,
-                               want_decision=want_decision, decision_positions=decision_positions)
+                               want_decision=want_decision, decision_positions=decision_positions,
+                               want_self_certainty=want_self_certainty)
 
     def _reference_logps(self, output) -> torch.Tensor:
         """[B, C] the frozen reference's log-probs (:func:`calibrl.trl.forward.ref_per_token_logps`)."""

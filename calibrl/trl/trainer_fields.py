@@ -219,6 +219,12 @@ FIELDS = {'output_dir': {'union': ['str', 'null']},
  'decision_zero_advantage': 'bool',
  'answer_last_line': 'bool',
  'rollout_logprobs': 'str',
+ 'clip_cov_ratio': 'float',
+ 'clip_cov_lb': 'float',
+ 'clip_cov_ub': 'float',
+ 'kl_cov_ratio': 'float',
+ 'ppo_kl_coef': 'float',
+ 'cov_loss_aggregation': 'str',
  'calibration_logging': 'bool'}
 
 if __name__ == "__main__":

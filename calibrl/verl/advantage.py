@@ -143,7 +143,8 @@ def _answer_strings(answers: Any) -> list[str | None]:
 
 def rollout_batch_from_verl(*, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None,
                             old_log_probs: torch.Tensor | None = None, ref_log_prob: torch.Tensor | None = None,
-                            embeddings: torch.Tensor | None = None, answers: Any = None) -> RolloutBatch:
+                            embeddings: torch.Tensor | None = None, answers: Any = None,
+                            stated_confidence: Any = None, confidence_start: Any = None) -> RolloutBatch:
     """Build a :class:`RolloutBatch` from verl's per-token tensors [N, T] (see the module docstring)."""
     mask = response_mask.bool()
     rewards = token_level_rewards.sum(-1)
@@ -158,6 +159,10 @@ def rollout_batch_from_verl(*, token_level_rewards: torch.Tensor, response_mask:
         answer_ids=None if answers is None else torch.as_tensor(
             group_answer_ids(_answer_strings(answers), group_ids.tolist()), dtype=torch.long, device=rewards.device),
         lengths=mask.sum(-1),
+        stated_confidence=None if stated_confidence is None else torch.as_tensor(
+            np.asarray(stated_confidence, dtype=np.float32), device=rewards.device),
+        confidence_start=None if confidence_start is None else torch.as_tensor(
+            np.asarray(confidence_start, dtype=np.int64), device=rewards.device),
     )
 
 
@@ -178,7 +183,12 @@ def _from_current_data(n_rows: int) -> dict[str, Any]:
     old = batch["old_log_probs"] if "old_log_probs" in keys else (
         batch["rollout_log_probs"] if "rollout_log_probs" in keys else None)
     answers = non_tensor.get("answer")
+    # DCPO's inputs: calibrl's names, else those DCPO's own reward managers write (confidence, confidence_pos)
+    stated = non_tensor.get("stated_confidence", non_tensor.get("confidence"))
+    starts = non_tensor.get("confidence_start", non_tensor.get("confidence_pos"))
     return {
+        "stated_confidence": stated,
+        "confidence_start": starts,
         "old_log_probs": old,
         "ref_log_prob": batch["ref_log_prob"] if "ref_log_prob" in keys else None,
         "embeddings": batch["embeddings"] if "embeddings" in keys else None,
@@ -222,6 +232,14 @@ def _missing_input_hint(message: str, *, have_step: bool) -> str:
         return (". calibrl.verl reads answers from data.non_tensor_batch['answer'] (legacy trainer) or each row's "
                 "extra_fields['reward_extra_info']['answer'] (V1 trainer): have the reward function return a dict "
                 "{'score': ..., 'answer': <final answer string>}.")
+    if "stated_confidence" in message or "confidence_start" in message:
+        return (". calibrl.verl reads them from data.non_tensor_batch['stated_confidence'] / ['confidence_start'] "
+                "(or DCPO's reward managers' 'confidence' / 'confidence_pos'): have the reward function's extra info "
+                "carry the confidence each completion states (-1 where none) and DCPO's split token "
+                "(calibrl.advantages.dcpo.dcpo_split_position).")
+    if "self_certainty" in message:
+        return (". verl 0.9.1 computes no self-certainty (it needs the full next-token distributions): use calibrl's "
+                "TRL trainer (`calibrl train`) for intuitor.")
     if "embeddings" in message:
         return (". verl 0.9.1 computes no per-completion embeddings: use calibrl's TRL trainer (`calibrl train`), or "
                 "verl's legacy trainer (trainer.use_v1=False) with a worker that writes data.batch['embeddings'].")
@@ -252,7 +270,13 @@ def make_adv_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Ten
             raise RolloutBatchError(f"{exc}{_missing_input_hint(str(exc), have_step=bool(extras))}") from exc
         _record_info(name, info)
         with torch.no_grad():
-            scores = advantages.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask.to(token_level_rewards.dtype)
+            mask = response_mask.to(token_level_rewards.dtype)
+            if advantages.dim() == 2:  # per-token advantages [N, max length] (dcpo): to verl's width
+                width = mask.shape[1]
+                advantages = torch.nn.functional.pad(advantages, (0, max(0, width - advantages.shape[1])))[:, :width]
+                scores = advantages.to(mask.dtype) * mask
+            else:
+                scores = advantages.to(mask.dtype).unsqueeze(-1) * mask
         return scores, scores
 
     calibrl_adv_estimator.__name__ = f"calibrl_{name}_adv_estimator"
