@@ -76,7 +76,7 @@ def _score_inputs(loaded: Sequence[Samples], labels: Sequence[str], *, posthoc, 
     scoped: dict[str, dict[str, ScopeResult]] = {}
     for samples, label in zip(loaded, labels):
         ids = None
-        if samples.answers is not None and methods:
+        if samples.answers is not None:  # selection and the answer-agreement confidences
             step(f"{label}: clustering answers" + (" (math-verify)" if use_math_verify else ""))
             ids = answer_clusters(samples.answers, samples.prompt_index, use_math_verify=use_math_verify,
                                   progress=track)
