@@ -165,6 +165,7 @@ def plot_smooth_reliability(data: Any, path: str | Path, *, title: str | None = 
     _legend(ax)
     dens_ax.set_xlabel("confidence")
     dens_ax.set_ylabel("density")
+    dens_ax.set_ylim(bottom=0)
     return _save(fig, path)
 
 
