@@ -57,9 +57,17 @@ def _harmonic(n_max: int) -> np.ndarray:
     return out
 
 
-def _areas(kept: np.ndarray, right: np.ndarray, max_rejection: float, harmonic: np.ndarray):
+def _harmonic_at(k: np.ndarray) -> np.ndarray:
+    """H_k for integer-valued k >= 0 without a table: digamma(k + 1) + Euler's gamma (1e-15 relative)."""
+    from scipy.special import digamma
+
+    return digamma(k + 1.0) + np.euler_gamma
+
+
+def _areas(kept: np.ndarray, right: np.ndarray, max_rejection: float, harmonic):
     """PRR per row from cumulative counts at the tie-run ends: ``kept`` [b, T] samples (integer-valued) and
-    ``right`` [b, T] correct samples among the top runs. Returns [b] (nan where undefined)."""
+    ``right`` [b, T] correct samples among the top runs; ``harmonic(k)`` H at integer-valued k. Returns [b] (nan
+    where undefined)."""
     n = kept[:, -1]
     p = right[:, -1]
     n_rej = np.floor(max_rejection * n)
@@ -71,14 +79,12 @@ def _areas(kept: np.ndarray, right: np.ndarray, max_rejection: float, harmonic: 
         m = np.where(size > 0, (right - prev_c) / np.where(size > 0, size, 1), 0.0)
     start = np.maximum(prev_k, lo[:, None])  # first level of the run inside the window, exclusive
     inside = kept > start
-    start_i = np.where(inside, start, kept).astype(np.int64)
-    gain = np.where(inside, (prev_c - prev_k * m) * (harmonic[kept.astype(np.int64)] - harmonic[start_i])
-                    + m * (kept - start), 0.0)
+    start_i = np.where(inside, start, kept)
+    gain = np.where(inside, (prev_c - prev_k * m) * (harmonic(kept) - harmonic(start_i)) + m * (kept - start), 0.0)
     area = gain.sum(axis=1) / np.maximum(n_rej, 1)
     # oracle: C(k) = min(k, P); sum_{k=lo+1}^{n} min(k, P) / k = #{k <= P} + P (H_n - H_max(P, lo))
     cut = np.maximum(p, lo)
-    oracle = (np.clip(p - lo, 0, None) + p * (harmonic[n.astype(np.int64)] - harmonic[cut.astype(np.int64)])) \
-        / np.maximum(n_rej, 1)
+    oracle = (np.clip(p - lo, 0, None) + p * (harmonic(n) - harmonic(cut))) / np.maximum(n_rej, 1)
     random = p / np.maximum(n, 1)
     with np.errstate(invalid="ignore", divide="ignore"):
         out = (area - random) / (oracle - random)
@@ -94,9 +100,16 @@ def prr(confidence: Any, correct: Any, *, max_rejection: float = 1.0) -> float:
     s = as_scores(confidence)
     y = as_correct(correct)
     check_same_length(confidence=s, correct=y)
-    order, ends = _tie_runs(s, y)
-    right = np.cumsum(y[order], dtype=np.float64)[ends - 1]
-    return float(_areas(ends[None, :].astype(np.float64), right[None, :], mr, _harmonic(s.size))[0])
+    # tie runs from two sorts (all scores, the right samples' scores), no argsort: cumulative counts at each
+    # run's end, ascending, turned into counts from the top of the descending order
+    values = np.sort(s)
+    last = np.append(np.flatnonzero(values[1:] != values[:-1]), values.size - 1)
+    below = np.concatenate(([0], last[:-1] + 1))  # samples scoring below each run (ascending)
+    right_below = np.searchsorted(np.sort(s[y]), values[last], side="left")
+    n_right = int(y.sum())
+    kept = (s.size - below)[::-1].astype(np.float64)
+    right = (n_right - right_below)[::-1].astype(np.float64)
+    return float(_areas(kept[None, :], right[None, :], mr, _harmonic_at)[0])
 
 
 def prr_replicates(confidence: np.ndarray, correct: np.ndarray, group: np.ndarray, counts: np.ndarray, *,
@@ -110,7 +123,11 @@ def prr_replicates(confidence: np.ndarray, correct: np.ndarray, group: np.ndarra
     y = np.asarray(correct, dtype=bool)
     order, ends = _tie_runs(s, y)
     g_sorted, y_sorted = group[order], y[order]
-    harmonic = _harmonic(int((counts @ np.bincount(group, minlength=counts.shape[1])).max()))
+    table = _harmonic(int((counts @ np.bincount(group, minlength=counts.shape[1])).max()))
+
+    def harmonic(k: np.ndarray) -> np.ndarray:
+        return table[k.astype(np.int64)]
+
     out = np.empty(len(counts))
     step = max(1, _BLOCK // max(1, s.size))
     for a in range(0, len(counts), step):

@@ -114,11 +114,14 @@ def _fixed_point_width(masses: Masses) -> float:
 
 def _sample_masses(f: np.ndarray, y: np.ndarray) -> Masses:
     cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    residual, ones = f - y, np.ones_like(f)
+    residual, ones = f - y, 1.0
 
     def masses(n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
         if n_nodes not in cache:
-            cache[n_nodes] = (_grid_mass(f, residual, n_nodes), _grid_mass(f, ones, n_nodes))
+            node, frac = _grid_split(f, n_nodes)
+            cache[n_nodes] = tuple(np.bincount(node, weights=(1 - frac) * v, minlength=n_nodes)
+                                   + np.bincount(node + 1, weights=frac * v, minlength=n_nodes)
+                                   for v in (residual, ones))
         return cache[n_nodes]
 
     return masses
