@@ -143,3 +143,23 @@ def test_eval_report_opens_the_confidence_section_with_the_sources_table(tmp_pat
     lead = ranking["auroc"]
     assert f"`{lead['best']}`" in report[table_at:]
     assert "_reliability.png) ![" in report  # the smoothed diagram beside the binned one
+
+
+@pytest.mark.parametrize("fixture", ["trl_completions", "verl_val"])
+def test_trl_and_verl_files_get_the_answer_confidences(fixture):
+    from pathlib import Path
+
+    from calibrl.evaluation.samples import load_samples
+    from calibrl.evaluation.scoring import evaluate_samples
+    from calibrl.selection import answer_clusters
+
+    samples = load_samples(Path(__file__).parent / "fixtures" / "formats" / fixture)
+    assert samples.answers is not None
+    ids = answer_clusters(samples.answers, samples.prompt_index, use_math_verify=False)
+    result = evaluate_samples(samples, label="x", answer_ids=ids, methods=())
+    srcs = result.metrics["confidence_sources"]
+    answered = np.array([a is not None for a in samples.answers.tolist()])
+    expected = M.answer_consistency(ids, samples.prompt_index, answered=answered)
+    assert srcs["answer_consistency"]["n"] == len(samples)
+    assert srcs["answer_consistency"]["mean_confidence"] == pytest.approx(expected.mean())
+    assert srcs["semantic_entropy"]["probability"] is False

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from calibrl.metrics._arrays import as_correct, as_scores, check_same_length
+from calibrl.metrics.abstention import _threshold_steps
 
 __all__ = ["prr", "prr_replicates"]
 
@@ -42,7 +42,7 @@ def _check_max_rejection(max_rejection: float) -> float:
     return float(max_rejection)
 
 
-def _tie_runs(score: np.ndarray, y: np.ndarray):
+def _tie_runs(score: np.ndarray):
     """Samples sorted by decreasing score: ``order`` [N] and the end (exclusive) of each tie run in it [T]."""
     order = np.argsort(-score, kind="stable")
     s = score[order]
@@ -55,6 +55,11 @@ def _harmonic(n_max: int) -> np.ndarray:
     out = np.zeros(n_max + 1)
     np.cumsum(1.0 / np.arange(1, n_max + 1), out=out[1:])
     return out
+
+
+def _table_lookup(table: np.ndarray):
+    """H at integer-valued k read from ``table`` (:func:`_harmonic`)."""
+    return lambda k: table[k.astype(np.int64)]
 
 
 def _harmonic_at(k: np.ndarray) -> np.ndarray:
@@ -97,19 +102,11 @@ def prr(confidence: Any, correct: Any, *, max_rejection: float = 1.0) -> float:
     ``correct`` [N], rejecting up to ``max_rejection`` of the samples: 1 = the oracle's order, 0 = random, higher
     is better; nan with one class only."""
     mr = _check_max_rejection(max_rejection)
-    s = as_scores(confidence)
-    y = as_correct(correct)
-    check_same_length(confidence=s, correct=y)
-    # tie runs from two sorts (all scores, the right samples' scores), no argsort: cumulative counts at each
-    # run's end, ascending, turned into counts from the top of the descending order
-    values = np.sort(s)
-    last = np.append(np.flatnonzero(values[1:] != values[:-1]), values.size - 1)
-    below = np.concatenate(([0], last[:-1] + 1))  # samples scoring below each run (ascending)
-    right_below = np.searchsorted(np.sort(s[y]), values[last], side="left")
-    n_right = int(y.sum())
-    kept = (s.size - below)[::-1].astype(np.float64)
-    right = (n_right - right_below)[::-1].astype(np.float64)
-    return float(_areas(kept[None, :], right[None, :], mr, _harmonic_at)[0])
+    # the tie runs highest first, with the samples and correct samples at or above each (as the precision-coverage
+    # curve counts them: two value sorts, no argsort)
+    kept, right, _, n = _threshold_steps(confidence, correct)
+    harmonic = _harmonic_at if kept.size < n // 64 else _table_lookup(_harmonic(n))
+    return float(_areas(kept[None, :], right[None, :], mr, harmonic)[0])
 
 
 def prr_replicates(confidence: np.ndarray, correct: np.ndarray, group: np.ndarray, counts: np.ndarray, *,
@@ -121,13 +118,9 @@ def prr_replicates(confidence: np.ndarray, correct: np.ndarray, group: np.ndarra
     mr = _check_max_rejection(max_rejection)
     s = np.asarray(confidence, dtype=np.float64)
     y = np.asarray(correct, dtype=bool)
-    order, ends = _tie_runs(s, y)
+    order, ends = _tie_runs(s)
     g_sorted, y_sorted = group[order], y[order]
-    table = _harmonic(int((counts @ np.bincount(group, minlength=counts.shape[1])).max()))
-
-    def harmonic(k: np.ndarray) -> np.ndarray:
-        return table[k.astype(np.int64)]
-
+    harmonic = _table_lookup(_harmonic(int((counts @ np.bincount(group, minlength=counts.shape[1])).max())))
     out = np.empty(len(counts))
     step = max(1, _BLOCK // max(1, s.size))
     for a in range(0, len(counts), step):
