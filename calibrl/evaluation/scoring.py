@@ -30,6 +30,8 @@ import numpy as np
 from calibrl import metrics as M
 from calibrl.evaluation.samples import Samples
 from calibrl.metrics.registry import confidence_source
+from calibrl.metrics.rejection import PRRReplicates
+from calibrl.metrics.smooth import SmoothECEReplicates
 from calibrl.selection import METHODS, ScalingCurve, scaling_curve, select
 from calibrl.selection.voting import confidence_weighted_vote
 
@@ -145,6 +147,9 @@ def source_bootstrap(arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray,
     pos_neg = {k: (np.bincount(pidx[t], minlength=n_groups).astype(np.float64),
                    np.bincount(pidx[~t], minlength=n_groups).astype(np.float64))
                for k, (pidx, _, _, t, _) in arrays.items()}
+    prr_of = {k: PRRReplicates(score, target, pidx, n_groups) for k, (pidx, _, score, target, _) in arrays.items()}
+    smooth_of = {k: SmoothECEReplicates(conf, target, pidx, n_groups)
+                 for k, (pidx, conf, _, target, probability) in arrays.items() if probability}
     reps: dict[str, dict[str, list[np.ndarray]]] = {k: {m: [] for m in _SOURCE_CI} for k in arrays}
     done = 0
     for _, counts in resampled_prompt_counts(n_groups, n_boot=n_boot, seed=seed):
@@ -156,9 +161,8 @@ def source_bootstrap(arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray,
             den = (counts @ pos_neg[k][0]) * (counts @ pos_neg[k][1])
             with np.errstate(invalid="ignore", divide="ignore"):
                 reps[k]["auroc"].append(np.where(den > 0, (twice_u / 2.0) / den, np.nan))
-            reps[k]["prr"].append(M.prr_replicates(score, target, pidx, counts))
-            reps[k]["smooth_ece"].append(M.smooth_ece_replicates(conf, target, pidx, counts) if probability
-                                         else np.full(len(counts), np.nan))
+            reps[k]["prr"].append(prr_of[k](counts))
+            reps[k]["smooth_ece"].append(smooth_of[k](counts) if probability else np.full(len(counts), np.nan))
     replicates = {k: {m: np.concatenate(v) for m, v in by.items()} for k, by in reps.items()}
     intervals = {k: {m: percentile_interval(v, alpha=alpha) for m, v in by.items()} for k, by in replicates.items()}
     return {"intervals": intervals, "replicates": replicates}

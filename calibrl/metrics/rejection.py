@@ -31,7 +31,7 @@ import numpy as np
 
 from calibrl.metrics.abstention import _threshold_steps
 
-__all__ = ["prr", "prr_replicates"]
+__all__ = ["PRRReplicates", "prr", "prr_replicates"]
 
 _BLOCK = 1 << 21  # replicate x tie-run entries per block (16 MB per float64 array)
 
@@ -69,27 +69,29 @@ def _harmonic_at(k: np.ndarray) -> np.ndarray:
     return digamma(k + 1.0) + np.euler_gamma
 
 
-def _areas(kept: np.ndarray, right: np.ndarray, max_rejection: float, harmonic):
-    """PRR per row from cumulative counts at the tie-run ends: ``kept`` [b, T] samples (integer-valued) and
-    ``right`` [b, T] correct samples among the top runs; ``harmonic(k)`` H at integer-valued k. Returns [b] (nan
-    where undefined)."""
-    n = kept[:, -1]
-    p = right[:, -1]
+def _areas(run_kept: np.ndarray, run_right: np.ndarray, max_rejection: float, harmonic) -> np.ndarray:
+    """PRR per row from the samples ``run_kept`` [b, T] and correct samples ``run_right`` [b, T] of each tie run,
+    highest confidence first (integer-valued); ``harmonic(k)`` H at integer-valued k. Returns [b] (nan where
+    undefined)."""
+    kept = np.cumsum(run_kept, axis=1)
+    right = np.cumsum(run_right, axis=1)
+    n, p = kept[:, -1], right[:, -1]
     n_rej = np.floor(max_rejection * n)
-    lo = n - n_rej  # levels keep k = lo + 1 .. n
-    prev_k = np.concatenate([np.zeros((len(kept), 1)), kept[:, :-1]], axis=1)
-    prev_c = np.concatenate([np.zeros((len(kept), 1)), right[:, :-1]], axis=1)
-    size = kept - prev_k
-    with np.errstate(invalid="ignore", divide="ignore"):
-        m = np.where(size > 0, (right - prev_c) / np.where(size > 0, size, 1), 0.0)
-    start = np.maximum(prev_k, lo[:, None])  # first level of the run inside the window, exclusive
-    inside = kept > start
-    start_i = np.where(inside, start, kept)
-    gain = np.where(inside, (prev_c - prev_k * m) * (harmonic(kept) - harmonic(start_i)) + m * (kept - start), 0.0)
+    prev_k = kept - run_kept
+    m = run_right / np.where(run_kept > 0, run_kept, 1.0)  # the run's accuracy (0 for an empty run)
+    h_kept = harmonic(kept)
+    if max_rejection < 1.0:  # levels keep k = n - n_rej + 1 .. n: a run's sum starts inside the window
+        start = np.minimum(np.maximum(prev_k, (n - n_rej)[:, None]), kept)
+        h_start = harmonic(start)
+    else:  # every level: a run's sum starts where the previous run ended
+        start = prev_k
+        h_start = np.concatenate([np.zeros((len(kept), 1)), h_kept[:, :-1]], axis=1)
+    # sum_{k=start+1}^{kept} C(k) / k with C(k) = C(prev_k) + (k - prev_k) m; zero when start = kept
+    gain = (right - run_right - prev_k * m) * (h_kept - h_start) + m * (kept - start)
     area = gain.sum(axis=1) / np.maximum(n_rej, 1)
     # oracle: C(k) = min(k, P); sum_{k=lo+1}^{n} min(k, P) / k = #{k <= P} + P (H_n - H_max(P, lo))
-    cut = np.maximum(p, lo)
-    oracle = (np.clip(p - lo, 0, None) + p * (harmonic(n) - harmonic(cut))) / np.maximum(n_rej, 1)
+    lo = n - n_rej
+    oracle = (np.clip(p - lo, 0, None) + p * (harmonic(n) - harmonic(np.maximum(p, lo)))) / np.maximum(n_rej, 1)
     random = p / np.maximum(n, 1)
     with np.errstate(invalid="ignore", divide="ignore"):
         out = (area - random) / (oracle - random)
@@ -106,26 +108,49 @@ def prr(confidence: Any, correct: Any, *, max_rejection: float = 1.0) -> float:
     # curve counts them: two value sorts, no argsort)
     kept, right, _, n = _threshold_steps(confidence, correct)
     harmonic = _harmonic_at if kept.size < n // 64 else _table_lookup(_harmonic(n))
-    return float(_areas(kept[None, :], right[None, :], mr, harmonic)[0])
+    return float(_areas(np.diff(kept, prepend=0.0)[None, :], np.diff(right, prepend=0.0)[None, :], mr,
+                        harmonic)[0])
+
+
+class PRRReplicates:
+    """PRR of bootstrap replicates given as group counts, for many chunks of replicates of one data set.
+
+    ``confidence``, ``correct``, ``group`` [N] (dense group index), ``n_groups``. Calling it with ``counts`` [b, G]
+    (replicate r holds the samples of group g ``counts[r, g]`` times) returns [b], equal to :func:`prr` on each
+    replicate's gathered rows up to float rounding (copies of one sample are ties). A replicate's samples and
+    correct samples per tie run are one sparse product, (per-(run, group) counts [T, G]) @ counts.T, then cumulative
+    sums over the runs; replicates go in blocks of at most 2^21 replicate x run entries.
+    """
+
+    def __init__(self, confidence: np.ndarray, correct: np.ndarray, group: np.ndarray, n_groups: int, *,
+                 max_rejection: float = 1.0):
+        from scipy.sparse import csr_matrix
+
+        self.max_rejection = _check_max_rejection(max_rejection)
+        s = np.asarray(confidence, dtype=np.float64)
+        y = np.asarray(correct, dtype=bool)
+        order, ends = _tie_runs(s)
+        run = np.repeat(np.arange(ends.size), np.diff(ends, prepend=0))  # run of each sorted sample
+        g_sorted = np.asarray(group)[order]
+        shape = (ends.size, int(n_groups))
+        self.samples = csr_matrix((np.ones(s.size), (run, g_sorted)), shape=shape)
+        self.right = csr_matrix((y[order].astype(np.float64), (run, g_sorted)), shape=shape)
+        self.group_sizes = np.bincount(group, minlength=n_groups).astype(np.float64)
+
+    def __call__(self, counts: np.ndarray) -> np.ndarray:
+        counts = np.asarray(counts, dtype=np.float64)
+        harmonic = _table_lookup(_harmonic(int((counts @ self.group_sizes).max())))
+        out = np.empty(len(counts))
+        step = max(1, _BLOCK // max(1, self.samples.shape[0]))
+        for a in range(0, len(counts), step):
+            c = counts[a:a + step].T
+            out[a:a + step] = _areas(np.asarray(self.samples @ c).T, np.asarray(self.right @ c).T,
+                                     self.max_rejection, harmonic)
+        return out
 
 
 def prr_replicates(confidence: np.ndarray, correct: np.ndarray, group: np.ndarray, counts: np.ndarray, *,
                    max_rejection: float = 1.0) -> np.ndarray:
-    """PRR of bootstrap replicates [b] given as group counts ``counts`` [b, G] (replicate r holds the samples of
-    group g ``counts[r, g]`` times; ``group`` [N] dense group index): equal to :func:`prr` on each replicate's
-    gathered rows up to float rounding (copies of one sample are ties). Replicates go in blocks of at most
-    2^21 replicate x sample entries."""
-    mr = _check_max_rejection(max_rejection)
-    s = np.asarray(confidence, dtype=np.float64)
-    y = np.asarray(correct, dtype=bool)
-    order, ends = _tie_runs(s)
-    g_sorted, y_sorted = group[order], y[order]
-    harmonic = _table_lookup(_harmonic(int((counts @ np.bincount(group, minlength=counts.shape[1])).max())))
-    out = np.empty(len(counts))
-    step = max(1, _BLOCK // max(1, s.size))
-    for a in range(0, len(counts), step):
-        w = np.take(counts[a:a + step], g_sorted, axis=1)  # [b, N] weight of each sorted sample
-        kept = np.cumsum(w, axis=1)[:, ends - 1]
-        right = np.cumsum(w * y_sorted, axis=1)[:, ends - 1]
-        out[a:a + step] = _areas(kept, right, mr, harmonic)
-    return out
+    """PRR of bootstrap replicates [b] given as group counts ``counts`` [b, G] (:class:`PRRReplicates`, for one
+    chunk)."""
+    return PRRReplicates(confidence, correct, group, counts.shape[1], max_rejection=max_rejection)(counts)

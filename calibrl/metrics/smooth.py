@@ -31,7 +31,8 @@ import numpy as np
 
 from calibrl.metrics._arrays import as_correct, as_prob, check_same_length
 
-__all__ = ["SmoothReliability", "smooth_ece", "smooth_ece_at", "smooth_ece_replicates", "smooth_reliability"]
+__all__ = ["SmoothECEReplicates", "SmoothReliability", "smooth_ece", "smooth_ece_at", "smooth_ece_replicates",
+           "smooth_reliability"]
 
 _EPS_DENSITY = 1e-4  # relplot's BaseKernelMixin.smooth
 _MIN_WIDTH = 0.001  # relplot's smECE(eps=0.001)
@@ -65,15 +66,20 @@ def _kernel(width: float, n_nodes: int) -> np.ndarray:
     return np.exp(-(t - 0.5) * (t - 0.5) / (2 * width ** 2)) / (np.sqrt(2 * np.pi) * width)
 
 
-def _reflected_smooth(mass: np.ndarray, width: float) -> np.ndarray:
-    """Grid masses [..., E] convolved with the kernel, reflected at 0 and 1 (relplot's ReflectedGaussianKernel)."""
-    from scipy.signal import fftconvolve
-
+def _reflected_convolve(mass: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+    """Grid masses [..., E] reflected at 0 and 1 and convolved with ``kernel`` [..., E] (one per row or one for
+    all), by FFT: relplot's ``np.convolve(reflected, kernel, "valid")`` cut to the E nodes."""
     n = mass.shape[-1]
     ext = np.concatenate([np.flip(mass, -1)[..., :-1], mass, np.flip(mass, -1)[..., 1:]], axis=-1)
-    ker = _kernel(width, n)
-    out = fftconvolve(ext, ker.reshape((1,) * (mass.ndim - 1) + (-1,)), mode="valid", axes=-1)
-    return out[..., n // 2: n // 2 + n]
+    size = ext.shape[-1] + n - 1
+    n_fft = 1 << (size - 1).bit_length()
+    full = np.fft.irfft(np.fft.rfft(ext, n_fft) * np.fft.rfft(kernel, n_fft), n_fft)
+    return full[..., n - 1 + n // 2: n - 1 + n // 2 + n]  # "valid" starts at n - 1
+
+
+def _reflected_smooth(mass: np.ndarray, width: float) -> np.ndarray:
+    """Grid masses [..., E] convolved with the kernel, reflected at 0 and 1 (relplot's ReflectedGaussianKernel)."""
+    return _reflected_convolve(mass, _kernel(width, mass.shape[-1]))
 
 
 def _interpolate(t: np.ndarray, grid_values: np.ndarray) -> np.ndarray:
@@ -181,39 +187,76 @@ def smooth_reliability(confidence: Any, correct: Any) -> SmoothReliability:
     return SmoothReliability(mesh, accuracy, density, width, _smooth_ece_from(masses, width))
 
 
+class SmoothECEReplicates:
+    """Smooth ECE of bootstrap replicates given as group counts, for many chunks of replicates of one data set.
+
+    ``confidence``, ``correct``, ``group`` [N] (dense group index), ``n_groups``. Calling it with ``counts``
+    [b, G] (replicate r holds the samples of group g ``counts[r, g]`` times) returns [b]: what
+    :func:`smooth_ece` gives on each replicate's gathered rows (up to float rounding). The grid masses are linear in
+    the sample weights, so each grid size's masses of every replicate come from one sparse product, (per-(node,
+    group) masses [2E, G], built once per E) @ counts.T; the replicates then search their widths together (the
+    bisection steps of :func:`smooth_ece`, batched FFT convolutions per grid size).
+    """
+
+    def __init__(self, confidence: np.ndarray, correct: np.ndarray, group: np.ndarray, n_groups: int):
+        self.f = np.asarray(confidence, dtype=np.float64)
+        self.residual = self.f - np.asarray(correct, dtype=np.float64)
+        self.group, self.n_groups = np.asarray(group), int(n_groups)
+        self._node_group: dict[int, Any] = {}
+
+    def _matrix(self, n_nodes: int):
+        from scipy.sparse import csr_matrix
+
+        if n_nodes not in self._node_group:
+            node, frac = _grid_split(self.f, n_nodes)
+            rows = np.concatenate([node, node + 1, n_nodes + node, n_nodes + node + 1])
+            data = np.concatenate([(1 - frac) * self.residual, frac * self.residual, 1 - frac, frac])
+            self._node_group[n_nodes] = csr_matrix((data, (rows, np.tile(self.group, 4))),
+                                                   shape=(2 * n_nodes, self.n_groups))
+        return self._node_group[n_nodes]
+
+    def __call__(self, counts: np.ndarray) -> np.ndarray:
+        counts = np.asarray(counts, dtype=np.float64)
+        masses: dict[int, np.ndarray] = {}  # E -> [b, 2E] of this chunk
+
+        def values(widths: np.ndarray) -> np.ndarray:
+            """smECE of every replicate at its own width [b]."""
+            out = np.empty(len(widths))
+            sizes = np.array([_grid_size(w) for w in widths])
+            for n_nodes in np.unique(sizes):
+                rows = np.flatnonzero(sizes == n_nodes)
+                if n_nodes not in masses:
+                    masses[n_nodes] = np.asarray(self._matrix(n_nodes) @ counts.T).T
+                m = masses[n_nodes][rows]
+                both = np.concatenate([m[:, :n_nodes], m[:, n_nodes:]])  # [2g, E]: residuals, then counts
+                ker = np.stack([_kernel(w, n_nodes) for w in widths[rows]])
+                smooth = _reflected_convolve(both, np.concatenate([ker, ker]))
+                for i, r in enumerate(rows):
+                    t = np.linspace(0, 1, max(round(10 / widths[r]), _MESH))
+                    num = _interpolate(t, smooth[i])
+                    dens = _interpolate(t, smooth[len(rows) + i]) + _EPS_DENSITY
+                    out[r] = np.sum(np.abs(num / dens) * dens) / np.sum(dens)
+            return out
+
+        def small_enough(widths: np.ndarray) -> np.ndarray:
+            return (widths < _MIN_WIDTH) | (widths < values(widths))
+
+        ones = np.ones(len(counts))
+        final = np.where(small_enough(ones), 1.0, np.nan)
+        high, low = ones.copy(), np.zeros(len(counts))
+        searching = np.isnan(final)
+        for _ in range(_BISECTION_STEPS if searching.any() else 0):
+            mid = (high + low) / 2
+            ok = small_enough(mid)  # every replicate steps, those already decided are discarded below
+            low, high = np.where(ok, mid, low), np.where(ok, high, mid)
+        final = np.where(searching, high, final)
+        out = values(final)
+        out[~counts.any(axis=1)] = np.nan
+        return out
+
+
 def smooth_ece_replicates(confidence: np.ndarray, correct: np.ndarray, group: np.ndarray,
                           counts: np.ndarray) -> np.ndarray:
-    """Smooth ECE of bootstrap replicates [b] given as group counts ``counts`` [b, G] (replicate r holds the
-    samples of group g ``counts[r, g]`` times; ``group`` [N] dense group index of each sample).
-
-    The grid masses are linear in the sample weights, so each grid's masses of every replicate come from one
-    sparse product: (per-(node, group) masses [2E, G]) @ counts.T, computed once per grid size a replicate's
-    bandwidth search visits. Each replicate then searches its own width, as :func:`smooth_ece` on its gathered
-    rows would (equal up to float rounding).
-    """
-    from scipy.sparse import csr_matrix
-
-    f = np.asarray(confidence, dtype=np.float64)
-    residual = f - np.asarray(correct, dtype=np.float64)
-    n_groups = counts.shape[1]
-    node_group: dict[int, Any] = {}
-    per_grid: dict[int, np.ndarray] = {}
-
-    def replicate_masses(n_nodes: int) -> np.ndarray:  # [2E, b]
-        if n_nodes not in per_grid:
-            if n_nodes not in node_group:
-                node, frac = _grid_split(f, n_nodes)
-                rows = np.concatenate([node, node + 1, n_nodes + node, n_nodes + node + 1])
-                data = np.concatenate([(1 - frac) * residual, frac * residual, 1 - frac, frac])
-                node_group[n_nodes] = csr_matrix((data, (rows, np.tile(group, 4))), shape=(2 * n_nodes, n_groups))
-            per_grid[n_nodes] = np.asarray(node_group[n_nodes] @ counts.T)
-        return per_grid[n_nodes]
-
-    out = np.empty(len(counts))
-    for r in range(len(counts)):
-        def masses(n_nodes: int, r: int = r) -> tuple[np.ndarray, np.ndarray]:
-            m = replicate_masses(n_nodes)[:, r]
-            return m[:n_nodes], m[n_nodes:]
-
-        out[r] = _smooth_ece_from(masses, _fixed_point_width(masses)) if counts[r].any() else np.nan
-    return out
+    """Smooth ECE of bootstrap replicates [b] given as group counts ``counts`` [b, G]
+    (:class:`SmoothECEReplicates`, for one chunk)."""
+    return SmoothECEReplicates(confidence, correct, group, counts.shape[1])(counts)
