@@ -163,3 +163,20 @@ def test_trl_and_verl_files_get_the_answer_confidences(fixture):
     assert srcs["answer_consistency"]["n"] == len(samples)
     assert srcs["answer_consistency"]["mean_confidence"] == pytest.approx(expected.mean())
     assert srcs["semantic_entropy"]["probability"] is False
+
+
+def test_auroc_replicates_from_tie_runs_equal_gathered_rows():
+    from calibrl.metrics.rejection import PRRReplicates
+
+    rng = np.random.default_rng(12)
+    n_groups = 25
+    group = rng.integers(0, n_groups, 300)
+    score = np.round(rng.normal(size=300), 1)
+    y = rng.random(300) < 1 / (1 + np.exp(-score))
+    counts = np.stack([np.bincount(rng.integers(0, n_groups, n_groups), minlength=n_groups)
+                       for _ in range(4)]).astype(np.float64)
+    prr, auc = PRRReplicates(score, y, group, n_groups).with_auroc(counts)
+    for r in range(4):
+        idx = np.concatenate([np.flatnonzero(group == g) for g in range(n_groups) for _ in range(int(counts[r, g]))])
+        assert auc[r] == M.auroc(score[idx], y[idx])  # integer counts: exact
+        assert prr[r] == pytest.approx(M.prr(score[idx], y[idx]), rel=1e-9)

@@ -143,10 +143,6 @@ def source_bootstrap(arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray,
     [n_boot]}}}``."""
     from calibrl.metrics.bootstrap import percentile_interval, resampled_prompt_counts
 
-    ranked = {k: _ranked_negatives(score, target, pidx) for k, (pidx, _, score, target, _) in arrays.items()}
-    pos_neg = {k: (np.bincount(pidx[t], minlength=n_groups).astype(np.float64),
-                   np.bincount(pidx[~t], minlength=n_groups).astype(np.float64))
-               for k, (pidx, _, _, t, _) in arrays.items()}
     prr_of = {k: PRRReplicates(score, target, pidx, n_groups) for k, (pidx, _, score, target, _) in arrays.items()}
     smooth_of = {k: SmoothECEReplicates(conf, target, pidx, n_groups)
                  for k, (pidx, conf, _, target, probability) in arrays.items() if probability}
@@ -157,11 +153,9 @@ def source_bootstrap(arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray,
             progress(f"confidence sources, replicates {done + 1}-{done + len(counts)} of {n_boot}")
         done += len(counts)
         for k, (pidx, conf, score, target, probability) in arrays.items():
-            twice_u = _weighted_auroc_numerators(counts, *ranked[k])
-            den = (counts @ pos_neg[k][0]) * (counts @ pos_neg[k][1])
-            with np.errstate(invalid="ignore", divide="ignore"):
-                reps[k]["auroc"].append(np.where(den > 0, (twice_u / 2.0) / den, np.nan))
-            reps[k]["prr"].append(prr_of[k](counts))
+            prr, auc = prr_of[k].with_auroc(counts)  # one pass over the tie runs of the source's scores
+            reps[k]["prr"].append(prr)
+            reps[k]["auroc"].append(auc)
             reps[k]["smooth_ece"].append(smooth_of[k](counts) if probability else np.full(len(counts), np.nan))
     replicates = {k: {m: np.concatenate(v) for m, v in by.items()} for k, by in reps.items()}
     intervals = {k: {m: percentile_interval(v, alpha=alpha) for m, v in by.items()} for k, by in replicates.items()}

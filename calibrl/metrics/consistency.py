@@ -39,9 +39,9 @@ def _clusters(answer_ids: Any, prompt_ids: Any, answered: Any | None):
     if ok.shape != pidx.shape:
         raise ValueError(f"answered has {ok.shape[0]} entries, prompt_ids {pidx.shape[0]}")
     # a cluster is (prompt, answer id); a missing answer gets a key no other sample has
-    _, cluster = np.unique(np.stack([pidx, np.where(ok, ids, -1 - np.arange(ids.size))]), axis=1,
-                           return_inverse=True)
-    cluster = cluster.reshape(-1)
+    dense_id, n_ids = group_index(ids, "answer_ids")
+    key = np.where(ok, pidx.astype(np.int64) * n_ids + dense_id, -1 - np.arange(ids.size, dtype=np.int64))
+    cluster, _ = group_index(key, "answer_ids")
     return cluster, pidx, np.bincount(pidx, minlength=n_prompts), np.bincount(cluster), ok
 
 

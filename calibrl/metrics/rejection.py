@@ -113,7 +113,7 @@ def prr(confidence: Any, correct: Any, *, max_rejection: float = 1.0) -> float:
 
 
 class PRRReplicates:
-    """PRR of bootstrap replicates given as group counts, for many chunks of replicates of one data set.
+    """PRR (and, sharing the pass, AUROC) of bootstrap replicates given as group counts, for many chunks of replicates of one data set.
 
     ``confidence``, ``correct``, ``group`` [N] (dense group index), ``n_groups``. Calling it with ``counts`` [b, G]
     (replicate r holds the samples of group g ``counts[r, g]`` times) returns [b], equal to :func:`prr` on each
@@ -138,15 +138,27 @@ class PRRReplicates:
         self.group_sizes = np.bincount(group, minlength=n_groups).astype(np.float64)
 
     def __call__(self, counts: np.ndarray) -> np.ndarray:
+        return self.with_auroc(counts)[0]
+
+    def with_auroc(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(prr [b], auroc [b])`` of the replicates: the pooled AUROC from the same per-run counts, the
+        Mann-Whitney count sum_t right_t (wrong samples in lower runs + wrong_t / 2) over right x wrong (integer-
+        valued sums: :func:`calibrl.metrics.auroc` of the gathered rows exactly, below 2^53)."""
         counts = np.asarray(counts, dtype=np.float64)
         harmonic = _table_lookup(_harmonic(int((counts @ self.group_sizes).max())))
-        out = np.empty(len(counts))
+        prr_out, auroc_out = np.empty(len(counts)), np.empty(len(counts))
         step = max(1, _BLOCK // max(1, self.samples.shape[0]))
         for a in range(0, len(counts), step):
             c = counts[a:a + step].T
-            out[a:a + step] = _areas(np.asarray(self.samples @ c).T, np.asarray(self.right @ c).T,
-                                     self.max_rejection, harmonic)
-        return out
+            run_kept, run_right = np.asarray(self.samples @ c).T, np.asarray(self.right @ c).T
+            prr_out[a:a + step] = _areas(run_kept, run_right, self.max_rejection, harmonic)
+            run_wrong = run_kept - run_right
+            wrong_lower = run_wrong.sum(axis=1, keepdims=True) - np.cumsum(run_wrong, axis=1)
+            u = (run_right * (wrong_lower + 0.5 * run_wrong)).sum(axis=1)
+            den = run_right.sum(axis=1) * run_wrong.sum(axis=1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                auroc_out[a:a + step] = np.where(den > 0, u / np.where(den > 0, den, 1.0), np.nan)
+        return prr_out, auroc_out
 
 
 def prr_replicates(confidence: np.ndarray, correct: np.ndarray, group: np.ndarray, counts: np.ndarray, *,
