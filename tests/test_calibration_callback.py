@@ -73,9 +73,12 @@ def test_calibration_record_is_calibrl_metrics_of_the_rows():
     assert record["ece"] == pytest.approx(M.ece(np.exp(lpm), y, n_bins=5, strategy="uniform"))
     assert record["decision_ece"] == pytest.approx(M.ece(p, y, n_bins=5, strategy="quantile"))
     assert record["aurc"] == pytest.approx(M.aurc(lpm, y))
+    assert record["smooth_ece"] == pytest.approx(M.smooth_ece(np.exp(lpm), y))
+    assert record["prr"] == pytest.approx(M.prr(lpm, y))
     assert record["n_samples"] == 40
     assert not higher_is_better("aurc") and not higher_is_better("eval_calibration/aurc")
     assert higher_is_better("auroc") and not higher_is_better("decision_ece")
+    assert not higher_is_better("eval_calibration/smooth_ece") and higher_is_better("eval_calibration/prr")
     one_class = calibration_record([{**r, "correct": True} for r in rows[:8]])
     assert one_class["accuracy"] == 1.0 and math.isnan(one_class["auroc"])
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -459,19 +460,28 @@ def test_confidence_sources_side_by_side_and_weighted_verbalized(tmp_path):
     assert (out / "overall_reliability_sources.png").is_file()
     assert data["inputs"][0]["confidence_sources"] == ["logprob_mean", "verbalized_confidence"]
     report = (out / "report.md").read_text()
-    assert "| rlcr | `verbalized_confidence` | 90 (30 excluded) |" in report
-    assert "| rlcr | `logprob_mean` (main) | 120 (0 excluded) |" in report
+    # one input: the table of confidence sources has no input column; rows end with their row counts
+    assert re.search(r"^\| `verbalized_confidence` \|.*\| 90 \(30 excluded\) \|$", report, re.M)
+    assert re.search(r"^\| `logprob_mean` \(main\) \|.*\| 120 \(0 excluded\) \|$", report, re.M)
+    assert {"answer_consistency", "semantic_entropy"} <= set(sources)  # the input has answers
 
 
-def test_single_source_input_has_no_source_table(tmp_path):
-    src = _jsonl(tmp_path / "s.jsonl", _rows(0))
+def test_single_source_input_has_no_per_source_reliability_figure(tmp_path):
+    # without answers the only source is the confidence field (no answer-agreement sources)
+    src = _jsonl(tmp_path / "s.jsonl", [{k: v for k, v in r.items() if k != "answer"} for r in _rows(0)])
     out = tmp_path / "rep"
     res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", ""])
     assert res.exit_code == 0, res.output
     data = json.loads((out / "metrics.json").read_text())
     assert list(data["results"]["overall"]["s"]["confidence_sources"]) == ["logprob_mean"]
     assert "reliability_sources" not in " ".join(data["figures"]["overall"])
-    assert "Confidence sources side by side" not in (out / "report.md").read_text()
+    # with answers and no selection method, the answers are still clustered for the answer-agreement sources
+    src = _jsonl(tmp_path / "a.jsonl", _rows(0))
+    res = runner.invoke(app, ["eval", str(src), "--out", str(tmp_path / "rep2"), *FAST, "--methods", ""])
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "rep2" / "metrics.json").read_text())
+    assert list(data["results"]["overall"]["a"]["confidence_sources"]) == [
+        "logprob_mean", "answer_consistency", "semantic_entropy"]
 
 
 def _separable_rows(n_prompts=400, n=4, seed=0):

@@ -19,7 +19,13 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from calibrl.evaluation.plots import plot_precision_coverage, plot_reliability, plot_roc, plot_scaling_curves
+from calibrl.evaluation.plots import (
+    plot_precision_coverage,
+    plot_reliability,
+    plot_roc,
+    plot_scaling_curves,
+    plot_smooth_reliability,
+)
 from calibrl.evaluation.report import render_eval_report
 from calibrl.evaluation.samples import Samples
 from calibrl.evaluation.scoring import ScopeResult, evaluate_samples
@@ -76,7 +82,7 @@ def _score_inputs(loaded: Sequence[Samples], labels: Sequence[str], *, posthoc, 
     scoped: dict[str, dict[str, ScopeResult]] = {}
     for samples, label in zip(loaded, labels):
         ids = None
-        if samples.answers is not None and methods:
+        if samples.answers is not None:  # selection and the answer-agreement confidences
             step(f"{label}: clustering answers" + (" (math-verify)" if use_math_verify else ""))
             ids = answer_clusters(samples.answers, samples.prompt_index, use_math_verify=use_math_verify,
                                   progress=track)
@@ -116,11 +122,13 @@ def _scope_figures(scope: str, by_label: dict[str, ScopeResult], folder: Path, b
     names: list[str] = []
     series = {lab: (r.confidence, r.target) for lab, r in by_label.items() if r.confidence is not None}
     if series:  # inputs without a confidence have no confidence figures
-        names += [f"{base}_reliability.png", f"{base}_roc.png", f"{base}_precision_coverage.png"]
+        names += [f"{base}_reliability.png", f"{base}_reliability_smooth.png", f"{base}_roc.png",
+                  f"{base}_precision_coverage.png"]
         plot_reliability(series, folder / names[0], n_bins=n_bins, title=f"Reliability: {scope}")
-        plot_roc(series, folder / names[1], title=f"ROC: {scope}")
+        plot_smooth_reliability(series, folder / names[1], title=f"Smoothed reliability: {scope}")
+        plot_roc(series, folder / names[2], title=f"ROC: {scope}")
         certified = {lab: r.metrics["abstention"] for lab, r in by_label.items() if "abstention" in r.metrics}
-        plot_precision_coverage(series, folder / names[2], title=f"Precision vs coverage: {scope}",
+        plot_precision_coverage(series, folder / names[3], title=f"Precision vs coverage: {scope}",
                                 certified=certified or None)
     if posthoc and any(r.posthoc_confidence is not None for r in by_label.values()):
         names.append(f"{base}_reliability_{posthoc}.png")

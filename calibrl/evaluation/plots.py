@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 from calibrl.evaluation.styles import SELECTION_NAMES, series_style
+from calibrl.metrics.registry import METRICS
 
 __all__ = [
     "METRIC_LABELS",
@@ -27,6 +28,7 @@ __all__ = [
     "plot_reliability",
     "plot_roc",
     "plot_scaling_curves",
+    "plot_smooth_reliability",
     "plot_metric_paths",
     "plot_training_curves",
 ]
@@ -37,27 +39,9 @@ _LINESTYLES = ("-", "--", ":", "-.")
 # per series (calibrl.evaluation.styles): a marker and line style as well as a colour, so lines lying on top of
 # each other stay visible, and the same ones for the same method in every figure
 
-# Known metric keys: (panel title, y-axis label, higher is better? None: neither)
+# Known metric keys: (panel title, y-axis label, higher is better? None: neither), from the one metric table
 METRIC_LABELS: dict[str, tuple[str, str, bool | None]] = {
-    "accuracy": ("Accuracy (drawn outcomes)", "accuracy", True),
-    "expected_accuracy": ("Accuracy (expected)", "mean true success probability", True),
-    "reasoning_accuracy": ("Reasoning correct", "share of completions", True),
-    "auroc": ("AUROC of sequence confidence", "AUROC (right vs wrong)", True),
-    "auroc_per_prompt": ("AUROC per prompt", "AUROC within a prompt", True),
-    "auroc_ceiling": ("AUROC ceiling (true probability)", "AUROC", None),
-    "auroc_gap": ("AUROC ceiling - AUROC", "AUROC gap", False),
-    "ece": ("Expected calibration error", "ECE", False),
-    "seq_ece": ("ECE of sequence probability", "ECE (10 equal-width bins)", False),
-    "dec_ece": ("ECE of decision token", "ECE (10 equal-count bins)", False),
-    "calib_err": ("Decision calibration error", "mean gap: decision probability vs true probability", False),
-    "dec_auroc": ("AUROC of decision confidence", "AUROC (right vs wrong)", True),
-    "frac_conf_99": ("Decisions above p = 0.99", "share of decisions", False),
-    "greedy_decision_accuracy": ("Accuracy, argmax decision", "expected accuracy", True),
-    "aurc": ("Area under the risk-coverage curve", "AURC", False),
-    "precision_at_50": ("Precision at 50% coverage", "precision of the most confident half", True),
-    # prompt tiers of testbed tasks that have them (calibrl.testbed.tasks.prompt_tier)
-    "expected_accuracy_hard": ("Accuracy on hard prompts", "mean true success probability", True),
-    "expected_accuracy_learnable": ("Accuracy on learnable prompts", "mean true success probability", True),
+    name: (m.title, m.axis, m.higher) for name, m in METRICS.items()
 }
 
 
@@ -163,6 +147,40 @@ def plot_reliability(
     _legend(ax)
     hist_ax.set_xlabel("confidence")
     hist_ax.set_ylabel("count")
+    return _save(fig, path)
+
+
+def plot_smooth_reliability(data: Any, path: str | Path, *, title: str | None = None) -> Path:
+    """Smoothed reliability diagram (Blasiok & Nakkiran 2023; relplot's): per series the outcomes kernel-smoothed
+    over confidence at the smooth-ECE bandwidth (:func:`calibrl.metrics.smooth_reliability`), drawn where the
+    confidences have density, with the smooth ECE in the legend, and the density of the confidences below. The
+    companion of :func:`plot_reliability`, with no bins to choose."""
+    from calibrl.metrics import smooth_reliability
+
+    series = _series(data)
+    fig = Figure(figsize=(5.2, 6.6), layout="constrained")
+    ax, dens_ax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    ax.plot([0, 1], [0, 1], color="0.5", linestyle="--", linewidth=1, label="perfect calibration")
+    for i, (label, (conf, correct)) in enumerate(series.items()):
+        style = series_style(label, i)
+        curve = smooth_reliability(conf, correct)
+        name = f"smooth ECE {curve.smooth_ece:.3f}, bandwidth {curve.width:.3f}"
+        # where almost no confidence lies the smoothed accuracy is an extrapolation: drawn faint
+        seen = curve.density >= 0.02 * curve.density.max()
+        ax.plot(curve.mesh, np.where(seen, curve.accuracy, np.nan), color=style.color, linestyle=style.linestyle,
+                linewidth=2, label=f"{label} ({name})" if label else name)
+        ax.plot(curve.mesh, curve.accuracy, color=style.color, linestyle=style.linestyle, linewidth=0.8, alpha=0.35)
+        dens_ax.plot(curve.mesh, curve.density, color=style.color, linestyle=style.linestyle, linewidth=1.5)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy (kernel-smoothed)")
+    ax.set_title((title or "Smoothed reliability") + "\n(closer to the diagonal is better; no bins; faint: "
+                 "little data)", fontsize="medium")
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    dens_ax.set_xlabel("confidence")
+    dens_ax.set_ylabel("density")
+    dens_ax.set_ylim(bottom=0)
     return _save(fig, path)
 
 

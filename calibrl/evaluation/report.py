@@ -25,6 +25,8 @@ _ROWS = [
     ("per_prompt_auroc", "AUROC (mean per prompt)"),
     ("ece", "ECE (uniform bins)"),
     ("ece_quantile", "ECE (equal-count bins)"),
+    ("smooth_ece", "smooth ECE (kernel, no bins)"),
+    ("prr", "PRR (0 = random, 1 = oracle)"),
     ("mce", "MCE"),
     ("brier", "Brier"),
     ("nll", "NLL"),
@@ -81,20 +83,60 @@ def repeated_scopes(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> l
     return [s for s, by_label in results.items() if s != _OVERALL and overall and by_label == overall]
 
 
+def _ci_cell(m: Mapping[str, Any], key: str) -> str:
+    """``0.712 [0.685, 0.738]``, blank where the figure does not apply (a ranking-only source has no smooth ECE)."""
+    if m.get(key) is None:
+        return "" if key == "smooth_ece" and m.get("probability") is False else "n/a"
+    ci = (m.get("intervals") or {}).get(key)
+    return _value(m[key], tuple(ci) if ci and None not in ci else None)
+
+
+def _lead_sentence(ranking: Mapping[str, Any], key: str, what: str) -> str | None:
+    """"X ranks best; its lead over Y is d [a, b]" as far as the paired interval allows."""
+    lead = ranking.get(key)
+    if not lead:
+        return None
+    best, over, d, ci = lead["best"], lead["over"], lead["difference"], lead.get("interval")
+    if not ci or None in ci:
+        return f"`{best}` has the best {what} ({d:+.3f} over `{over}`; without --bootstrap, not resolved)."
+    if ci[0] > 0 or ci[1] < 0:
+        return f"`{best}` has the best {what}; its lead over `{over}` is {d:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]."
+    return (f"`{best}` and `{over}` are not resolved on {what}: the difference {d:+.3f} has the paired interval "
+            f"[{ci[0]:+.3f}, {ci[1]:+.3f}], which contains 0.")
+
+
 def _sources_section(by_label: Mapping[str, Mapping[str, Any]], labels: Sequence[str]) -> list[str]:
-    """The confidence sources of each input side by side, when some input has more than one."""
-    if not any(len(by_label[l].get("confidence_sources") or {}) > 1 for l in labels):
+    """The confidence section's opening table: every confidence source of each input against AUROC, PRR and
+    smooth ECE with their intervals, best AUROC first, and which to trust as far as the paired intervals allow."""
+    if not any(by_label[l].get("confidence_sources") for l in labels):
         return []
-    rows = []
+    rows, sentences = [], []
     for l in labels:
-        for kind, m in (by_label[l].get("confidence_sources") or {}).items():
+        srcs = by_label[l].get("confidence_sources") or {}
+        ranking = by_label[l].get("confidence_ranking") or {}
+        for kind in ranking.get("order") or list(srcs):
+            m = srcs[kind]
             main = " (main)" if kind == by_label[l].get("confidence") else ""
-            rows.append([l, f"`{kind}`{main}", f"{m['n']} ({m['n_excluded']} excluded)", _fmt(m.get("auroc")),
-                         _fmt(m.get("ece")), _fmt(m.get("brier")), _fmt(m.get("aurc"))])
-    return ["", "Confidence sources side by side, each on the rows that have it (rows without it are excluded):", "",
-            markdown_table(["input", "source", "rows", "AUROC", "ECE", "Brier", "AURC"], rows), "",
-            "`logprob_mean` is scored as exp(logprob_mean) (AUROC ranks logprob_mean itself); `class_probs` as the "
-            "top class probability against whether the top class is the label; the others against `correct`."]
+            rows.append(([l] if len(labels) > 1 else []) + [
+                f"`{kind}`{main}", _ci_cell(m, "auroc"), _ci_cell(m, "prr"), _ci_cell(m, "smooth_ece"),
+                *("" if m.get("probability") is False else _fmt(m.get(k)) for k in ("ece", "brier")), f"{m['n']} ({m['n_excluded']} excluded)"])
+        said = [t for t in (_lead_sentence(ranking, "auroc", "AUROC"), _lead_sentence(ranking, "prr", "PRR"),
+                            _lead_sentence(ranking, "smooth_ece", "smooth ECE (lowest)")) if t]
+        if said:
+            sentences.append(("" if len(labels) == 1 else f"{l}: ") + " ".join(said))
+    header = (["input"] if len(labels) > 1 else []) + ["confidence source", "AUROC", "PRR", "smooth ECE", "ECE",
+                                                          "Brier", "rows"]
+    out = ["", "Which confidence to trust: every confidence source, each on the rows that have it, best AUROC "
+           "first (AUROC and PRR: higher is better, PRR 0 = random rejection, 1 = the oracle; smooth ECE: lower is "
+           "better, blank for a score that only ranks):", "", markdown_table(header, rows), ""]
+    out += [t + "\n" for t in sentences]
+    out += ["`logprob_mean` is scored as exp(logprob_mean) (AUROC and PRR rank logprob_mean itself); `class_probs` "
+            "as the top class probability against whether the top class is the label; `answer_consistency` is the "
+            "share of the prompt's samples giving the sample's answer, `semantic_entropy` ranks by minus the entropy "
+            "of the prompt's answer clusters (a sample without an answer agrees with nobody); the others against "
+            "`correct`. Leads are paired prompt-bootstrap intervals of the difference (the same prompt draws for "
+            "every source)."]
+    return out
 
 
 def _abstention_section(by_label: Mapping[str, Mapping[str, Any]], labels: Sequence[str]) -> list[str]:
@@ -356,13 +398,13 @@ def render_eval_report(
             out.append("")
             out.append(f"Brackets: {100 * (1 - b['alpha']):.0f}% prompt-level bootstrap intervals "
                        f"({b['n_boot']} resamples of prompts).")
+        out += _sources_section(by_label, labels)
         if any("precision_at_coverage" in by_label[l] for l in labels):  # inputs with a confidence
             cov_rows = []
             for c in ("0.1", "0.2", "0.5", "0.8", "1.0"):
                 cov_rows.append([c] + [_fmt(by_label[l].get("precision_at_coverage", {}).get(c)) for l in labels])
             out += ["", "Precision when answering only the most confident fraction (coverage):", ""]
             out.append(markdown_table(["coverage"] + labels, cov_rows))
-        out += _sources_section(by_label, labels)
         out += _abstention_section(by_label, labels)
         if any("posthoc" in by_label[l] for l in labels):
             method = next(by_label[l]["posthoc"]["method"] for l in labels if "posthoc" in by_label[l])
@@ -392,6 +434,10 @@ def render_eval_report(
                     out += ["", f"Not run for {l}: {names} ({why}; these methods need it on every path)."]
         if figures.get(scope):
             out.append("")
-            out += [f"![{name}]({name})" for name in figures[scope]]
+            images = [f"![{name}]({name})" for name in figures[scope]]
+            for i in range(len(images) - 1, 0, -1):  # the smoothed reliability diagram beside the binned one
+                if figures[scope][i].endswith("_reliability_smooth.png"):
+                    images[i - 1:i + 1] = [images[i - 1] + " " + images[i]]
+            out += images
         out.append("")
     return "\n".join(out)

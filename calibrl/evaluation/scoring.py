@@ -29,10 +29,13 @@ import numpy as np
 
 from calibrl import metrics as M
 from calibrl.evaluation.samples import Samples
+from calibrl.metrics.registry import confidence_source
+from calibrl.metrics.rejection import PRRReplicates
+from calibrl.metrics.smooth import SmoothECEReplicates
 from calibrl.selection import METHODS, ScalingCurve, scaling_curve, select
 from calibrl.selection.voting import confidence_weighted_vote
 
-__all__ = ["ScopeResult", "evaluate_samples", "source_arrays"]
+__all__ = ["ScopeResult", "answer_sources", "evaluate_samples", "rank_sources", "source_arrays", "source_bootstrap"]
 
 _COVERAGES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
@@ -65,6 +68,8 @@ def _confidence_metrics(conf: np.ndarray, target: np.ndarray, score: np.ndarray,
         "per_prompt_auroc": {"mean": _f(ppa.mean), "n_prompts": int(ppa.n_prompts)},
         "ece": _f(M.ece(conf, target, n_bins=n_bins, strategy="uniform")),
         "ece_quantile": _f(M.ece(conf, target, n_bins=n_bins, strategy="quantile")),
+        "smooth_ece": _f(M.smooth_ece(conf, target)),
+        "prr": _f(M.prr(score, target)),
         "mce": _f(M.mce(conf, target, n_bins=n_bins, strategy="uniform")),
         "brier": _f(M.brier(conf, target)),
         "nll": _f(M.nll(conf, target)),
@@ -94,21 +99,94 @@ def source_arrays(samples: Samples, kind: str) -> tuple[np.ndarray, np.ndarray, 
     return rows, conf, values, samples.correct[rows]
 
 
-def _source_metrics(samples: Samples, kind: str, n_bins: int) -> tuple[dict[str, Any], tuple | None]:
-    """One confidence source's figures, on the rows that have it, and its (confidence, target) for the plots."""
-    rows, conf, score, target = source_arrays(samples, kind)
-    n = int(rows.sum())
-    figures: dict[str, Any] = {"n": n, "n_excluded": len(samples) - n}
+def answer_sources(samples: Samples, answer_ids: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The confidences free once answers are clustered, ``{source: (confidence, score)}`` [N] each:
+    ``answer_consistency`` (its own score) and ``semantic_entropy`` (score = minus the entropy; its confidence is
+    the score too: not a probability). Samples without an answer agree with nobody
+    (:mod:`calibrl.metrics.consistency`)."""
+    answered = np.array([a is not None for a in samples.answers.tolist()], dtype=bool)
+    consistency = M.answer_consistency(answer_ids, samples.prompt_index, answered=answered)
+    negated = -M.semantic_entropy(answer_ids, samples.prompt_index, answered=answered)
+    return {"answer_consistency": (consistency, consistency), "semantic_entropy": (negated, negated)}
+
+
+def _source_metrics(conf: np.ndarray, score: np.ndarray, target: np.ndarray, n_rows: int,
+                    probability: bool, n_bins: int) -> dict[str, Any]:
+    """One confidence source's figures on the rows that have it (``conf``, ``score``, ``target`` [n]): AUROC and
+    PRR of ``score``; for a probability also ECE, smooth ECE and Brier of ``conf`` (None otherwise)."""
+    n = len(target)
+    figures: dict[str, Any] = {"n": n, "n_excluded": n_rows - n, "probability": probability}
+    keys = ("auroc", "prr", "ece", "smooth_ece", "brier", "aurc", "mean_confidence")
     if n == 0:
-        return {**figures, "auroc": None, "ece": None, "brier": None, "aurc": None, "mean_confidence": None}, None
-    figures.update({
-        "auroc": _f(M.auroc(score, target)),
-        "ece": _f(M.ece(conf, target, n_bins=n_bins, strategy="uniform")),
-        "brier": _f(M.brier(conf, target)),
-        "aurc": _f(M.aurc(conf, target)),
-        "mean_confidence": _f(np.mean(conf)),
-    })
-    return figures, (conf, target)
+        return {**figures, **dict.fromkeys(keys)}
+    figures.update({"auroc": _f(M.auroc(score, target)), "prr": _f(M.prr(score, target)),
+                    "aurc": _f(M.aurc(score, target))})
+    if probability:
+        figures.update({"ece": _f(M.ece(conf, target, n_bins=n_bins, strategy="uniform")),
+                        "smooth_ece": _f(M.smooth_ece(conf, target)), "brier": _f(M.brier(conf, target)),
+                        "mean_confidence": _f(np.mean(conf))})
+    else:
+        figures.update(dict.fromkeys(("ece", "smooth_ece", "brier", "mean_confidence")))
+    return figures
+
+
+_SOURCE_CI = ("auroc", "prr", "smooth_ece")
+
+
+def source_bootstrap(arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]],
+                     n_groups: int, *, n_boot: int, alpha: float, seed: int,
+                     progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
+    """Prompt-bootstrap intervals of AUROC, PRR and (probabilities only) smooth ECE for every confidence source,
+    all from the same prompt draws as :func:`prompt_bootstrap` (same ``seed``), so differences between sources
+    are paired. ``arrays``: ``{source: (prompt index, confidence, score, target, is probability)}`` on the rows
+    having the source. Returns ``{"intervals": {source: {metric: (low, high)}}, "replicates": {source: {metric:
+    [n_boot]}}}``."""
+    from calibrl.metrics.bootstrap import percentile_interval, resampled_prompt_counts
+
+    prr_of = {k: PRRReplicates(score, target, pidx, n_groups) for k, (pidx, _, score, target, _) in arrays.items()}
+    smooth_of = {k: SmoothECEReplicates(conf, target, pidx, n_groups)
+                 for k, (pidx, conf, _, target, probability) in arrays.items() if probability}
+    reps: dict[str, dict[str, list[np.ndarray]]] = {k: {m: [] for m in _SOURCE_CI} for k in arrays}
+    done = 0
+    for _, counts in resampled_prompt_counts(n_groups, n_boot=n_boot, seed=seed):
+        if progress is not None:
+            progress(f"confidence sources, replicates {done + 1}-{done + len(counts)} of {n_boot}")
+        done += len(counts)
+        for k, (pidx, conf, score, target, probability) in arrays.items():
+            prr, auc = prr_of[k].with_auroc(counts)  # one pass over the tie runs of the source's scores
+            reps[k]["prr"].append(prr)
+            reps[k]["auroc"].append(auc)
+            reps[k]["smooth_ece"].append(smooth_of[k](counts) if probability else np.full(len(counts), np.nan))
+    replicates = {k: {m: np.concatenate(v) for m, v in by.items()} for k, by in reps.items()}
+    intervals = {k: {m: percentile_interval(v, alpha=alpha) for m, v in by.items()} for k, by in replicates.items()}
+    return {"intervals": intervals, "replicates": replicates}
+
+
+def rank_sources(sources: dict[str, dict[str, Any]], replicates: dict[str, dict[str, np.ndarray]] | None,
+                 *, alpha: float) -> dict[str, Any]:
+    """Which confidence to trust: the sources ordered by AUROC (best first, undefined last) and, with bootstrap
+    replicates, the paired interval of the best one's lead over the runner-up in AUROC and in PRR, and of the
+    probability with the lowest smooth ECE over the next one (``{"order": [...], "auroc": {...}, "prr": {...},
+    "smooth_ece": {...}}``; a lead is ``{"best", "over", "difference", "interval"}``)."""
+    from calibrl.metrics.bootstrap import percentile_interval
+
+    def order(key: str, higher: bool) -> list[str]:
+        defined = [k for k, m in sources.items() if m.get(key) is not None]
+        return sorted(defined, key=lambda k: -sources[k][key] if higher else sources[k][key])
+
+    out: dict[str, Any] = {"order": order("auroc", True) + [k for k in sources if sources[k].get("auroc") is None]}
+    for key, higher in (("auroc", True), ("prr", True), ("smooth_ece", False)):
+        ranked = order(key, higher)
+        if len(ranked) < 2:
+            continue
+        best, over = ranked[:2]
+        lead = {"best": best, "over": over, "difference": _f(sources[best][key] - sources[over][key]),
+                "interval": None}
+        if replicates is not None:
+            diff = replicates[best][key] - replicates[over][key]
+            lead["interval"] = [_f(x) for x in percentile_interval(diff, alpha=alpha)]
+        out[key] = lead
+    return out
 
 
 def _ranked_negatives(score: np.ndarray, target: np.ndarray, pidx: np.ndarray):
@@ -263,10 +341,17 @@ def evaluate_samples(
         out.update(_confidence_metrics(conf, target, score, pidx, n_bins))
     source_plots: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     sources: dict[str, Any] = {}
+    source_rows: dict[str, tuple] = {}  # {source: (prompt index, confidence, score, target, probability)}
     for kind in samples.confidence_sources():
-        sources[kind], arrays = _source_metrics(samples, kind, n_bins)
-        if arrays is not None:
-            source_plots[kind] = arrays
+        rows, s_conf, s_score, s_target = source_arrays(samples, kind)
+        source_rows[kind] = (pidx[rows], s_conf, s_score, s_target, confidence_source(kind).probability)
+    if answer_ids is not None and samples.answers is not None:
+        for kind, (s_conf, s_score) in answer_sources(samples, answer_ids).items():
+            source_rows[kind] = (pidx, s_conf, s_score, samples.correct, confidence_source(kind).probability)
+    for kind, (s_pidx, s_conf, s_score, s_target, probability) in source_rows.items():
+        sources[kind] = _source_metrics(s_conf, s_score, s_target, len(samples), probability, n_bins)
+        if probability and len(s_target):
+            source_plots[kind] = (s_conf, s_target)
     if sources:
         out["confidence_sources"] = sources
     if abstain_precision is not None:
@@ -285,6 +370,18 @@ def evaluate_samples(
         boot = prompt_bootstrap(samples.correct, pidx, score, conf, target, n_bins=n_bins, n_boot=n_boot,
                                  alpha=alpha, seed=seed, progress=lambda d: step(f"{label}/{scope}: bootstrap, {d}"))
         out["bootstrap"] = {"n_boot": n_boot, "alpha": alpha, **{k: [_f(lo), _f(hi)] for k, (lo, hi) in boot.items()}}
+    ranked_rows = {k: v for k, v in source_rows.items() if len(v[3])}
+    replicates = None
+    if n_boot > 0 and ranked_rows:
+        step(f"{label}/{scope}: bootstrap of the confidence sources")
+        found = source_bootstrap(ranked_rows, samples.n_prompts, n_boot=n_boot, alpha=alpha, seed=seed,
+                                 progress=lambda d: step(f"{label}/{scope}: bootstrap, {d}"))
+        replicates = found["replicates"]
+        for kind, by_metric in found["intervals"].items():
+            sources[kind]["intervals"] = {m: [_f(lo), _f(hi)] for m, (lo, hi) in by_metric.items()
+                                          if sources[kind].get(m) is not None}
+    if sources:
+        out["confidence_ranking"] = rank_sources(sources, replicates, alpha=alpha)
 
     result = ScopeResult(label, scope, out, conf, target, sources=source_plots)
     if posthoc:

@@ -1,4 +1,5 @@
-"""Evaluation metrics: accuracy over samples, confidence discrimination and calibration, selective prediction,
+"""Evaluation metrics: accuracy over samples, confidence discrimination and calibration (binned and smooth ECE),
+selective prediction (AURC, PRR), answer-agreement confidences,
 and prompt-level bootstrap intervals. Definitions (binning, ties) are in docs/metrics.md.
 
 Inputs: numpy arrays, torch tensors or lists, one entry per sampled completion; ``correct`` bool or 0/1.
@@ -26,6 +27,15 @@ from calibrl.metrics.abstention import (
 from calibrl.metrics.accuracy import mean_at_k, pass_at_k, per_prompt_counts
 from calibrl.metrics.bootstrap import BootstrapCI, bootstrap_ci
 from calibrl.metrics.paired import DifferenceCI, hierarchical_bootstrap_difference, paired_bootstrap_difference
+from calibrl.metrics.consistency import answer_consistency, semantic_entropy
+from calibrl.metrics.rejection import prr, prr_replicates
+from calibrl.metrics.smooth import (
+    SmoothReliability,
+    smooth_ece,
+    smooth_ece_at,
+    smooth_ece_replicates,
+    smooth_reliability,
+)
 from calibrl.metrics.calibration import (
     PerPromptAUROC,
     ReliabilityBins,
@@ -53,6 +63,8 @@ __all__ = [
     "PerPromptAUROC",
     "ReliabilityBins",
     "abstention_threshold",
+    "SmoothReliability",
+    "answer_consistency",
     "aurc",
     "auroc",
     "betting_p_value",
@@ -74,10 +86,17 @@ __all__ = [
     "per_prompt_counts",
     "precision_at_coverage",
     "precision_coverage",
+    "prr",
+    "prr_replicates",
     "prompt_threshold_counts",
     "reliability_bins",
     "roc_curve",
+    "semantic_entropy",
     "sequence_start",
+    "smooth_ece",
+    "smooth_ece_at",
+    "smooth_ece_replicates",
+    "smooth_reliability",
     "top_label",
     "weighted_auroc",
 ]

@@ -18,44 +18,29 @@ from typing import Any
 
 import numpy as np
 
-# Per task: (metric key, column title, higher is better?)
+from calibrl.metrics.registry import METRICS
+
+# Per task: (metric key, column title, higher is better?); titles and directions from the one metric table
+# (calibrl.metrics.registry), a (key, title) pair where a task titles a column its own way
+_TASK_COLUMNS: dict[str, list] = {
+    "stochastic_reasoning": ["expected_accuracy", "accuracy", "auroc", "auroc_per_prompt", "auroc_ceiling",
+                             "auroc_gap", "seq_ece", "reasoning_accuracy"],
+    "decision": ["expected_accuracy", "accuracy", "greedy_decision_accuracy", "dec_ece", "calib_err",
+                 "frac_conf_99", "dec_auroc", "auroc", "auroc_ceiling", "auroc_gap"],
+    "addition": ["expected_accuracy", "auroc", "auroc_per_prompt", "seq_ece"],
+    "scratchpad": [("expected_accuracy", "accuracy"), "auroc", "auroc_per_prompt", "auroc_gap", "seq_ece",
+                   "entropy"],
+}
+
+
+def _column(entry) -> tuple[str, str, bool | None]:
+    key, title = entry if isinstance(entry, tuple) else (entry, None)
+    m = METRICS[key]
+    return key, title or m.short, m.higher
+
+
 TASK_METRICS: dict[str, list[tuple[str, str, bool | None]]] = {
-    "stochastic_reasoning": [
-        ("expected_accuracy", "accuracy (expected)", True),
-        ("accuracy", "accuracy (drawn)", True),
-        ("auroc", "AUROC seq. conf.", True),
-        ("auroc_per_prompt", "AUROC per prompt", True),
-        ("auroc_ceiling", "AUROC ceiling", None),
-        ("auroc_gap", "ceiling − AUROC", False),
-        ("seq_ece", "ECE seq. prob.", False),
-        ("reasoning_accuracy", "reasoning ok", True),
-    ],
-    "decision": [
-        ("expected_accuracy", "accuracy (expected)", True),
-        ("accuracy", "accuracy (drawn)", True),
-        ("greedy_decision_accuracy", "accuracy, argmax decision", True),
-        ("dec_ece", "decision ECE (eq.-count)", False),
-        ("calib_err", "mean abs(q - p)", False),
-        ("frac_conf_99", "frac. conf > 0.99", False),
-        ("dec_auroc", "AUROC decision conf.", True),
-        ("auroc", "AUROC seq. conf.", True),
-        ("auroc_ceiling", "AUROC ceiling", None),
-        ("auroc_gap", "ceiling − AUROC", False),
-    ],
-    "addition": [
-        ("expected_accuracy", "accuracy (expected)", True),
-        ("auroc", "AUROC seq. conf.", True),
-        ("auroc_per_prompt", "AUROC per prompt", True),
-        ("seq_ece", "ECE seq. prob.", False),
-    ],
-    "scratchpad": [
-        ("expected_accuracy", "accuracy", True),
-        ("auroc", "AUROC seq. conf.", True),
-        ("auroc_per_prompt", "AUROC per prompt", True),
-        ("auroc_gap", "ceiling − AUROC", False),
-        ("seq_ece", "ECE seq. prob.", False),
-        ("entropy", "entropy per token", None),
-    ],
+    task: [_column(e) for e in entries] for task, entries in _TASK_COLUMNS.items()
 }
 # Per task: what the findings compare. accuracy: the expected accuracy (noise-free); calibration: the headline
 # calibration metric (key, readable name, higher is better?) with an optional ceiling key; also: a second

@@ -13,7 +13,7 @@ from typing import Literal
 
 __all__ = ["CalibrationEvalConfig"]
 
-_CALIBRATION_KEYS = ("auroc", "auroc_per_prompt", "ece", "decision_ece", "aurc")  # what ``metric`` may watch
+_CALIBRATION_KEYS = ("auroc", "auroc_per_prompt", "ece", "smooth_ece", "prr", "decision_ece", "aurc")  # what ``metric`` may watch
 
 
 @dataclass

@@ -10,6 +10,9 @@ sampler and log-prob reader of ``calibrl generate``), grades them with the train
     auroc                    pooled AUROC of the mean token log-prob vs correctness
     auroc_per_prompt         mean within-prompt AUROC over prompts with both outcomes (``auroc_n_prompts`` of them)
     ece                      ECE of exp(mean token log-prob) vs correctness (``n_bins`` equal-width bins)
+    smooth_ece               smooth ECE of exp(mean token log-prob) (kernel, no bins: :func:`calibrl.metrics.smooth_ece`)
+    prr                      prediction-rejection ratio of the mean token log-prob (0 = random, 1 = oracle;
+                             :func:`calibrl.metrics.prr`)
     aurc                     area under the risk-coverage curve of the mean token log-prob (selective answering:
                              lower is better; :func:`calibrl.metrics.aurc`)
     confidence_mean          mean exp(mean token log-prob)
@@ -48,6 +51,7 @@ import numpy as np
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import SaveStrategy
 
+from calibrl.metrics.registry import higher_is_better as _registry_higher_is_better
 from calibrl.trl.calibration_config import _CALIBRATION_KEYS, CalibrationEvalConfig
 
 __all__ = [
@@ -61,19 +65,19 @@ LOG_PREFIX = "eval_calibration/"
 _EPS = 1e-9  # margins compare with this slack, so 0.80 - 0.78 counts as within a margin of 0.02
 
 
-_RECORD_KEYS = ("accuracy", "auroc", "auroc_per_prompt", "auroc_n_prompts", "ece", "aurc", "confidence_mean",
+_RECORD_KEYS = ("accuracy", "auroc", "auroc_per_prompt", "auroc_n_prompts", "ece", "smooth_ece", "prr", "aurc",
+                "confidence_mean",
                 "n_samples",
                 "decision_ece", "decision_prob_mean", "decision_frac_above_099")
-_LOWER_IS_BETTER = ("ece", "aurc")  # any key containing one of these
 
 
 # ---------------------------------------------------------------------------------------------------- pure rules
 
 
 def higher_is_better(metric: str) -> bool:
-    """Whether a larger value of ``metric`` is better calibration: False for ECEs and AURC (any key containing
-    ``ece`` or ``aurc``)."""
-    return not any(part in metric for part in _LOWER_IS_BETTER)
+    """Whether a larger value of ``metric`` is better calibration: the direction of the one metric table
+    (:func:`calibrl.metrics.registry.higher_is_better`; False for ECEs, smooth ECE, AURC, Brier, NLL)."""
+    return _registry_higher_is_better(metric)
 
 
 def _finite(value: Any) -> bool:
@@ -100,6 +104,8 @@ def calibration_record(rows: Sequence[dict], *, n_bins: int = 10) -> dict[str, f
         "auroc_per_prompt": float(per_prompt.mean),
         "auroc_n_prompts": float(per_prompt.n_prompts),
         "ece": float(M.ece(confidence, correct, n_bins=n_bins, strategy="uniform")),
+        "smooth_ece": float(M.smooth_ece(confidence, correct)),
+        "prr": float(M.prr(logprob_mean, correct)),
         "aurc": float(M.aurc(logprob_mean, correct)),
         "confidence_mean": float(confidence.mean()),
         "n_samples": float(len(rows)),

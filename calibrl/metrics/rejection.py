@@ -1,0 +1,168 @@
+"""Prediction-rejection ratio (PRR), LM-Polygraph's ``PredictionRejectionArea`` normalised between random and
+oracle rejection (Malinin et al. 2017; Fadeeva et al. 2023; Vashurin et al., TACL 2025).
+
+Samples are sorted by confidence, most confident first. Rejecting the j least confident of N samples keeps the
+top k = N - j; the accuracy-rejection curve is acc(k) = C(k) / k with C(k) the correct samples among the top k.
+With R = floor(max_rejection * N) rejection levels j = 0 .. R - 1 (LM-Polygraph's ``num_rej``):
+
+    area(score)  = (1 / R) * sum_{k = N - R + 1}^{N} C(k) / k
+    oracle       = area with the correct samples first:  C(k) = min(k, P),  P = number correct
+    random       = P / N  (the expected area of a random order: every level's expected accuracy is P / N)
+    PRR          = (area - random) / (oracle - random)
+
+so random rejection scores 0, the oracle 1, and a confidence that rejects right answers first is negative. NaN when
+every sample is right or every one wrong (oracle = random). Our readings: LM-Polygraph takes uncertainty (higher
+= less sure) and sorts it with ``np.argsort``, breaking ties by the sort's order, and estimates ``random`` by 1000
+shuffles; we take confidence (higher = surer; ranking it is ranking the negated uncertainty), count tied
+confidences at the expectation over their orders (C(k) grows linearly across a run of ties, at the run's
+accuracy), and use random's exact expectation. Without ties the area is LM-Polygraph's to float rounding.
+
+Sums over k use C's piecewise-linear form: over a tie run holding ranks a + 1 .. b with a run accuracy m,
+sum_{k=a+1}^{b} C(k) / k = (C(a) - a m) (H_b - H_a) + m (b - a) with H the harmonic numbers, so the area costs a
+sort and O(N) after it, and bootstrap replicates (samples weighted by their prompt's draw count, a weight w being w
+tied copies) the same per replicate with no gathering (:func:`prr_replicates`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from calibrl.metrics.abstention import _threshold_steps
+
+__all__ = ["PRRReplicates", "prr", "prr_replicates"]
+
+_BLOCK = 1 << 21  # replicate x tie-run entries per block (16 MB per float64 array)
+
+
+def _check_max_rejection(max_rejection: float) -> float:
+    if not 0.0 < float(max_rejection) <= 1.0:
+        raise ValueError(f"max_rejection must be in (0, 1], got {max_rejection!r}")
+    return float(max_rejection)
+
+
+def _tie_runs(score: np.ndarray):
+    """Samples sorted by decreasing score: ``order`` [N] and the end (exclusive) of each tie run in it [T]."""
+    order = np.argsort(-score, kind="stable")
+    s = score[order]
+    ends = np.append(np.flatnonzero(s[1:] != s[:-1]) + 1, s.size)
+    return order, ends
+
+
+def _harmonic(n_max: int) -> np.ndarray:
+    """H_0 .. H_{n_max}: H_k = sum_{j <= k} 1 / j."""
+    out = np.zeros(n_max + 1)
+    np.cumsum(1.0 / np.arange(1, n_max + 1), out=out[1:])
+    return out
+
+
+def _table_lookup(table: np.ndarray):
+    """H at integer-valued k read from ``table`` (:func:`_harmonic`)."""
+    return lambda k: table[k.astype(np.int64)]
+
+
+def _harmonic_at(k: np.ndarray) -> np.ndarray:
+    """H_k for integer-valued k >= 0 without a table: digamma(k + 1) + Euler's gamma (1e-15 relative)."""
+    from scipy.special import digamma
+
+    return digamma(k + 1.0) + np.euler_gamma
+
+
+def _areas(run_kept: np.ndarray, run_right: np.ndarray, max_rejection: float, harmonic) -> np.ndarray:
+    """PRR per row from the samples ``run_kept`` [b, T] and correct samples ``run_right`` [b, T] of each tie run,
+    highest confidence first (integer-valued); ``harmonic(k)`` H at integer-valued k. Returns [b] (nan where
+    undefined)."""
+    kept = np.cumsum(run_kept, axis=1)
+    right = np.cumsum(run_right, axis=1)
+    n, p = kept[:, -1], right[:, -1]
+    n_rej = np.floor(max_rejection * n)
+    prev_k = kept - run_kept
+    m = run_right / np.where(run_kept > 0, run_kept, 1.0)  # the run's accuracy (0 for an empty run)
+    h_kept = harmonic(kept)
+    if max_rejection < 1.0:  # levels keep k = n - n_rej + 1 .. n: a run's sum starts inside the window
+        start = np.minimum(np.maximum(prev_k, (n - n_rej)[:, None]), kept)
+        h_start = harmonic(start)
+    else:  # every level: a run's sum starts where the previous run ended
+        start = prev_k
+        h_start = np.concatenate([np.zeros((len(kept), 1)), h_kept[:, :-1]], axis=1)
+    # sum_{k=start+1}^{kept} C(k) / k with C(k) = C(prev_k) + (k - prev_k) m; zero when start = kept
+    gain = (right - run_right - prev_k * m) * (h_kept - h_start) + m * (kept - start)
+    area = gain.sum(axis=1) / np.maximum(n_rej, 1)
+    # oracle: C(k) = min(k, P); sum_{k=lo+1}^{n} min(k, P) / k = #{k <= P} + P (H_n - H_max(P, lo))
+    lo = n - n_rej
+    oracle = (np.clip(p - lo, 0, None) + p * (harmonic(n) - harmonic(np.maximum(p, lo)))) / np.maximum(n_rej, 1)
+    random = p / np.maximum(n, 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = (area - random) / (oracle - random)
+    out[(oracle - random <= 0) | (n_rej < 1)] = np.nan
+    return out
+
+
+def prr(confidence: Any, correct: Any, *, max_rejection: float = 1.0) -> float:
+    """Prediction-rejection ratio (module docstring) of ``confidence`` [N] (any real score, higher = surer) for
+    ``correct`` [N], rejecting up to ``max_rejection`` of the samples: 1 = the oracle's order, 0 = random, higher
+    is better; nan with one class only."""
+    mr = _check_max_rejection(max_rejection)
+    # the tie runs highest first, with the samples and correct samples at or above each (as the precision-coverage
+    # curve counts them: two value sorts, no argsort)
+    kept, right, _, n = _threshold_steps(confidence, correct)
+    harmonic = _harmonic_at if kept.size < n // 64 else _table_lookup(_harmonic(n))
+    return float(_areas(np.diff(kept, prepend=0.0)[None, :], np.diff(right, prepend=0.0)[None, :], mr,
+                        harmonic)[0])
+
+
+class PRRReplicates:
+    """PRR (and, sharing the pass, AUROC) of bootstrap replicates given as group counts, for many chunks of replicates of one data set.
+
+    ``confidence``, ``correct``, ``group`` [N] (dense group index), ``n_groups``. Calling it with ``counts`` [b, G]
+    (replicate r holds the samples of group g ``counts[r, g]`` times) returns [b], equal to :func:`prr` on each
+    replicate's gathered rows up to float rounding (copies of one sample are ties). A replicate's samples and
+    correct samples per tie run are one sparse product, (per-(run, group) counts [T, G]) @ counts.T, then cumulative
+    sums over the runs; replicates go in blocks of at most 2^21 replicate x run entries.
+    """
+
+    def __init__(self, confidence: np.ndarray, correct: np.ndarray, group: np.ndarray, n_groups: int, *,
+                 max_rejection: float = 1.0):
+        from scipy.sparse import csr_matrix
+
+        self.max_rejection = _check_max_rejection(max_rejection)
+        s = np.asarray(confidence, dtype=np.float64)
+        y = np.asarray(correct, dtype=bool)
+        order, ends = _tie_runs(s)
+        run = np.repeat(np.arange(ends.size), np.diff(ends, prepend=0))  # run of each sorted sample
+        g_sorted = np.asarray(group)[order]
+        shape = (ends.size, int(n_groups))
+        self.samples = csr_matrix((np.ones(s.size), (run, g_sorted)), shape=shape)
+        self.right = csr_matrix((y[order].astype(np.float64), (run, g_sorted)), shape=shape)
+        self.group_sizes = np.bincount(group, minlength=n_groups).astype(np.float64)
+
+    def __call__(self, counts: np.ndarray) -> np.ndarray:
+        return self.with_auroc(counts)[0]
+
+    def with_auroc(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(prr [b], auroc [b])`` of the replicates: the pooled AUROC from the same per-run counts, the
+        Mann-Whitney count sum_t right_t (wrong samples in lower runs + wrong_t / 2) over right x wrong (integer-
+        valued sums: :func:`calibrl.metrics.auroc` of the gathered rows exactly, below 2^53)."""
+        counts = np.asarray(counts, dtype=np.float64)
+        harmonic = _table_lookup(_harmonic(int((counts @ self.group_sizes).max())))
+        prr_out, auroc_out = np.empty(len(counts)), np.empty(len(counts))
+        step = max(1, _BLOCK // max(1, self.samples.shape[0]))
+        for a in range(0, len(counts), step):
+            c = counts[a:a + step].T
+            run_kept, run_right = np.asarray(self.samples @ c).T, np.asarray(self.right @ c).T
+            prr_out[a:a + step] = _areas(run_kept, run_right, self.max_rejection, harmonic)
+            run_wrong = run_kept - run_right
+            wrong_lower = run_wrong.sum(axis=1, keepdims=True) - np.cumsum(run_wrong, axis=1)
+            u = (run_right * (wrong_lower + 0.5 * run_wrong)).sum(axis=1)
+            den = run_right.sum(axis=1) * run_wrong.sum(axis=1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                auroc_out[a:a + step] = np.where(den > 0, u / np.where(den > 0, den, 1.0), np.nan)
+        return prr_out, auroc_out
+
+
+def prr_replicates(confidence: np.ndarray, correct: np.ndarray, group: np.ndarray, counts: np.ndarray, *,
+                   max_rejection: float = 1.0) -> np.ndarray:
+    """PRR of bootstrap replicates [b] given as group counts ``counts`` [b, G] (:class:`PRRReplicates`, for one
+    chunk)."""
+    return PRRReplicates(confidence, correct, group, counts.shape[1], max_rejection=max_rejection)(counts)

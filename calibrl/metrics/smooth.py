@@ -1,0 +1,262 @@
+"""Smooth ECE and the smoothed reliability diagram (Blasiok & Nakkiran 2023, "Smooth ECE: principled reliability
+diagrams via kernel smoothing"), computed as the ``relplot`` package (1.0.3, its defaults) computes them.
+
+For confidences f_i in [0, 1], outcomes y_i in {0, 1} and residuals r_i = f_i - y_i, with K_s the Gaussian kernel
+of width s reflected at 0 and 1:
+
+    r_hat_s(t) = sum_i K_s(t, f_i) r_i / (sum_i K_s(t, f_i) + 1e-4)      smoothed residual
+    dens_s(t)  = sum_i K_s(t, f_i) + 1e-4                                 (unnormalised) density
+    smECE_s    = sum_t |r_hat_s(t)| dens_s(t) / sum_t dens_s(t)           over ``max(round(10 / s), 200)`` points t
+
+and ``smooth_ece`` is smECE at the bandwidth s* with s* = smECE_{s*} (the fixed point, which makes the measure
+consistent and bin-free), found as relplot's ``search_param``: s = 1 if 1 >= smECE_1 ... else 10 bisection steps on
+[0, 1] keeping the smallest s with s >= smECE_s (or s >= 0.001).
+
+The sums over samples are not pairwise (no N x T matrix): each sample's mass is split linearly between the two
+nearest of E = ``max(2000, round(20 / s)) // 2 + 1`` grid nodes on [0, 1] (E = 1001 for s >= 0.01), the grid is
+reflected at both ends and convolved with the kernel sampled on the grid (FFT), and the result is interpolated
+linearly at the points t. Cost: O(N) per grid, plus O(E log E) per bandwidth tried; the grid masses are computed
+once per E, so a million samples cost a few bincounts. Values equal relplot's ``smECE`` up to float rounding (the
+FFT and bincount's summation order), checked against values computed with relplot in tests/test_smooth_ece.py.
+
+``smooth_reliability`` gives relplot's smoothed reliability curve (``KernelSmoother`` with the reflected kernel at
+s*, no bagging) and density on a mesh of 200 points, for the diagram.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from calibrl.metrics._arrays import as_correct, as_prob, check_same_length
+
+__all__ = ["SmoothECEReplicates", "SmoothReliability", "smooth_ece", "smooth_ece_at", "smooth_ece_replicates",
+           "smooth_reliability"]
+
+_EPS_DENSITY = 1e-4  # relplot's BaseKernelMixin.smooth
+_MIN_WIDTH = 0.001  # relplot's smECE(eps=0.001)
+_BISECTION_STEPS = 10  # relplot's search_param(refine=10)
+_MESH = 200  # relplot.config.smECE_mesh_pts and plot_mesh_pts
+
+Masses = Callable[[int], tuple[np.ndarray, np.ndarray]]  # E -> (grid mass of r, grid mass of 1), each [E]
+
+
+def _grid_size(width: float) -> int:
+    """Grid nodes E for kernel width ``width``: relplot's ``max(2000, round(20 / s)) // 2 + 1``."""
+    return max(2000, round(20 / width)) // 2 + 1
+
+
+def _grid_split(f: np.ndarray, n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Lower node [N] and the share [N] of each value's mass that goes to the next node (linear split)."""
+    node = (f * (n_nodes - 1)).astype(int).clip(0, n_nodes - 2)
+    return node, f * (n_nodes - 1) - node
+
+
+def _grid_mass(f: np.ndarray, values: np.ndarray, n_nodes: int) -> np.ndarray:
+    """``values`` [N] placed on ``n_nodes`` nodes of [0, 1], each split linearly between its two nearest nodes."""
+    node, frac = _grid_split(f, n_nodes)
+    return (np.bincount(node, weights=(1 - frac) * values, minlength=n_nodes)
+            + np.bincount(node + 1, weights=frac * values, minlength=n_nodes))
+
+
+def _kernel(width: float, n_nodes: int) -> np.ndarray:
+    """The Gaussian density of sd ``width`` sampled at ``linspace(0, 1, n_nodes) - 0.5`` (relplot's kernel_ev)."""
+    t = np.linspace(0, 1, n_nodes)
+    return np.exp(-(t - 0.5) * (t - 0.5) / (2 * width ** 2)) / (np.sqrt(2 * np.pi) * width)
+
+
+def _reflected_convolve(mass: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+    """Grid masses [..., E] reflected at 0 and 1 and convolved with ``kernel`` [..., E] (one per row or one for
+    all), by FFT: relplot's ``np.convolve(reflected, kernel, "valid")`` cut to the E nodes."""
+    n = mass.shape[-1]
+    ext = np.concatenate([np.flip(mass, -1)[..., :-1], mass, np.flip(mass, -1)[..., 1:]], axis=-1)
+    size = ext.shape[-1] + n - 1
+    n_fft = 1 << (size - 1).bit_length()
+    full = np.fft.irfft(np.fft.rfft(ext, n_fft) * np.fft.rfft(kernel, n_fft), n_fft)
+    return full[..., n - 1 + n // 2: n - 1 + n // 2 + n]  # "valid" starts at n - 1
+
+
+def _reflected_smooth(mass: np.ndarray, width: float) -> np.ndarray:
+    """Grid masses [..., E] convolved with the kernel, reflected at 0 and 1 (relplot's ReflectedGaussianKernel)."""
+    return _reflected_convolve(mass, _kernel(width, mass.shape[-1]))
+
+
+def _interpolate(t: np.ndarray, grid_values: np.ndarray) -> np.ndarray:
+    """Linear interpolation at ``t`` of the function with values ``grid_values`` [E] at i / (E - 1)."""
+    n = grid_values.shape[-1]
+    idx = (t * (n - 1)).astype(int).clip(0, n - 2)
+    bucket = 1 / (n - 1)
+    frac = (t - idx * bucket) / bucket
+    return grid_values[..., idx] * (1 - frac) + grid_values[..., idx + 1] * frac
+
+
+def _smooth_ece_from(masses: Masses, width: float) -> float:
+    """smECE at kernel width ``width`` from the grid masses (``masses(E)``) of the residuals and of the samples."""
+    n_nodes = _grid_size(width)
+    mass_r, mass_1 = masses(n_nodes)
+    t = np.linspace(0, 1, max(round(10 / width), _MESH))
+    num = _interpolate(t, _reflected_smooth(mass_r, width))
+    dens = _interpolate(t, _reflected_smooth(mass_1, width)) + _EPS_DENSITY
+    return float(np.sum(np.abs(num / dens) * dens) / np.sum(dens))
+
+
+def _fixed_point_width(masses: Masses) -> float:
+    """relplot's ``search_param``: 1 if smECE_1 <= 1, else the bisection's last width s with s >= smECE_s."""
+    def small_enough(width: float) -> bool:
+        return width < _MIN_WIDTH or width < _smooth_ece_from(masses, width)
+
+    if small_enough(1.0):
+        return 1.0
+    high, low = 1.0, 0.0
+    for _ in range(_BISECTION_STEPS):
+        mid = (high + low) / 2
+        if small_enough(mid):
+            low = mid
+        else:
+            high = mid
+    return high
+
+
+def _sample_masses(f: np.ndarray, y: np.ndarray) -> Masses:
+    cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    residual, ones = f - y, 1.0
+
+    def masses(n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+        if n_nodes not in cache:
+            node, frac = _grid_split(f, n_nodes)
+            cache[n_nodes] = tuple(np.bincount(node, weights=(1 - frac) * v, minlength=n_nodes)
+                                   + np.bincount(node + 1, weights=frac * v, minlength=n_nodes)
+                                   for v in (residual, ones))
+        return cache[n_nodes]
+
+    return masses
+
+
+def _inputs(confidence: Any, correct: Any) -> tuple[np.ndarray, np.ndarray]:
+    f = as_prob(confidence)
+    y = as_correct(correct)
+    check_same_length(confidence=f, correct=y)
+    return f, y.astype(np.float64)
+
+
+def smooth_ece(confidence: Any, correct: Any, *, return_width: bool = False):
+    """Smooth ECE (module docstring) of probabilities ``confidence`` [N] against ``correct`` [N]: a value in
+    [0, 1], 0 = calibrated, lower is better; with ``return_width=True`` also the kernel width s* it used.
+    Equals ``relplot.smECE(confidence, correct)`` up to float rounding."""
+    f, y = _inputs(confidence, correct)
+    masses = _sample_masses(f, y)
+    width = _fixed_point_width(masses)
+    value = _smooth_ece_from(masses, width)
+    return (value, width) if return_width else value
+
+
+def smooth_ece_at(confidence: Any, correct: Any, width: float) -> float:
+    """smECE at a fixed kernel width (relplot's ``smECE_sigma``)."""
+    if not width > 0:
+        raise ValueError(f"width must be positive, got {width!r}")
+    f, y = _inputs(confidence, correct)
+    return _smooth_ece_from(_sample_masses(f, y), float(width))
+
+
+class SmoothReliability(NamedTuple):
+    """The smoothed reliability diagram: ``accuracy`` [200] (kernel-smoothed fraction correct) and ``density``
+    [200] (kernel density of the confidences, integrating to 1 over [0, 1]) on ``mesh`` [200]; the kernel
+    ``width`` s* and the ``smooth_ece`` at it."""
+
+    mesh: np.ndarray
+    accuracy: np.ndarray
+    density: np.ndarray
+    width: float
+    smooth_ece: float
+
+
+def smooth_reliability(confidence: Any, correct: Any) -> SmoothReliability:
+    """relplot's smoothed reliability curve (``prepare_rel_diagram`` without its bootstrap band): the outcomes
+    kernel-smoothed at the smooth-ECE width, ``sum_i K(t, f_i) y_i / (sum_i K(t, f_i) + 1e-4)``, and the density
+    of the confidences, on 200 points of [0, 1]."""
+    f, y = _inputs(confidence, correct)
+    masses = _sample_masses(f, y)
+    width = _fixed_point_width(masses)
+    n_nodes = _grid_size(width)
+    mesh = np.linspace(0, 1, _MESH)
+    count = _interpolate(mesh, _reflected_smooth(_grid_mass(f, np.ones_like(f), n_nodes), width))
+    right = _interpolate(mesh, _reflected_smooth(_grid_mass(f, y, n_nodes), width))
+    accuracy = right / (count + _EPS_DENSITY)
+    density = count / (np.trapezoid(count, mesh) or 1.0)
+    return SmoothReliability(mesh, accuracy, density, width, _smooth_ece_from(masses, width))
+
+
+class SmoothECEReplicates:
+    """Smooth ECE of bootstrap replicates given as group counts, for many chunks of replicates of one data set.
+
+    ``confidence``, ``correct``, ``group`` [N] (dense group index), ``n_groups``. Calling it with ``counts``
+    [b, G] (replicate r holds the samples of group g ``counts[r, g]`` times) returns [b]: what
+    :func:`smooth_ece` gives on each replicate's gathered rows (up to float rounding). The grid masses are linear in
+    the sample weights, so each grid size's masses of every replicate come from one sparse product, (per-(node,
+    group) masses [2E, G], built once per E) @ counts.T; the replicates then search their widths together (the
+    bisection steps of :func:`smooth_ece`, batched FFT convolutions per grid size).
+    """
+
+    def __init__(self, confidence: np.ndarray, correct: np.ndarray, group: np.ndarray, n_groups: int):
+        self.f = np.asarray(confidence, dtype=np.float64)
+        self.residual = self.f - np.asarray(correct, dtype=np.float64)
+        self.group, self.n_groups = np.asarray(group), int(n_groups)
+        self._node_group: dict[int, Any] = {}
+
+    def _matrix(self, n_nodes: int):
+        from scipy.sparse import csr_matrix
+
+        if n_nodes not in self._node_group:
+            node, frac = _grid_split(self.f, n_nodes)
+            rows = np.concatenate([node, node + 1, n_nodes + node, n_nodes + node + 1])
+            data = np.concatenate([(1 - frac) * self.residual, frac * self.residual, 1 - frac, frac])
+            self._node_group[n_nodes] = csr_matrix((data, (rows, np.tile(self.group, 4))),
+                                                   shape=(2 * n_nodes, self.n_groups))
+        return self._node_group[n_nodes]
+
+    def __call__(self, counts: np.ndarray) -> np.ndarray:
+        counts = np.asarray(counts, dtype=np.float64)
+        masses: dict[int, np.ndarray] = {}  # E -> [b, 2E] of this chunk
+
+        def values(widths: np.ndarray) -> np.ndarray:
+            """smECE of every replicate at its own width [b]."""
+            out = np.empty(len(widths))
+            sizes = np.array([_grid_size(w) for w in widths])
+            for n_nodes in np.unique(sizes):
+                rows = np.flatnonzero(sizes == n_nodes)
+                if n_nodes not in masses:
+                    masses[n_nodes] = np.asarray(self._matrix(n_nodes) @ counts.T).T
+                m = masses[n_nodes][rows]
+                both = np.concatenate([m[:, :n_nodes], m[:, n_nodes:]])  # [2g, E]: residuals, then counts
+                ker = np.stack([_kernel(w, n_nodes) for w in widths[rows]])
+                smooth = _reflected_convolve(both, np.concatenate([ker, ker]))
+                for i, r in enumerate(rows):
+                    t = np.linspace(0, 1, max(round(10 / widths[r]), _MESH))
+                    num = _interpolate(t, smooth[i])
+                    dens = _interpolate(t, smooth[len(rows) + i]) + _EPS_DENSITY
+                    out[r] = np.sum(np.abs(num / dens) * dens) / np.sum(dens)
+            return out
+
+        def small_enough(widths: np.ndarray) -> np.ndarray:
+            return (widths < _MIN_WIDTH) | (widths < values(widths))
+
+        ones = np.ones(len(counts))
+        final = np.where(small_enough(ones), 1.0, np.nan)
+        high, low = ones.copy(), np.zeros(len(counts))
+        searching = np.isnan(final)
+        for _ in range(_BISECTION_STEPS if searching.any() else 0):
+            mid = (high + low) / 2
+            ok = small_enough(mid)  # every replicate steps, those already decided are discarded below
+            low, high = np.where(ok, mid, low), np.where(ok, high, mid)
+        final = np.where(searching, high, final)
+        out = values(final)
+        out[~counts.any(axis=1)] = np.nan
+        return out
+
+
+def smooth_ece_replicates(confidence: np.ndarray, correct: np.ndarray, group: np.ndarray,
+                          counts: np.ndarray) -> np.ndarray:
+    """Smooth ECE of bootstrap replicates [b] given as group counts ``counts`` [b, G]
+    (:class:`SmoothECEReplicates`, for one chunk)."""
+    return SmoothECEReplicates(confidence, correct, group, counts.shape[1])(counts)
