@@ -1,0 +1,203 @@
+"""DeepConf: token confidence, trace signals and the votes weighted / filtered by them (calibrl.selection.deepconf),
+checked by hand and against a re-derivation of the authors' analysis rules (tests/deepconf_reference.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import deepconf_reference as ref
+from calibrl.logprobs import chunked_token_confidence
+from calibrl.selection import scaling_curve, select
+from calibrl.selection.deepconf import (SELECTIONS, SIGNALS, filter_top_fraction, token_confidence_from_top_logprobs,
+                                        trace_signals)
+
+
+# ------------------------------------------------------------------------------------------------ token confidence
+
+
+def test_token_confidence_from_top_logprobs_by_hand():
+    # position 1: log-probs -0.5, -1.5 -> C = 1.0; position 2: -0.1, -2.1, -3.1 -> C = 5.3 / 3; no entries -> NaN
+    got = token_confidence_from_top_logprobs([[-0.5, -1.5], [-0.1, -2.1, -3.1], []])
+    np.testing.assert_allclose(got[:2], [1.0, 5.3 / 3], rtol=1e-15)
+    assert np.isnan(got[2])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_chunked_token_confidence_equals_whole_vocabulary_topk(temperature):
+    torch.manual_seed(0)
+    hidden = torch.randn(13, 8, dtype=torch.float64)
+    head = torch.randn(8, 50, dtype=torch.float64)
+    want = -(torch.log_softmax(hidden @ head / temperature, -1).topk(5, -1).values.mean(-1))
+    got = chunked_token_confidence(hidden, project=lambda h: h @ head, k=5, temperature=temperature, chunk=4)
+    torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_chunked_token_confidence_k_equal_vocab_is_minus_mean_logprob_and_uniform_is_log_v():
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [2.0, 0.0, -1.0, 0.5]])
+    got = chunked_token_confidence(logits, project=lambda z: z, k=4, chunk=1)
+    # uniform over 4 tokens: every log-prob is -log 4; the other row: -mean(log_softmax) over all tokens
+    assert got[0].item() == pytest.approx(np.log(4.0), rel=1e-6)
+    assert got[1].item() == pytest.approx(-torch.log_softmax(logits[1], -1).mean().item(), rel=1e-6)
+    # a peaked distribution is more confident than a flat one
+    peaked = chunked_token_confidence(torch.tensor([[9.0, 0.0, 0.0, 0.0]]), project=lambda z: z, k=2, chunk=1)
+    flat = chunked_token_confidence(torch.tensor([[0.0, 0.0, 0.0, 0.0]]), project=lambda z: z, k=2, chunk=1)
+    assert peaked.item() > flat.item()
+    with pytest.raises(ValueError, match="exceeds the vocabulary"):
+        chunked_token_confidence(logits, project=lambda z: z, k=5, chunk=2)
+
+
+# ------------------------------------------------------------------------------------------------ trace signals
+
+
+def test_trace_signals_by_hand():
+    confs = np.arange(1.0, 13.0)  # 1 .. 12
+    # window 2: means 1.5, 2.5, ..., 11.5 (11 windows, floor(1.1) = 1 lowest -> the min); tail 3: (10+11+12)/3
+    np.testing.assert_allclose(trace_signals(confs, window=2, tail=3), [6.5, 11.0, 1.5, 1.5])
+    confs = np.arange(1.0, 23.0)  # 21 windows of 2: floor(2.1) = 2 lowest, 1.5 and 2.5
+    np.testing.assert_allclose(trace_signals(confs, window=2, tail=30), [11.5, 11.5, 2.0, 1.5])
+    # windows of 3 over [5, 1, 1, 1, 5, 5]: 7/3, 1, 7/3, 11/3 (4 windows -> 1 lowest)
+    np.testing.assert_allclose(trace_signals([5, 1, 1, 1, 5, 5], window=3, tail=2), [3.0, 5.0, 1.0, 1.0])
+
+
+def test_trace_signals_short_trace_uses_its_mean_and_nan_positions_are_dropped():
+    np.testing.assert_allclose(trace_signals([1.0, 2.0, 6.0], window=4, tail=2), [3.0, 4.0, 3.0, 3.0])
+    np.testing.assert_allclose(trace_signals([1.0, np.nan, 2.0, 6.0], window=4, tail=2), [3.0, 4.0, 3.0, 3.0])
+    # exactly one window long: one window, its mean
+    np.testing.assert_allclose(trace_signals([1.0, 2.0, 6.0], window=3, tail=3), [3.0] * 4)
+    assert np.isnan(trace_signals([])).all()
+    with pytest.raises(ValueError, match="window"):
+        trace_signals([1.0], window=0)
+
+
+def test_trace_signals_default_lengths_are_2048_tokens():
+    confs = np.concatenate([np.full(2048, 1.0), np.full(2048, 3.0)])  # 2049 windows, floor(204.9) = 204 lowest
+    mean, tail, bottom, low = trace_signals(confs)
+    assert (mean, tail, low) == (2.0, 3.0, 1.0)
+    # the lowest 204 windows start at 0 .. 203: mean of 1 + 2 * s / 2048
+    assert bottom == pytest.approx(1 + 2 * np.mean(np.arange(204)) / 2048, rel=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------ selections
+
+
+def test_filter_top_fraction_numpy_linear_percentile_kept_when_at_least():
+    pidx = np.zeros(5, dtype=np.int64)
+    sig = np.array([3.0, 1.0, 5.0, 2.0, 4.0])
+    # 90th percentile of 1..5: 1 + 0.9 * 4 = 4.6 -> only 5 kept; 10th: 1.4 -> all but 1
+    assert filter_top_fraction(sig, pidx, 1, 0.1).tolist() == [False, False, True, False, False]
+    assert filter_top_fraction(sig, pidx, 1, 0.9).tolist() == [True, False, True, True, True]
+    # ties at the threshold are all kept; NaN neither counted nor kept; prompts of different sizes each their own
+    sig = np.array([1.0, 5.0, 5.0, 5.0, np.nan, 2.0, 8.0])
+    pidx = np.array([0, 0, 0, 0, 0, 1, 1])
+    assert filter_top_fraction(sig, pidx, 2, 0.1).tolist() == [False, True, True, True, False, False, True]
+
+
+def _signals(values: list[float]) -> np.ndarray:
+    """[N, 4] with every signal column equal to ``values`` (the tests pick the column by the method)."""
+    return np.repeat(np.asarray(values, dtype=np.float64)[:, None], len(SIGNALS), axis=1)
+
+
+def test_weighted_vote_by_hand_overrules_majority():
+    answers = [0, 0, 1]  # two paths say A (wrong), one very confident path says B (right)
+    correct = [False, False, True]
+    pids = [7, 7, 7]
+    sig = _signals([1.0, 1.5, 3.0])
+    assert select("majority", answers, correct, pids).accuracy == 0.0
+    for method in ("deepconf_mean", "deepconf_tail", "deepconf_bottom10", "deepconf_min"):
+        res = select(method, answers, correct, pids, deepconf_signals=sig)
+        assert res.accuracy == 1.0 and res.answer_ids.tolist() == [1]
+        assert res.confidence[0] == pytest.approx(3.0 / 5.5)
+    # A's total 2.6 now beats B's 2.5
+    assert select("deepconf_mean", answers, correct, pids, deepconf_signals=_signals([1.0, 1.6, 2.5])).accuracy == 0
+
+
+def test_weighted_vote_uses_the_methods_own_signal_column():
+    answers, correct, pids = [0, 1], [True, False], [0, 0]
+    sig = np.array([[2.0, 1.0, 1.0, 3.0],   # path 0 (right): mean 2, tail 1, bottom 1, min 3
+                    [1.0, 2.0, 2.0, 1.0]])  # path 1 (wrong)
+    got = {m: select(m, answers, correct, pids, deepconf_signals=sig).accuracy
+           for m in ("deepconf_mean", "deepconf_tail", "deepconf_bottom10", "deepconf_min")}
+    assert got == {"deepconf_mean": 1.0, "deepconf_tail": 0.0, "deepconf_bottom10": 0.0, "deepconf_min": 1.0}
+
+
+def test_top10_filter_then_weighted_vote_by_hand():
+    # 10 paths: 9 say A (wrong) with tail 1..9, one says B (right) with tail 10: the 90th percentile is 9.1, so only
+    # B is kept; with the top 90% (threshold 1.9) A's 2 + ... + 9 = 44 outvotes B's 10
+    answers = [0] * 9 + [1]
+    correct = [False] * 9 + [True]
+    sig = _signals(list(range(1, 11)))
+    pids = [0] * 10
+    assert select("deepconf_tail", answers, correct, pids, deepconf_signals=sig).accuracy == 0.0
+    assert select("deepconf_tail_top10", answers, correct, pids, deepconf_signals=sig).accuracy == 1.0
+    assert select("deepconf_bottom10_top10", answers, correct, pids, deepconf_signals=sig).accuracy == 1.0
+    res = select("deepconf_tail_top90", answers, correct, pids, deepconf_signals=sig)
+    assert res.accuracy == 0.0 and res.confidence[0] == pytest.approx(44 / 54)
+
+
+def test_deepconf_needs_signals_and_their_shape():
+    with pytest.raises(ValueError, match="token confidences"):
+        select("deepconf_mean", [0], [True], [0])
+    with pytest.raises(ValueError, match=r"\[2, 4\]"):
+        select("deepconf_mean", [0, 1], [True, False], [0, 0], deepconf_signals=np.ones((2, 3)))
+
+
+def test_scaling_curve_of_a_deepconf_method_subsets_the_signals():
+    rng = np.random.default_rng(0)
+    n_prompts, k = 30, 8
+    pids = np.repeat(np.arange(n_prompts), k)
+    answers = rng.integers(0, 3, size=pids.size) + 10 * pids
+    correct = answers % 10 == 0
+    # right answers are more confident: a weighted vote should beat the majority at every N >= 2
+    sig = _signals(list(rng.random(pids.size) + 2.0 * correct))
+    curve = scaling_curve("deepconf_min", answers, correct, pids, deepconf_signals=sig, n_draws=5)
+    majority = scaling_curve("majority", answers, correct, pids, n_draws=5)
+    assert curve.ns.tolist() == [1, 2, 4, 8]
+    assert curve.accuracy[0] == pytest.approx(correct.mean())
+    assert (curve.accuracy[1:] > majority.accuracy[1:]).all()
+    full = select("deepconf_min", answers, correct, pids, deepconf_signals=sig).accuracy
+    assert curve.accuracy[-1] == pytest.approx(full)
+
+
+# ------------------------------------------------------------------------------------------------ authors' rules
+
+
+def _make_traces_file(path, *, n_prompts=12, per_prompt=10, window=64, tail=48, seed=1):
+    """A JSONL file of traces with top-k log-probs per position: lengths on both sides of the window."""
+    rng = np.random.default_rng(seed)
+    with path.open("w") as f:
+        for p in range(n_prompts):
+            for s in range(per_prompt):
+                length = int(rng.choice([window // 2, window - 1, window, window + 1, 3 * window + 7, 400]))
+                level = rng.uniform(0.3, 3.0)
+                top = -np.abs(rng.normal(level, 1.0, size=(length, 5)))
+                answer = f"{p}-{int(rng.integers(0, 3))}"
+                f.write(json.dumps({"prompt_id": p, "answer": answer, "correct": answer.endswith("-0"),
+                                    "top_logprobs": top.tolist()}) + "\n")
+
+
+def test_signals_and_selections_equal_the_authors_rules_on_a_file(tmp_path):
+    window, tail = 64, 48
+    path = tmp_path / "traces.jsonl"
+    _make_traces_file(path, window=window, tail=tail)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    ours = np.stack([trace_signals(token_confidence_from_top_logprobs(r["top_logprobs"]), window=window, tail=tail)
+                     for r in rows])
+    by_prompt: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_prompt.setdefault(r["prompt_id"], []).append(i)
+    answers = np.array([r["answer"] for r in rows])
+    _, answer_ids = np.unique(answers, return_inverse=True)
+    correct = np.array([r["correct"] for r in rows])
+    pids = np.array([r["prompt_id"] for r in rows])
+    chosen = {m: select(m, answer_ids, correct, pids, deepconf_signals=ours) for m in SELECTIONS}
+    for p, idx in by_prompt.items():
+        confs = [ref.token_confidence(rows[i]["top_logprobs"]) for i in idx]
+        signals, winners = ref.prompt_selections([rows[i]["answer"] for i in idx], confs, window=window, tail=tail)
+        theirs = np.stack([signals[name] for name in SIGNALS], axis=1)
+        np.testing.assert_allclose(ours[idx], theirs, rtol=1e-12, atol=0)
+        for method, result in chosen.items():
+            assert answers[answer_ids == result.answer_ids[p]][0] == winners[method], (p, method)
