@@ -201,3 +201,131 @@ def test_signals_and_selections_equal_the_authors_rules_on_a_file(tmp_path):
         np.testing.assert_allclose(ours[idx], theirs, rtol=1e-12, atol=0)
         for method, result in chosen.items():
             assert answers[answer_ids == result.answer_ids[p]][0] == winners[method], (p, method)
+
+
+# ------------------------------------------------------------------------------------------------ reading files
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_calibrl_jsonl_token_confidence_is_reduced_to_signals_with_the_window_options(tmp_path):
+    from calibrl.evaluation.samples import DEEPCONF_SOURCES, load_samples
+
+    confs = [5.0, 1.0, 1.0, 1.0, 5.0, 5.0]
+    rows = [{"prompt_id": 0, "correct": True, "logprob_mean": -0.1, "token_confidence": confs, "answer": "1"},
+            {"prompt_id": 0, "correct": False, "logprob_mean": -0.2, "answer": "2"},
+            {"prompt_id": 0, "correct": False, "logprob_mean": -0.3, "token_confidence": [2, None, 4], "answer": "2"}]
+    s = load_samples(_write_jsonl(tmp_path / "s.jsonl", rows), deepconf_window=3, deepconf_tail=2)
+    np.testing.assert_allclose(s.deepconf_signals[0], [3.0, 5.0, 1.0, 1.0])  # windows 7/3, 1, 7/3, 11/3
+    assert np.isnan(s.deepconf_signals[1]).all()
+    np.testing.assert_allclose(s.deepconf_signals[2], [3.0, 3.0, 3.0, 3.0])  # the null skipped; shorter than w
+    assert s.confidence_sources() == ["logprob_mean", *DEEPCONF_SOURCES]
+    assert s.source_mask("deepconf_tail").tolist() == [True, False, True]
+    assert s.subset(np.array([False, True, True])).deepconf_signals.shape == (2, 4)
+    default = load_samples(tmp_path / "s.jsonl")  # 2,048-token windows: every trace is shorter, all its mean
+    np.testing.assert_allclose(default.deepconf_signals[0], [3.0] * 4)
+
+
+@pytest.mark.parametrize("value, problem", [
+    ([1.0, "x"], "entry 1: expected a number"), ([1.0, -0.5], "entry 1: -0.5 is not a finite number >= 0"),
+    ("1 2 3", "expected a list of numbers"), ([[1.0], [2.0]], "flat list"), ([True, False], "entry 0: expected a number, got True")])
+def test_bad_token_confidence_names_file_line_field_and_entry(tmp_path, value, problem):
+    from calibrl.evaluation.samples import SamplesError, load_samples
+
+    rows = [{"prompt_id": 0, "correct": True, "logprob_mean": -0.1},
+            {"prompt_id": 1, "correct": True, "logprob_mean": -0.1, "token_confidence": value}]
+    with pytest.raises(SamplesError, match=rf"s\.jsonl:2: field 'token_confidence': .*{problem}"):
+        load_samples(_write_jsonl(tmp_path / "s.jsonl", rows))
+
+
+def test_parquet_float16_token_confidence(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from calibrl.evaluation.samples import load_samples
+
+    confs = np.random.default_rng(0).uniform(0, 4, size=(3, 50)).astype(np.float16)
+    table = pa.table({"prompt_id": [0, 0, 1], "correct": [True, False, True], "logprob_mean": [-0.1, -0.2, -0.3],
+                      "token_confidence": pa.array([c for c in confs], type=pa.list_(pa.float16()))})
+    pq.write_table(table, tmp_path / "s.parquet")
+    s = load_samples(tmp_path / "s.parquet", deepconf_window=8, deepconf_tail=5)
+    want = np.stack([trace_signals(c.astype(np.float64), window=8, tail=5) for c in confs])
+    np.testing.assert_allclose(s.deepconf_signals, want, rtol=1e-12)
+
+
+def test_openai_chat_top_logprobs_and_vllm_topk_maps_give_token_confidence(tmp_path):
+    from calibrl.evaluation.samples import load_samples
+
+    content = [{"token": "a", "logprob": -0.5, "top_logprobs": [{"token": "a", "logprob": -0.5},
+                                                                {"token": "b", "logprob": -1.5}]},
+               {"token": "c", "logprob": -0.1, "top_logprobs": [{"token": "c", "logprob": -0.1},
+                                                                {"token": "d", "logprob": -3.1}]}]
+    line = {"id": "r1", "gold": "4", "choices": [{"index": 0, "message": {"content": "\\boxed{4}"},
+                                                   "logprobs": {"content": content}}]}
+    s = load_samples(_write_jsonl(tmp_path / "chat.jsonl", [line]), format="openai")
+    np.testing.assert_allclose(s.deepconf_signals[0], [1.3, 1.3, 1.3, 1.3])  # C = 1.0 and 1.6
+    legacy = {"id": "r2", "gold": "4", "choices": [{"index": 0, "text": "\\boxed{4}", "logprobs": {
+        "tokens": ["a", "c"], "token_logprobs": [-0.5, -0.1],
+        "top_logprobs": [{"a": -0.5, "b": -1.5}, {"c": -0.1, "d": -3.1}]}}]}
+    s = load_samples(_write_jsonl(tmp_path / "legacy.jsonl", [legacy]), format="openai")
+    np.testing.assert_allclose(s.deepconf_signals[0], [1.3] * 4)
+    output = {"index": 0, "text": "\\boxed{4}", "token_ids": [7, 9], "cumulative_logprob": -0.6,
+              "logprobs": [{"7": {"logprob": -0.5}, "8": {"logprob": -1.5}},
+                           {"9": -0.1, "3": -3.1, "4": -5.2}]}  # C = 1.0 and 2.8
+    s = load_samples(_write_jsonl(tmp_path / "v.jsonl", [{"request_id": "q", "gold": "4", "outputs": [output]}]),
+                     format="vllm", deepconf_window=2, deepconf_tail=1)
+    np.testing.assert_allclose(s.deepconf_signals[0], [1.9, 2.8, 1.9, 1.9])
+    plain = {**output, "logprobs": [{"7": -0.5}, {"9": -0.1}]}  # logprobs=0: no alternatives, no confidence
+    s = load_samples(_write_jsonl(tmp_path / "p.jsonl", [{"request_id": "q", "gold": "4", "outputs": [plain]}]),
+                     format="vllm")
+    assert s.deepconf_signals is None
+
+
+def test_eval_scores_signals_as_ranking_sources_and_runs_the_selections(tmp_path):
+    from calibrl.evaluation.samples import load_samples
+    from calibrl.evaluation.scoring import evaluate_samples
+    from calibrl.selection import DEEPCONF_METHODS
+
+    rng = np.random.default_rng(3)
+    rows = []
+    for p in range(20):
+        for k in range(6):
+            right = bool(rng.random() < 0.5)
+            level = 2.0 if right else 1.0  # right paths are more confident
+            rows.append({"prompt_id": p, "correct": right, "answer": "1" if right else str(2 + k % 2),
+                         "logprob_mean": -0.5, "token_confidence": rng.normal(level, 0.2, size=30).clip(0).tolist()})
+    s = load_samples(_write_jsonl(tmp_path / "s.jsonl", rows), deepconf_window=8, deepconf_tail=8)
+    res = evaluate_samples(s, label="x", answer_ids=None, methods=())
+    src = res.metrics["confidence_sources"]["deepconf_mean"]
+    assert src["auroc"] > 0.9 and src["ece"] is None and src["brier"] is None
+    assert "deepconf_mean" not in res.sources  # no reliability curve for a non-probability
+    ids = np.unique(s.answers, return_inverse=True)[1] + 10 * s.prompt_index
+    res = evaluate_samples(s, label="x", answer_ids=ids, methods=("majority",) + DEEPCONF_METHODS, scaling_draws=2)
+    for method in DEEPCONF_METHODS:
+        want = select(method, ids, s.correct, s.prompt_index, deepconf_signals=s.deepconf_signals).accuracy
+        assert res.metrics["selection"][method] == pytest.approx(want)
+        assert method in res.curves
+    missing = load_samples(_write_jsonl(tmp_path / "m.jsonl", rows[:-1] + [{**rows[-1], "token_confidence": None}]))
+    res = evaluate_samples(missing, label="x", answer_ids=ids, methods=("majority", "deepconf_min"), scaling_draws=2)
+    assert "deepconf_min" not in res.metrics["selection"]
+    assert res.metrics["selection_skipped"]["deepconf_min"] == "token_confidence missing or empty on 1 of 120 rows"
+
+
+def test_signals_read_from_a_calibrl_file_equal_the_authors_rules(tmp_path):
+    from calibrl.evaluation.samples import load_samples
+
+    window, tail = 64, 48
+    source = tmp_path / "traces.jsonl"
+    _make_traces_file(source, window=window, tail=tail, seed=5)
+    rows = [json.loads(line) for line in source.read_text().splitlines()]
+    calibrl_rows = [{"prompt_id": r["prompt_id"], "answer": r["answer"], "correct": r["correct"], "logprob_mean": -1.0,
+                     "token_confidence": ref.token_confidence(r["top_logprobs"])} for r in rows]
+    s = load_samples(_write_jsonl(tmp_path / "c.jsonl", calibrl_rows), deepconf_window=window, deepconf_tail=tail)
+    for i, r in enumerate(rows):
+        confs = ref.token_confidence(r["top_logprobs"])
+        theirs = [ref.mean_signal(confs), ref.tail_signal(confs, tail), ref.bottom_signal(confs, window),
+                  ref.min_signal(confs, window)]
+        np.testing.assert_allclose(s.deepconf_signals[i], theirs, rtol=1e-12, atol=0)

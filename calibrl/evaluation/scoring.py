@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from calibrl import metrics as M
-from calibrl.evaluation.samples import Samples
-from calibrl.selection import METHODS, ScalingCurve, scaling_curve, select
+from calibrl.evaluation.samples import DEEPCONF_SOURCES, Samples
+from calibrl.selection import DEEPCONF_METHODS, METHODS, ScalingCurve, scaling_curve, select
 from calibrl.selection.voting import confidence_weighted_vote
 
 __all__ = ["ScopeResult", "evaluate_samples", "source_arrays"]
@@ -89,6 +89,9 @@ def source_arrays(samples: Samples, kind: str) -> tuple[np.ndarray, np.ndarray, 
         probs = samples.class_probs[rows]
         conf = probs.max(axis=1)
         return rows, conf, conf, probs.argmax(axis=1) == samples.labels[rows]
+    if kind in DEEPCONF_SOURCES:  # a ranking score, no probability: the score is all there is
+        values = samples.deepconf_signal(kind)[rows]
+        return rows, values, values, samples.correct[rows]
     values = getattr(samples, kind)[rows]
     conf = np.exp(values) if kind == "logprob_mean" else values
     return rows, conf, values, samples.correct[rows]
@@ -101,6 +104,14 @@ def _source_metrics(samples: Samples, kind: str, n_bins: int) -> tuple[dict[str,
     figures: dict[str, Any] = {"n": n, "n_excluded": len(samples) - n}
     if n == 0:
         return {**figures, "auroc": None, "ece": None, "brier": None, "aurc": None, "mean_confidence": None}, None
+    if kind in DEEPCONF_SOURCES:
+        # DeepConf's signals rank paths (higher: more confident) but are no probabilities: AUROC, the per-prompt
+        # AUROC and AURC (which use only the order), never ECE or Brier; no reliability curve
+        ppa = M.per_prompt_auroc(score, target, samples.prompt_index[rows])
+        return {**figures, "auroc": _f(M.auroc(score, target)),
+                "per_prompt_auroc": {"mean": _f(ppa.mean), "n_prompts": int(ppa.n_prompts)}, "ece": None,
+                "brier": None, "aurc": _f(M.aurc(score, target)), "mean_signal": _f(np.mean(score)),
+                "mean_confidence": None}, None
     figures.update({
         "auroc": _f(M.auroc(score, target)),
         "ece": _f(M.ece(conf, target, n_bins=n_bins, strategy="uniform")),
@@ -210,6 +221,18 @@ def prompt_bootstrap(correct: np.ndarray, pidx: np.ndarray, score: np.ndarray | 
     return {k: percentile_interval(np.concatenate(v), alpha=alpha) for k, v in stats.items()}
 
 
+def _deepconf_inputs(samples: Samples) -> tuple[np.ndarray | None, str]:
+    """DeepConf's [N, 4] trace signals for the selections, or None and why: they need a token_confidence array
+    with at least one token on every path (a path without one would silently lose its vote)."""
+    signals = samples.deepconf_signals
+    if signals is None:
+        return None, "no token_confidence in the input"
+    missing = int(np.isnan(signals[:, 0]).sum())
+    if missing:
+        return None, f"token_confidence missing or empty on {missing} of {len(samples)} rows"
+    return signals, ""
+
+
 def evaluate_samples(
     samples: Samples,
     *,
@@ -305,12 +328,17 @@ def evaluate_samples(
             # a partial logprob_mean column counts as absent: weighted / pc / rpc need it on every path
             reason = f"logprob_mean missing on {int(np.isnan(lpm).sum())} of {lpm.size} rows"
             lpm = None
-        usable = [m for m in methods if lpm is not None or m in ("majority", "best_of_n")]
+        usable = [m for m in methods if lpm is not None or m in ("majority", "best_of_n") or m in DEEPCONF_METHODS]
         if not has_conf:  # best-of-N ranks paths by their confidence
             reason = "no confidence in the input"
-            usable = [m for m in usable if m == "majority"]
+            usable = [m for m in usable if m == "majority" or m in DEEPCONF_METHODS]
         skipped = {m: reason for m in methods if m not in usable}
-        kwargs = {"logprob_mean": lpm, "completions": samples.completion_ids, "confidence": score}
+        signals, why_not = _deepconf_inputs(samples)
+        if signals is None:
+            skipped.update({m: why_not for m in usable if m in DEEPCONF_METHODS})
+            usable = [m for m in usable if m not in DEEPCONF_METHODS]
+        kwargs = {"logprob_mean": lpm, "completions": samples.completion_ids, "confidence": score,
+                  "deepconf_signals": signals}
         sel: dict[str, Any] = {}  # accuracy of each method on all of each prompt's paths
         for method in usable:
             step(f"{label}/{scope}: selection '{method}' and its scaling curve")
