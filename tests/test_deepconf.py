@@ -329,3 +329,48 @@ def test_signals_read_from_a_calibrl_file_equal_the_authors_rules(tmp_path):
         theirs = [ref.mean_signal(confs), ref.tail_signal(confs, tail), ref.bottom_signal(confs, window),
                   ref.min_signal(confs, window)]
         np.testing.assert_allclose(s.deepconf_signals[i], theirs, rtol=1e-12, atol=0)
+
+
+# ------------------------------------------------------------------------------------------------ generation
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_generate_records_topk_token_confidence_of_the_sampling_distribution(temperature):
+    from calibrl.evaluation.backends import _TransformersBackend
+    from calibrl.models import TinyModelConfig, build_tiny_model
+
+    model, tokenizer = build_tiny_model(config=TinyModelConfig(max_position_embeddings=512), seed=0)
+    backend = _TransformersBackend(model, tokenizer, temperature=temperature, max_new_tokens=10, class_ids=None,
+                                   confidence_k=5)
+    prompts = ["What is 2+3?", "Hi"]  # different lengths: left padding must not shift anything
+    for prompt, group in zip(prompts, backend.generate(prompts, 2, seed=1)):
+        for sample in group:
+            prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt_ids + sample.ids])).logits[0, len(prompt_ids) - 1:-1]
+            want = -torch.log_softmax(logits.float() / temperature, -1).topk(5, -1).values.mean(-1)
+            assert len(sample.token_confidence) == len(sample.ids)
+            torch.testing.assert_close(torch.tensor(sample.token_confidence), want, atol=1e-4, rtol=1e-4)
+    off = _TransformersBackend(model, tokenizer, temperature=1.0, max_new_tokens=4, class_ids=None)
+    assert off.generate(["Hi"], 1, seed=1)[0][0].token_confidence is None
+
+
+def test_generate_rows_carry_token_confidence_that_eval_reads(tmp_path):
+    from pathlib import Path
+
+    from calibrl.evaluation.generate import generate
+    from calibrl.evaluation.samples import load_samples
+    from calibrl.models import TinyModelConfig, save_tiny_model
+
+    fixtures = Path(__file__).parent / "fixtures"
+    model_dir = save_tiny_model(tmp_path / "model", TinyModelConfig(max_position_embeddings=512))
+    out = tmp_path / "s.jsonl"
+    generate(model=str(model_dir), dataset="deepscaler", path=str(fixtures / "deepscaler.jsonl"), n=2, limit=2,
+             max_new_tokens=6, template="none", progress=False, out=out, backend="transformers",
+             token_confidence_k=3)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(len(r["token_confidence"]) == r["n_tokens"] and min(r["token_confidence"]) >= 0 for r in rows)
+    assert json.loads((tmp_path / "s.jsonl.meta.json").read_text())["token_confidence_k"] == 3
+    s = load_samples(out, deepconf_window=4, deepconf_tail=2)
+    want = np.stack([trace_signals(r["token_confidence"], window=4, tail=2) for r in rows])
+    np.testing.assert_allclose(s.deepconf_signals, want, rtol=1e-12)

@@ -30,11 +30,12 @@ def generate_command(
     dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on a GPU, float32 on the CPU), bfloat16, float16 or float32. bfloat16 on a CPU with AVX512-BF16: faster (docs/realmodel.md), logprob_mean within 0.15 nats of float32's (mean 0.015)."),
     device: Optional[str] = typer.Option(None, "--device", help="transformers backend device (default: cuda if available)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing OUT (and its settings) instead of resuming it."),
+    token_confidence_k: int = typer.Option(20, "--token-confidence-k", min=0, help="Record each token's DeepConf confidence (minus the mean of its top-k log-probs) with this k, as token_confidence per row; 0: not recorded."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Sample N completions per problem and record each one's answer, correctness and confidence.
 
-    Output rows: prompt_id, benchmark, completion, answer, correct, reward, logprob_mean, n_tokens (+ decision_prob,
+    Output rows: prompt_id, benchmark, completion, answer, correct, reward, logprob_mean, n_tokens, token_confidence (+ decision_prob,
     class_probs, label, classes for multiple-choice datasets). A rerun resumes: finished problems are skipped.
     """
     from rich.console import Console
@@ -45,7 +46,7 @@ def generate_command(
     config = GenerateConfig(
         model=model, dataset=dataset, out=out, n=n, path=path, split=split, max_new_tokens=max_new_tokens,
         temperature=temperature, batch_size=batch_size, limit=limit, template=template, reward=reward,
-        confidence_prompt=confidence_prompt,
+        confidence_prompt=confidence_prompt, token_confidence_k=token_confidence_k,
         backend=backend, seed=seed, dtype=dtype, device=device, overwrite=overwrite, progress=not quiet,
     )
     try:
