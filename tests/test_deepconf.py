@@ -374,3 +374,104 @@ def test_generate_rows_carry_token_confidence_that_eval_reads(tmp_path):
     s = load_samples(out, deepconf_window=4, deepconf_tail=2)
     want = np.stack([trace_signals(r["token_confidence"], window=4, tail=2) for r in rows])
     np.testing.assert_allclose(s.deepconf_signals, want, rtol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------ online
+
+
+class _ScriptedBackend:
+    """Returns the given samples in order, recording each call's count and thresholds."""
+
+    def __init__(self, samples):
+        self.samples, self.calls = list(samples), []
+
+    def generate(self, prompts, n, seed, *, stop_below=None, window=2048):
+        self.calls.append((len(prompts), n, stop_below))
+        return [[self.samples.pop(0) for _ in range(n)] for _ in prompts]
+
+
+def _sample(confs, *, stopped=False):
+    from calibrl.evaluation.backends import _Sample
+
+    return _Sample(ids=list(range(len(confs))), logps=[0.0] * len(confs), ended=not stopped,
+                   token_confidence=list(confs), stopped_early=stopped)
+
+
+def _rows_of(answers):
+    answers = iter(answers)
+    return lambda problem, group: [{"answer": next(answers), "correct": False} for _ in group]
+
+
+def test_online_threshold_is_the_warmup_percentile():
+    from calibrl.selection.deepconf import online_threshold
+
+    assert online_threshold([1.0, 2.0, 3.0, 4.0, 5.0], 0.1) == pytest.approx(4.6)  # percentile 90
+    assert online_threshold([1.0, 2.0, 3.0, 4.0, 5.0], 0.9) == pytest.approx(1.4)  # percentile 10
+    assert online_threshold([np.nan], 0.1) == -np.inf
+
+
+def test_online_stops_a_problem_at_consensus_and_counts_only_confident_traces():
+    from calibrl.evaluation.deepconf_online import OnlineSettings, sample_online
+
+    # window 2: warm-up lowest windows 5.0 and 3.0; keep 0.5 -> threshold 4.0; only the first votes (A: share 1)
+    backend = _ScriptedBackend([_sample([5, 5, 5]), _sample([3, 3, 6])])
+    settings = OnlineSettings(warmup=2, keep_fraction=0.5, consensus=0.95, window=2)
+    rows = sample_online(backend, [{"prompt": "p"}], n=6, seed=0, settings=settings, rows_of=_rows_of("AB"))[0]
+    assert len(backend.calls) == 1 and len(rows) == 2
+    assert [r["deepconf_voted"] for r in rows] == [True, False]
+    assert all(r["deepconf_threshold"] == 4.0 and r["deepconf_traces"] == 2 and r["deepconf_consensus"] == 1.0
+               for r in rows)
+    # no consensus: B (5) against A (5); a stopped trace saying B does not vote; a finished one saying A does
+    backend = _ScriptedBackend([_sample([5, 5]), _sample([5, 5]), _sample([1, 1], stopped=True), _sample([6, 6]),
+                                _sample([9, 9])])
+    settings = OnlineSettings(warmup=2, keep_fraction=1.0, consensus=0.6, window=2)
+    rows = sample_online(backend, [{"prompt": "p"}], n=5, seed=0, settings=settings, rows_of=_rows_of("ABBAA"))[0]
+    # after the warm-up 5 : 5 (0.5); the stopped B adds nothing; A's 6 makes 11 : 5 (0.6875 >= 0.6): stop at 4
+    assert [c[1] for c in backend.calls] == [2, 1, 1] and backend.calls[1][2] == [5.0]
+    assert [r["stop_reason"] for r in rows] == ["eos", "eos", "deepconf_confidence", "eos"]
+    assert [r["deepconf_voted"] for r in rows] == [True, True, False, True]
+    assert [r["sample_index"] for r in rows] == [0, 1, 2, 3]
+    assert rows[0]["deepconf_consensus"] == pytest.approx(11 / 16)
+
+
+def test_online_generation_stops_traces_at_the_first_window_below_the_threshold(tmp_path):
+    from pathlib import Path
+
+    from calibrl.evaluation.deepconf_online import OnlineSettings
+    from calibrl.evaluation.generate import generate, scan_existing
+    from calibrl.models import TinyModelConfig, save_tiny_model
+
+    fixtures = Path(__file__).parent / "fixtures"
+    model_dir = save_tiny_model(tmp_path / "model", TinyModelConfig(max_position_embeddings=512))
+    out = tmp_path / "s.jsonl"
+    settings = OnlineSettings(warmup=3, keep_fraction=0.9, consensus=1.0, window=3, round_size=2)
+    generate(model=str(model_dir), dataset="deepscaler", path=str(fixtures / "deepscaler.jsonl"), n=7, limit=2,
+             max_new_tokens=12, template="none", progress=False, out=out, backend="transformers",
+             deepconf_online=settings)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    stopped = 0
+    for r in rows:
+        windows = np.convolve(r["token_confidence"], np.ones(3) / 3, mode="valid")
+        margin = 1e-3  # the file's confidences are rounded to 4 decimals
+        if r["deepconf_phase"] == "final" and r["stop_reason"] == "deepconf_confidence":
+            stopped += 1
+            assert windows[-1] < r["deepconf_threshold"] + margin
+            assert (windows[:-1] >= r["deepconf_threshold"] - margin).all()
+        elif r["deepconf_phase"] == "final":
+            assert (windows >= r["deepconf_threshold"] - margin).all()
+        else:
+            assert r["deepconf_voted"] == (windows.min() >= r["deepconf_threshold"]) or \
+                abs(windows.min() - r["deepconf_threshold"]) < margin or r["answer"] is None
+    assert stopped > 0
+    assert {r["deepconf_traces"] for r in rows} == {7}  # consensus 1.0 with an untrained model: the whole budget
+    assert scan_existing(out, 7)[1] == len(rows)
+
+
+def test_resume_counts_a_problem_stopped_at_consensus_as_done(tmp_path):
+    from calibrl.evaluation.generate import scan_existing
+
+    out = tmp_path / "s.jsonl"
+    rows = [{"prompt_id": "a", "deepconf_traces": 2}] * 2 + [{"prompt_id": "b", "deepconf_traces": 3}] * 2
+    _write_jsonl(out, rows)
+    complete, kept = scan_existing(out, 8)
+    assert complete == {"a"} and kept == 2  # b was cut short by a kill: its 2 of 3 rows are dropped

@@ -50,6 +50,7 @@ class _Sample:
     class_logps: Any = None  # callable pos -> list[float] (log-prob of each class variant), decision tasks only
     # DeepConf's C_i per token (minus the mean of the top-k log-probs at each step); None when not recorded
     token_confidence: list[float] | None = None
+    stopped_early: bool = False  # stopped by DeepConf's online rule (its window confidence fell below the threshold)
 
 
 def _decision_variants(tokenizer, classes: Sequence[str]) -> tuple[list[int], list[int]]:
@@ -195,8 +196,38 @@ class _TransformersBackend:
                 return scores
 
         self.Recorder = Recorder
+        self.confidence_k = confidence_k
 
-    def generate(self, prompts: Sequence[Any], n: int, seed: int) -> list[list[_Sample]]:
+    def _window_stop(self, recorder, thresholds, window: int):
+        """A stopping criterion for DeepConf's online rule: a row stops once its last ``window`` token confidences
+        average below its ``thresholds`` entry ([rows] float64; -inf: never). Rows are checked from their
+        ``window``-th token on (a full window, as the offline lowest-window signal counts). ``stop_step`` [rows]:
+        the step at which each row stopped (-1: not stopped)."""
+        from transformers import StoppingCriteria
+
+        torch = self.torch
+
+        class WindowStop(StoppingCriteria):
+            def __init__(self):
+                self.cumulative = [torch.zeros(len(thresholds), dtype=torch.float64)]  # per step, running sums
+                self.stop_step = torch.full((len(thresholds),), -1, dtype=torch.long)
+
+            def __call__(self, input_ids, scores, **kwargs):
+                step = len(self.cumulative) - 1  # the step whose token was just sampled
+                self.cumulative.append(self.cumulative[-1] + recorder.confidences[step].double().cpu())
+                if step + 1 >= window:
+                    mean = (self.cumulative[-1] - self.cumulative[-1 - window]) / window
+                    new = (mean < thresholds) & (self.stop_step < 0)
+                    self.stop_step[new] = step
+                    self.cumulative[-1 - window] = None  # no longer needed: memory stays O(window x rows)
+                return (self.stop_step >= 0).to(input_ids.device)
+
+        return WindowStop()
+
+    def generate(self, prompts: Sequence[Any], n: int, seed: int, *, stop_below: Sequence[float] | None = None,
+                 window: int = 2048) -> list[list[_Sample]]:
+        """``n`` samples of each prompt; ``stop_below`` (one threshold per prompt, needs ``confidence_k``): DeepConf's
+        online early stop of a sample whose ``window``-token confidence falls below its prompt's threshold."""
         torch = self.torch
         texts = _render_prompts(self.tokenizer, prompts)
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
@@ -204,13 +235,19 @@ class _TransformersBackend:
         input_ids = enc["input_ids"].to(device).repeat_interleave(n, dim=0)
         attention_mask = enc["attention_mask"].to(device).repeat_interleave(n, dim=0)
         recorder = self.Recorder()
+        criteria = []
+        if stop_below is not None:
+            if not self.confidence_k:
+                raise GenerateError("DeepConf's online stop needs token confidences (token_confidence_k >= 1)")
+            thresholds = torch.tensor([float(t) for t in stop_below], dtype=torch.float64).repeat_interleave(n)
+            criteria = [self._window_stop(recorder, thresholds, int(window))]
         torch.manual_seed(seed)
         model_config, self.model.generation_config = self.model.generation_config, self._bare_model_config
         try:
             with torch.no_grad():
                 sequences = self.model.generate(
                     input_ids=input_ids, attention_mask=attention_mask, generation_config=self.generation_config,
-                    logits_processor=[recorder],
+                    logits_processor=[recorder], **({"stopping_criteria": criteria} if criteria else {}),
                 )
         finally:
             self.model.generation_config = model_config
@@ -235,11 +272,15 @@ class _TransformersBackend:
                     if t in self.eos:
                         length, ended = k + 1, True
                         break
+                stopped = bool(criteria) and 0 <= int(criteria[0].stop_step[r]) < length
+                if stopped:  # stopped by the window rule before any EOS: its tokens up to the stopping one
+                    length, ended = int(criteria[0].stop_step[r]) + 1, False
                 rows_class = class_logps[r] if class_logps is not None else None
                 group.append(_Sample(
                     ids=ids[:length], logps=token_logps[r, :length].tolist(), ended=ended,
                     class_logps=(lambda p, rc=rows_class: rc[p].tolist()) if rows_class is not None else None,
                     token_confidence=confidences[r, :length].tolist() if confidences is not None else None,
+                    stopped_early=stopped,
                 ))
             out.append(group)
         return out
@@ -366,7 +407,8 @@ def open_backend(config: GenerateConfig, *, model=None, tokenizer=None, classes:
 
         config = dataclasses.replace(config, model=resolve_model(config.model))
     use_vllm = config.backend == "vllm" or (config.backend == "auto" and model is None and _vllm_usable()
-                                            and not config.model.startswith("builtin:"))
+                                            and not config.model.startswith("builtin:")
+                                            and config.deepconf_online is None)  # online stop: transformers only
     decision_task = classes is not None
     if use_vllm:
         from transformers import AutoTokenizer

@@ -48,7 +48,7 @@ from calibrl.selection.voting import SelectionResult, _prepare, _vote
 
 __all__ = [
     "BOTTOM_FRACTION", "DEFAULT_TAIL", "DEFAULT_WINDOW", "SELECTIONS", "SIGNALS", "deepconf_select",
-    "filter_top_fraction", "token_confidence_from_top_logprobs", "trace_signals",
+    "filter_top_fraction", "online_threshold", "token_confidence_from_top_logprobs", "trace_signals",
 ]
 
 DEFAULT_WINDOW = 2048  # tokens per sliding window (the paper's and the authors' code's)
@@ -136,6 +136,18 @@ def filter_top_fraction(signal: np.ndarray, pidx: np.ndarray, n_prompts: int, ke
         rows = order[starts[prompts][:, None] + np.arange(size)]  # [prompts, size]
         threshold[prompts] = np.percentile(signal[rows], q, axis=1)
     return has & (signal >= threshold[pidx])
+
+
+def online_threshold(warmup_lowest, keep_fraction: float = 0.1) -> float:
+    """DeepConf online's stopping threshold of one prompt: ``np.percentile(warm-up traces' lowest window
+    confidences, (1 - keep_fraction) * 100)`` (the authors' ``deepconf-online.py``: percentile 90 keeps the top 10%,
+    DeepConf-low; 10 keeps the top 90%, DeepConf-high). Traces without a signal (NaN) are left out; -inf (never
+    stop) when none has one."""
+    if not 0 < keep_fraction <= 1:
+        raise ValueError(f"keep_fraction must lie in (0, 1], got {keep_fraction}")
+    values = np.asarray(warmup_lowest, dtype=np.float64).reshape(-1)
+    values = values[~np.isnan(values)]
+    return float(np.percentile(values, (1 - keep_fraction) * 100)) if values.size else -math.inf
 
 
 def deepconf_select(method: str, answer_ids, correct, prompt_ids, *, deepconf_signals=None,
