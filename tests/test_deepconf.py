@@ -475,3 +475,23 @@ def test_resume_counts_a_problem_stopped_at_consensus_as_done(tmp_path):
     _write_jsonl(out, rows)
     complete, kept = scan_existing(out, 8)
     assert complete == {"a"} and kept == 2  # b was cut short by a kill: its 2 of 3 rows are dropped
+
+
+def test_eval_of_an_online_file_votes_like_the_sampler_and_counts_every_token(tmp_path):
+    from calibrl.evaluation.samples import load_samples
+    from calibrl.evaluation.scoring import evaluate_samples
+
+    # prompt 0: A (voted, lowest window 2) against B (voted, 3) and B stopped (not voted, 9): B wins, right
+    # prompt 1: A voted (1) alone; B (0.5) not voted: A wins, wrong
+    def row(p, answer, confs, voted, right):
+        return {"prompt_id": p, "answer": answer, "correct": right, "logprob_mean": -1.0, "n_tokens": len(confs),
+                "token_confidence": confs, "deepconf_voted": voted}
+    rows = [row(0, "A", [2, 2], True, False), row(0, "B", [3, 3, 3], True, True), row(0, "A", [9, 9], False, False),
+            row(1, "A", [1, 1], True, False), row(1, "B", [0.5] * 4, False, True)]
+    s = load_samples(_write_jsonl(tmp_path / "o.jsonl", rows), deepconf_window=2)
+    ids = np.unique(s.answers, return_inverse=True)[1] + 10 * s.prompt_index
+    res = evaluate_samples(s, label="o", answer_ids=ids, methods=("majority", "deepconf_min"), scaling_draws=2)
+    assert res.metrics["selection"]["deepconf_online"] == 0.5
+    assert res.metrics["selection"]["deepconf_min"] == 0.0  # every path voting: A's 2 + 9 beats B's 3; A's 1 B's 0.5
+    assert res.metrics["selection_tokens_per_prompt"] == pytest.approx((7 + 6) / 2)
+    assert res.metrics["scaling"]["majority"]["tokens"] == pytest.approx([2.6, 5.2])  # N x 13 / 5

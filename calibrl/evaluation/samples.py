@@ -17,6 +17,7 @@ One row per sampled completion. Fields (see docs/eval.md for the full table):
   (:func:`calibrl.selection.deepconf.trace_signals`) as it is read and then dropped, so memory grows with the
   rows, not with their lengths; the signals are the confidence sources ``deepconf_mean``, ``deepconf_tail``,
   ``deepconf_bottom10`` and ``deepconf_min`` (:data:`DEEPCONF_SOURCES`: rankings, never the main confidence).
+  ``deepconf_voted`` (bool, ``calibrl generate --deepconf-online``): the row counted in the online vote.
 - optional: ``answer`` (str, or a number stored as its string; null = no answer extracted), ``benchmark`` (str),
   ``completion`` (str), ``n_tokens`` (int >= 0), ``classes`` (list of str), ``sample_index`` (int: which sample
   of the prompt; a repeated (benchmark, prompt_id, sample_index) with the same completion is dropped and counted,
@@ -114,6 +115,9 @@ class Samples:
     n_tokens: np.ndarray | None = None  # [N] float (NaN where absent)
     # [N, 4] float: DeepConf's (mean, tail, bottom10, min) of each row's token_confidence (NaN rows where absent)
     deepconf_signals: np.ndarray | None = None
+    # [N] float: 1 / 0 whether a row of a `calibrl generate --deepconf-online` file counted in its online vote
+    # (deepconf_voted), NaN where the row does not say
+    deepconf_voted: np.ndarray | None = None
     format: str = "calibrl"  # the format the file was read as (calibrl.evaluation.readers.FORMATS)
     notes: list[str] = field(default_factory=list)  # how a foreign format was read (which field gave correct, ...)
     # rows left out, by cause: failed requests / rewards (see readers.Skips) and repeated samples
@@ -235,7 +239,7 @@ class Samples:
         kwargs = {}
         for name in ("prompt_ids", "correct", "reward", "logprob_mean", "decision_prob", "class_probs",
                      "verbalized_confidence", "labels", "answers", "benchmarks", "completion_ids", "n_tokens",
-                     "rows", "deepconf_signals"):
+                     "rows", "deepconf_signals", "deepconf_voted"):
             value = getattr(self, name)
             kwargs[name] = None if value is None else value[mask]
         return replace(self, **kwargs)
@@ -404,7 +408,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
     correct: list[bool] = []
     # floats in compact arrays (8 bytes a row, not a Python float each)
     cols: dict[str, array] = {k: array("d") for k in ("reward", "logprob_mean", "decision_prob",
-                                                      "verbalized_confidence", "n_tokens")}
+                                                      "verbalized_confidence", "n_tokens", "deepconf_voted")}
     n_parsed = 0  # rows whose verbalized confidence was read from the completion text
     class_probs: list[list[float] | None] = []
     labels: list[int] = []
@@ -455,6 +459,10 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         prompt_ids.append(pid_text)
         positions.append(position)
         signals.extend(_deepconf_signals(r, *deepconf))
+        voted = raw.get("deepconf_voted")
+        if voted is not None and not isinstance(voted, (bool, np.bool_)):
+            raise r.fail("deepconf_voted", f"expected a bool, got {_shown(voted)}")
+        cols["deepconf_voted"].append(math.nan if voted is None else float(voted))
 
         for name in ("reward", "n_tokens"):
             cols[name].append(r.number(name, low=0 if name == "n_tokens" else -math.inf)
@@ -605,6 +613,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         completion_ids=None if 0 not in no_text else digest_ids(digests, np.frombuffer(no_text, dtype=np.uint8) == 1),
         rows=np.frombuffer(positions, dtype=np.int64).copy() if len(positions) else np.zeros(0, dtype=np.int64),
         n_tokens=opt_float(cols["n_tokens"]),
+        deepconf_voted=opt_float(cols["deepconf_voted"]),
         deepconf_signals=None if np.isnan(np.frombuffer(signals, dtype=np.float64)).all()
         else np.frombuffer(signals, dtype=np.float64).reshape(-1, len(DEEPCONF_SOURCES)),
         notes=[f"{source}: verbalized_confidence read from the completion's <confidence> tag on {n_parsed} rows"]

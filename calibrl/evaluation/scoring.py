@@ -22,7 +22,7 @@ only decides which arrays go in:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -233,6 +233,30 @@ def _deepconf_inputs(samples: Samples) -> tuple[np.ndarray | None, str]:
     return signals, ""
 
 
+def _deepconf_online_and_tokens(samples: Samples, answer_ids: np.ndarray, sel: dict[str, Any], result: ScopeResult,
+                                out: dict[str, Any], *, step: Callable[[str], Any]) -> None:
+    """What the selections spend, and DeepConf online's answer when the input is a ``--deepconf-online`` file.
+
+    ``out["selection_tokens_per_prompt"]``: the mean over prompts of the tokens of all their paths, what every
+    offline selection on this input spends (an online file's count its stopped traces); each scaling curve gets
+    ``tokens`` per N (N times the mean tokens of a path). ``sel["deepconf_online"]``: the online vote
+    (:func:`calibrl.selection.deepconf.online_vote`) when every row says whether it voted."""
+    from calibrl.selection.deepconf import online_vote
+
+    tokens = samples.n_tokens
+    if tokens is not None and not np.isnan(tokens).any():
+        per_prompt = np.bincount(samples.prompt_index, weights=tokens, minlength=samples.n_prompts)
+        out["selection_tokens_per_prompt"] = _f(per_prompt.mean())
+        for method, curve in result.curves.items():
+            result.curves[method] = replace(curve, tokens=curve.ns * float(tokens.mean()))
+    voted = samples.deepconf_voted
+    if voted is not None and not np.isnan(voted).any() and samples.deepconf_signals is not None:
+        step("DeepConf online vote")
+        sel["deepconf_online"] = _f(online_vote(answer_ids, samples.correct, samples.prompt_index,
+                                                deepconf_signals=samples.deepconf_signals,
+                                                voted=voted == 1).accuracy)
+
+
 def evaluate_samples(
     samples: Samples,
     *,
@@ -357,6 +381,7 @@ def evaluate_samples(
             result.curves["weighted_verbalized"] = scaling_curve(
                 "confidence_weighted", answer_ids, samples.correct, pidx, confidence=verbal, n_draws=scaling_draws,
                 seed=seed)
+        _deepconf_online_and_tokens(samples, answer_ids, sel, result, out, step=lambda d: step(f"{label}/{scope}: {d}"))
         out["selection"] = sel
         if skipped:
             out["selection_skipped"] = skipped

@@ -72,6 +72,7 @@ SELECTION_NAMES = {
     "deepconf_bottom10_top10": "DeepConf: top 10% by bottom-10% confidence, weighted vote",
     "deepconf_tail_top90": "DeepConf: top 90% by tail confidence, weighted vote",
     "deepconf_bottom10_top90": "DeepConf: top 90% by bottom-10% confidence, weighted vote",
+    "deepconf_online": "DeepConf online (early-stopped sampling, its vote)",
 }
 _SELECTION_STYLES = {
     "majority": ("#1f77b4", "o", "-"), "weighted": ("#ff7f0e", "s", "--"), "pc": ("#2ca02c", "^", "-."),
@@ -81,6 +82,7 @@ _SELECTION_STYLES = {
     "deepconf_bottom10": ("#17becf", "^", ":"), "deepconf_min": ("#393b79", "v", ":"),
     "deepconf_tail_top10": ("#8c6d31", "D", "-"), "deepconf_bottom10_top10": ("#637939", "P", "-"),
     "deepconf_tail_top90": ("#843c39", "X", "--"), "deepconf_bottom10_top90": ("#7b4173", "*", "--"),
+    "deepconf_online": ("#000000", "h", "-"),
 }
 
 

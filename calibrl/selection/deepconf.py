@@ -48,7 +48,7 @@ from calibrl.selection.voting import SelectionResult, _prepare, _vote
 
 __all__ = [
     "BOTTOM_FRACTION", "DEFAULT_TAIL", "DEFAULT_WINDOW", "SELECTIONS", "SIGNALS", "deepconf_select",
-    "filter_top_fraction", "online_threshold", "token_confidence_from_top_logprobs", "trace_signals",
+    "filter_top_fraction", "online_threshold", "online_vote", "token_confidence_from_top_logprobs", "trace_signals",
 ]
 
 DEFAULT_WINDOW = 2048  # tokens per sliding window (the paper's and the authors' code's)
@@ -175,3 +175,15 @@ def deepconf_select(method: str, answer_ids, correct, prompt_ids, *, deepconf_si
     if keep_fraction is not None:
         counted = filter_top_fraction(weight, p, n, keep_fraction)
     return _vote(method, np.where(counted, weight, 0.0), a, c, p, n, prompts)
+
+
+def online_vote(answer_ids, correct, prompt_ids, *, deepconf_signals=None, voted=None, **_: Any) -> SelectionResult:
+    """DeepConf online's answer (``calibrl generate --deepconf-online``): the paths that counted in the online vote
+    (``voted`` [N] bool: warm-up traces at or above the threshold, traces not stopped) each add their lowest window
+    confidence (column ``min`` of ``deepconf_signals``) to their answer's score."""
+    a, c, p, n, prompts = _prepare(answer_ids, correct, prompt_ids)
+    if deepconf_signals is None or voted is None:
+        raise ValueError("deepconf_online needs token confidences and each path's deepconf_voted")
+    lowest = np.asarray(deepconf_signals, dtype=np.float64)[:, SIGNALS.index("min")]
+    counted = np.asarray(voted, dtype=bool) & ~np.isnan(lowest)
+    return _vote("deepconf_online", np.where(counted, lowest, 0.0), a, c, p, n, prompts)

@@ -29,10 +29,14 @@ class ScalingCurve:
     accuracy: np.ndarray
     std: np.ndarray
     n_draws: int
+    tokens: np.ndarray | None = None  # [len(ns)] tokens a prompt spends at each N, when the paths' lengths are known
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ns": self.ns.tolist(), "accuracy": self.accuracy.tolist(), "std": self.std.tolist(),
-                "n_draws": self.n_draws}
+        out = {"ns": self.ns.tolist(), "accuracy": self.accuracy.tolist(), "std": self.std.tolist(),
+               "n_draws": self.n_draws}
+        if self.tokens is not None:
+            out["tokens"] = self.tokens.tolist()
+        return out
 
 
 def _default_ns(min_group: int) -> list[int]:
