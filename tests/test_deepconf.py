@@ -495,3 +495,29 @@ def test_eval_of_an_online_file_votes_like_the_sampler_and_counts_every_token(tm
     assert res.metrics["selection"]["deepconf_min"] == 0.0  # every path voting: A's 2 + 9 beats B's 3; A's 1 B's 0.5
     assert res.metrics["selection_tokens_per_prompt"] == pytest.approx((7 + 6) / 2)
     assert res.metrics["scaling"]["majority"]["tokens"] == pytest.approx([2.6, 5.2])  # N x 13 / 5
+
+
+def test_parquet_null_lists_and_nulls_inside_a_list(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from calibrl.evaluation.samples import load_samples
+
+    table = pa.table({"prompt_id": [0, 0, 1], "correct": [True, False, True], "logprob_mean": [-0.1, -0.2, -0.3],
+                      "token_confidence": pa.array([[1.0, 3.0], None, [2.0, None, 4.0]],
+                                                   type=pa.list_(pa.float16()))})
+    pq.write_table(table, tmp_path / "s.parquet")
+    s = load_samples(tmp_path / "s.parquet", deepconf_window=2, deepconf_tail=1)
+    np.testing.assert_allclose(s.deepconf_signals[0], [2.0, 3.0, 2.0, 2.0])
+    assert np.isnan(s.deepconf_signals[1]).all()
+    np.testing.assert_allclose(s.deepconf_signals[2], [3.0, 4.0, 3.0, 3.0])  # the null position skipped
+
+
+def test_repeated_rows_without_completion_compare_their_token_confidence(tmp_path):
+    from calibrl.evaluation.samples import SamplesError, load_samples
+
+    row = {"prompt_id": 0, "sample_index": 0, "correct": True, "logprob_mean": -0.1, "token_confidence": [1.0, 2.0]}
+    s = load_samples(_write_jsonl(tmp_path / "same.jsonl", [row, dict(row)]))
+    assert len(s) == 1 and s.skipped == {"repeated sample": 1}
+    with pytest.raises(SamplesError, match="sample_index"):
+        load_samples(_write_jsonl(tmp_path / "other.jsonl", [row, {**row, "token_confidence": [1.0, 2.5]}]))

@@ -451,8 +451,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
                 "utf-8", "surrogatepass"), digest_size=16).digest()
             # the completion's digest is taken below with the others; a row without one is compared whole
             text = raw.get("completion")
-            content_digests += _NO_DIGEST if isinstance(text, str) else text_digest(
-                json.dumps(raw, sort_keys=True, default=str))
+            content_digests += _NO_DIGEST if isinstance(text, str) else _row_digest(raw)
         else:
             key_digests += _NO_DIGEST
             content_digests += _NO_DIGEST
@@ -627,6 +626,20 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
                          "completion as an earlier row)")
     samples.skipped = {"repeated sample": n_repeated}
     return samples
+
+
+def _row_digest(raw: dict) -> bytes:
+    """16-byte digest of a whole row (a row without a completion, compared whole for repeats): its JSON, and a
+    ``token_confidence`` array by its float64 bytes (its JSON text would cost more than reading the row)."""
+    confs = raw.get("token_confidence")
+    if confs is None:
+        return text_digest(json.dumps(raw, sort_keys=True, default=str))
+    rest = json.dumps({k: v for k, v in raw.items() if k != "token_confidence"}, sort_keys=True, default=str)
+    try:
+        values = np.asarray(confs, dtype=np.float64).tobytes()
+    except (TypeError, ValueError):  # nulls or bad entries: validated (and refused) later
+        values = json.dumps(confs, default=str).encode()
+    return hashlib.blake2b(rest.encode("utf-8", "surrogatepass") + b"\0" + values, digest_size=16).digest()
 
 
 _NO_SIGNALS = (math.nan,) * len(DEEPCONF_SOURCES)

@@ -120,6 +120,9 @@ def _text_bytes(values) -> np.ndarray:
     if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or \
             pa.types.is_large_binary(kind):
         return pc.binary_length(values).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_floating(kind.value_type):
+        # numbers only (token_confidence): 8 bytes a value, from the lists' lengths without flattening them
+        return pc.list_value_length(values).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64) * 8
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
         parents = pc.list_parent_indices(values).to_numpy(zero_copy_only=False)
         sizes = _text_bytes(values.flatten())
@@ -134,6 +137,31 @@ def _text_bytes(values) -> np.ndarray:
 
 _PARQUET_BATCH_ROWS = 4096
 _PARQUET_CHUNK_BYTES = 16 * 2**20  # rows are turned into Python objects at most this many text bytes at a time
+
+
+ARRAY_COLUMNS = ("token_confidence",)  # lists of numbers handed over as numpy arrays, not Python lists
+
+
+def _pylist_with_arrays(batch) -> tuple[list[dict], dict[str, list]]:
+    """``batch.to_pylist()``, but the :data:`ARRAY_COLUMNS` that are lists of floats come as one numpy view per
+    row (None for a null row) of their flattened values: a 16k-token float16 list is one slice, not 16k floats."""
+    import pyarrow as pa
+
+    arrays = {}
+    for name in ARRAY_COLUMNS:
+        index = batch.schema.get_field_index(name)
+        if index < 0:
+            continue
+        column = batch.column(index)
+        if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) or \
+                not pa.types.is_floating(column.type.value_type) or column.values.null_count:
+            continue  # nulls inside a list: the Python list keeps them (a row's validation names them)
+        flat = column.values.to_numpy(zero_copy_only=False)
+        offsets = column.offsets.to_numpy()
+        valid = column.is_valid().to_numpy(zero_copy_only=False)
+        arrays[name] = [flat[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(column))]
+        batch = batch.drop_columns([name])
+    return batch.to_pylist(), arrays
 
 
 def rows_parquet(path: Path) -> Iterator[tuple[int, Any]]:
@@ -166,7 +194,10 @@ def rows_parquet(path: Path) -> Iterator[tuple[int, Any]]:
             hi = max(lo + 1, int(np.searchsorted(ends, (ends[lo - 1] if lo else 0) + _PARQUET_CHUNK_BYTES,
                                                  side="right")))
             hi = min(hi, stop)
-            for offset, row in enumerate(batch.slice(lo, hi - lo).to_pylist()):
+            rows, arrays = _pylist_with_arrays(batch.slice(lo, hi - lo))
+            for offset, row in enumerate(rows):
+                for name, values in arrays.items():
+                    row[name] = values[offset]
                 yield start + lo + offset, row
             lo = hi
         if big.size:
