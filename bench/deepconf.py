@@ -23,13 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from eval_memory import run  # (peak RSS in MB, wall seconds, stdout) of a child process
 
 PER_PROMPT = 16
 
@@ -86,17 +87,6 @@ def data_file(folder: Path, suffix: str, *, rows: int, tokens: int) -> Path:
     return path
 
 
-def run(argv: list[str]) -> tuple[float, str]:
-    """(peak RSS in MB, stdout) of the child process ``argv`` (its own peak, from ``os.wait4``)."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)
-        out.seek(0), err.seek(0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise RuntimeError(f"{' '.join(argv[:4])} ... failed:\n{err.read()[-3000:]}")
-        return usage.ru_maxrss / 1024, out.read()
-
-
 _READ = ("import sys, time; from calibrl.evaluation.samples import load_samples; t = time.perf_counter(); "
          "s = load_samples(sys.argv[1]); print(time.perf_counter() - t, len(s), s.deepconf_signals.nbytes)")
 _JSON = ("import sys, time, json; t = time.perf_counter(); f = open(sys.argv[1], 'rb'); "
@@ -112,9 +102,9 @@ def reading(folder: Path, rows: int, tokens: int) -> None:
                                       (".parquet", "pyarrow read_table", _ARROW)):
         path = data_file(folder, suffix, rows=rows, tokens=tokens)
         size = path.stat().st_size / 2**20
-        read_peak, out = run([sys.executable, "-c", _READ, str(path)])
+        read_peak, _, out = run([sys.executable, "-c", _READ, str(path)])
         read_s = float(out.split()[0])
-        parse_peak, out = run([sys.executable, "-c", parse, str(path)])
+        parse_peak, _, out = run([sys.executable, "-c", parse, str(path)])
         parse_s = float(out.split()[0])
         print(f"  {suffix[1:]:7s} ({size:7,.0f} MB): load_samples {read_s:7.1f} s, peak {read_peak:6,.0f} MB | "
               f"{parse_name} {parse_s:7.1f} s, peak {parse_peak:6,.0f} MB | time ratio {read_s / parse_s:.2f}x")

@@ -521,3 +521,27 @@ def test_repeated_rows_without_completion_compare_their_token_confidence(tmp_pat
     assert len(s) == 1 and s.skipped == {"repeated sample": 1}
     with pytest.raises(SamplesError, match="sample_index"):
         load_samples(_write_jsonl(tmp_path / "other.jsonl", [row, {**row, "token_confidence": [1.0, 2.5]}]))
+
+
+def test_cli_eval_with_deepconf_methods_and_window_options(tmp_path):
+    from typer.testing import CliRunner
+
+    from calibrl.cli import app
+
+    rng = np.random.default_rng(0)
+    rows = [{"prompt_id": p, "answer": str(a), "correct": bool(a == 0), "logprob_mean": -0.5, "n_tokens": 12,
+             "token_confidence": (rng.random(12) + (a == 0)).round(4).tolist()}
+            for p in range(6) for a in rng.integers(0, 3, size=4)]
+    path = _write_jsonl(tmp_path / "s.jsonl", rows)
+    result = CliRunner().invoke(app, ["eval", str(path), "--out", str(tmp_path / "r"), "--bootstrap", "0",
+                                      "--no-math-verify", "--methods", "majority,deepconf_min,deepconf_tail_top10",
+                                      "--deepconf-window", "4", "--deepconf-tail", "3"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((tmp_path / "r" / "metrics.json").read_text())["results"]["overall"]["s"]
+    assert set(metrics["selection"]) == {"majority", "deepconf_min", "deepconf_tail_top10"}
+    assert metrics["confidence_sources"]["deepconf_bottom10"]["ece"] is None
+    assert metrics["selection_tokens_per_prompt"] == 48.0
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "DeepConf: top 10% by tail confidence" in report and "Tokens spent per prompt" in report
+    bad = CliRunner().invoke(app, ["eval", str(path), "--out", str(tmp_path / "r2"), "--methods", "deepconf_nope"])
+    assert bad.exit_code == 2 and "deepconf_nope" in bad.output
