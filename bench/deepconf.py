@@ -95,11 +95,13 @@ _ARROW = ("import sys, time; import pyarrow.parquet as pq; t = time.perf_counter
           "n = pq.read_table(sys.argv[1]).num_rows; print(time.perf_counter() - t, n)")
 
 
-def reading(folder: Path, rows: int, tokens: int) -> None:
+def reading(folder: Path, rows: int, tokens: int, formats: str = "jsonl,parquet") -> None:
     held = rows * tokens * 8 / 2**20
     print(f"{rows:,} traces x {tokens:,} tokens: holding every array as float64 would take {held:,.0f} MB")
     for suffix, parse_name, parse in ((".jsonl", "json.loads per line", _JSON),
                                       (".parquet", "pyarrow read_table", _ARROW)):
+        if suffix[1:] not in formats.split(","):
+            continue
         path = data_file(folder, suffix, rows=rows, tokens=tokens)
         size = path.stat().st_size / 2**20
         read_peak, _, out = run([sys.executable, "-c", _READ, str(path)])
@@ -149,6 +151,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=4, help="--generate: problems")
     parser.add_argument("--n", type=int, default=4, help="--generate: samples per problem")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="--generate: tokens per sample at most")
+    parser.add_argument("--formats", default="jsonl,parquet", help="which files to read (jsonl, parquet)")
     parser.add_argument("--dir", type=Path, default=None, help="keep the files here")
     args = parser.parse_args()
     if args.generate:
@@ -157,7 +160,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.dir or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        reading(folder, args.rows, args.tokens)
+        reading(folder, args.rows, args.tokens, args.formats)
 
 
 if __name__ == "__main__":

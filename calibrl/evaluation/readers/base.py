@@ -156,12 +156,27 @@ def _pylist_with_arrays(batch) -> tuple[list[dict], dict[str, list]]:
         if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) or \
                 not pa.types.is_floating(column.type.value_type) or column.values.null_count:
             continue  # nulls inside a list: the Python list keeps them (a row's validation names them)
-        flat = column.values.to_numpy(zero_copy_only=False)
-        offsets = column.offsets.to_numpy()
+        offsets = column.offsets.to_numpy()  # [rows + 1] into the unsliced values: rebased onto this slice's
+        offsets = offsets - offsets[0]
+        flat = column.flatten().to_numpy(zero_copy_only=False)  # this slice's values only
         valid = column.is_valid().to_numpy(zero_copy_only=False)
         arrays[name] = [flat[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(column))]
         batch = batch.drop_columns([name])
     return batch.to_pylist(), arrays
+
+
+_PARQUET_BATCH_BYTES = 16 * 2**20  # the uncompressed bytes of the rows read per batch, at most (one row at least)
+
+
+def _batch_rows(metadata) -> int:
+    """Rows per Parquet batch: :data:`_PARQUET_BATCH_ROWS`, fewer for wide rows (long token_confidence lists) so a
+    batch holds about :data:`_PARQUET_BATCH_BYTES` (pyarrow's decoding of a batch takes several times its size:
+    8,000 rows of 16,384 float16 values peaked at 900 MB in batches of 4,096 rows, 380 MB in batches of 256)."""
+    if metadata.num_row_groups == 0 or metadata.row_group(0).num_rows == 0:
+        return _PARQUET_BATCH_ROWS
+    group = metadata.row_group(0)
+    per_row = max(1, group.total_byte_size // group.num_rows)
+    return int(max(1, min(_PARQUET_BATCH_ROWS, _PARQUET_BATCH_BYTES // per_row)))
 
 
 def rows_parquet(path: Path) -> Iterator[tuple[int, Any]]:
@@ -170,7 +185,8 @@ def rows_parquet(path: Path) -> Iterator[tuple[int, Any]]:
     import pyarrow.parquet as pq
 
     try:
-        batches = pq.ParquetFile(path).iter_batches(batch_size=_PARQUET_BATCH_ROWS)
+        parquet = pq.ParquetFile(path)
+        batches = parquet.iter_batches(batch_size=_batch_rows(parquet.metadata))
     except Exception as exc:  # pyarrow raises several types for unreadable files
         raise SamplesError(f"{path.name}: cannot read Parquet ({exc})") from None
     start = 1
