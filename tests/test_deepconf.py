@@ -545,3 +545,26 @@ def test_cli_eval_with_deepconf_methods_and_window_options(tmp_path):
     assert "DeepConf: top 10% by tail confidence" in report and "Tokens spent per prompt" in report
     bad = CliRunner().invoke(app, ["eval", str(path), "--out", str(tmp_path / "r2"), "--methods", "deepconf_nope"])
     assert bad.exit_code == 2 and "deepconf_nope" in bad.output
+
+
+def test_parquet_arrays_read_in_small_batches_and_slices_match_their_rows(tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from calibrl.evaluation.readers import base
+    from calibrl.evaluation.samples import load_samples
+
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(1, 40, size=23)
+    confs = [rng.uniform(0, 4, size=k).astype(np.float16) for k in lengths]
+    table = pa.table({"prompt_id": list(range(23)), "correct": [True] * 23, "logprob_mean": [-0.1] * 23,
+                      "token_confidence": pa.array([c.tolist() if i != 5 else None for i, c in enumerate(confs)],
+                                                   type=pa.list_(pa.float16()))})
+    pq.write_table(table, tmp_path / "s.parquet", row_group_size=7)
+    monkeypatch.setattr(base, "_PARQUET_BATCH_BYTES", 200)  # a few rows per batch
+    monkeypatch.setattr(base, "_PARQUET_CHUNK_BYTES", 100)  # and a few per slice of a batch
+    assert base._batch_rows(pq.ParquetFile(tmp_path / "s.parquet").metadata) < 23
+    s = load_samples(tmp_path / "s.parquet", deepconf_window=4, deepconf_tail=3)
+    for i, c in enumerate(confs):
+        want = np.full(4, np.nan) if i == 5 else trace_signals(c.astype(np.float64), window=4, tail=3)
+        np.testing.assert_allclose(s.deepconf_signals[i], want, rtol=1e-12)

@@ -156,9 +156,9 @@ def _pylist_with_arrays(batch) -> tuple[list[dict], dict[str, list]]:
         if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) or \
                 not pa.types.is_floating(column.type.value_type) or column.values.null_count:
             continue  # nulls inside a list: the Python list keeps them (a row's validation names them)
-        offsets = column.offsets.to_numpy()  # [rows + 1] into the unsliced values: rebased onto this slice's
+        offsets = column.offsets.to_numpy()  # [rows + 1] into the unsliced values: only this slice's are read
+        flat = column.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_numpy(zero_copy_only=False)
         offsets = offsets - offsets[0]
-        flat = column.flatten().to_numpy(zero_copy_only=False)  # this slice's values only
         valid = column.is_valid().to_numpy(zero_copy_only=False)
         arrays[name] = [flat[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(column))]
         batch = batch.drop_columns([name])
