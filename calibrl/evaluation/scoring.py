@@ -16,7 +16,11 @@ only decides which arrays go in:
 - selection and scaling need ``answer`` on every row (and logprob_mean on every row for weighted / pc / rpc;
   a logprob_mean column with gaps counts as absent, and the skipped methods are listed in ``selection_skipped``);
   with a verbalized confidence on some rows, ``weighted_verbalized`` votes with it
-  (:func:`calibrl.selection.voting.confidence_weighted_vote`; a path that states none adds nothing).
+  (:func:`calibrl.selection.voting.confidence_weighted_vote`; a path that states none adds nothing);
+- DeepConf (:mod:`calibrl.selection.deepconf`): the four trace signals of ``token_confidence`` are confidence
+  sources scored by their ranking only (AUROC, per-prompt AUROC, AURC; no ECE / Brier), the ``deepconf_*``
+  selections need them on every row, a ``--deepconf-online`` file adds ``deepconf_online``, and every input with
+  ``n_tokens`` says what its selections spend (``selection_tokens_per_prompt``, ``tokens`` on the curves).
 """
 
 from __future__ import annotations
