@@ -21,6 +21,10 @@ completions and writes one row per completion::
   ``logprob_mean`` (:func:`calibrl.logprobs.chunked_token_confidence` on each step's logits; vLLM: the k largest
   of ``SamplingParams(logprobs=k)``), written rounded to 4 decimals (at most 5e-5 off; about 7 bytes a token).
   ``calibrl eval`` reduces it to DeepConf's trace signals (:mod:`calibrl.selection.deepconf`).
+* ``deepconf_online`` (``--deepconf-online``): DeepConf's early-stopped sampling on the transformers backend
+  (:mod:`calibrl.evaluation.deepconf_online`); ``n`` is then each problem's budget, and rows add
+  ``deepconf_phase``, ``stop_reason``, ``deepconf_voted``, ``deepconf_threshold``, ``deepconf_traces`` and
+  ``deepconf_consensus``.
 * ``class_probs`` (decision tasks): at the decision token (the last class letter of the completion, the same
   rule as the ``"decision"`` reward and the trainer's decision term), the probability of each class, summed over
   the class's single-token spellings (``"A"`` and ``" A"``), renormalised over the classes (``class_mass`` is the
