@@ -138,9 +138,36 @@ def generation(limit: int, max_new_tokens: int, n: int) -> None:
                     times[k].append(time.perf_counter() - start)
                 tokens = sum(json.loads(line)["n_tokens"] for line in open(summary["out"]))
                 print(f"  round {repeat} k={k:2d}: {time.perf_counter() - start:6.1f} s, {tokens} tokens")
+    step_cost(model, rows=limit * n)
     plain, topk = np.mean(times[0]), np.mean(times[20])
     print(f"generation of {limit} problems x {n} samples x up to {max_new_tokens} tokens: plain {plain:.1f} s, "
           f"recording top-20 token confidence {topk:.1f} s ({topk / plain:.3f}x; mean of 2 rounds each)")
+
+
+def step_cost(model, *, rows: int, reps: int = 30) -> None:
+    """Per decoding step, interleaved so a change in the machine's load hits both: the top-20 token confidence of
+    one step's logits [rows, V] (what recording adds) against the model's forward of one token per row with a
+    64-token cache (what every step costs anyway)."""
+    import torch
+
+    from calibrl.logprobs import chunked_token_confidence, positions_per_chunk
+
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (rows, 64))
+    with torch.no_grad():
+        cache = model(ids, use_cache=True).past_key_values
+        logits = torch.randn(rows, vocab)
+        forward, topk = [], []
+        for _ in range(reps):
+            start = time.perf_counter()
+            model(ids[:, -1:], past_key_values=cache, use_cache=True)
+            forward.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            chunked_token_confidence(logits, project=lambda z: z, k=20, chunk=positions_per_chunk(vocab_size=vocab))
+            topk.append(time.perf_counter() - start)
+    f, t = np.median(forward) * 1e3, np.median(topk) * 1e3
+    print(f"one decoding step of {rows} rows (V = {vocab:,}), medians of {reps}: forward {f:.1f} ms, top-20 token "
+          f"confidence {t:.2f} ms ({t / f:.3f}x the forward)")
 
 
 def main() -> None:
