@@ -568,3 +568,31 @@ def test_parquet_arrays_read_in_small_batches_and_slices_match_their_rows(tmp_pa
     for i, c in enumerate(confs):
         want = np.full(4, np.nan) if i == 5 else trace_signals(c.astype(np.float64), window=4, tail=3)
         np.testing.assert_allclose(s.deepconf_signals[i], want, rtol=1e-12)
+
+
+def test_cli_generate_deepconf_online_and_its_refusals(tmp_path):
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from calibrl.cli import app
+    from calibrl.models import TinyModelConfig, save_tiny_model
+
+    fixtures = Path(__file__).parent / "fixtures"
+    model_dir = save_tiny_model(tmp_path / "model", TinyModelConfig(max_position_embeddings=512))
+    out = tmp_path / "o.jsonl"
+    args = ["generate", "--model", str(model_dir), "--dataset", "deepscaler", "--path",
+            str(fixtures / "deepscaler.jsonl"), "--limit", "1", "--n", "3", "--max-new-tokens", "6", "--template",
+            "none", "--quiet", "--out", str(out), "--deepconf-online", "--deepconf-warmup", "2",
+            "--deepconf-window", "3", "--deepconf-keep", "0.5"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["deepconf_phase"] for r in rows][:2] == ["warmup", "warmup"] and 2 <= len(rows) <= 3
+    meta = json.loads((tmp_path / "o.jsonl.meta.json").read_text())["deepconf_online"]
+    assert meta == {"warmup": 2, "keep_fraction": 0.5, "consensus": 0.95, "window": 3, "round_size": 1}
+    for extra, problem in ((["--backend", "vllm"], "transformers backend only"),
+                           (["--token-confidence-k", "0"], "token_confidence_k >= 1"),
+                           (["--deepconf-warmup", "5"], "between 1 and n = 3")):
+        bad = CliRunner().invoke(app, args + extra + ["--overwrite"])
+        assert bad.exit_code == 2 and problem in bad.output, bad.output
