@@ -38,6 +38,7 @@ __all__ = [
     "FORWARD_BUDGET_BYTES",
     "FUSED_FOLD_COPIES",
     "LOGIT_COPIES",
+    "chunked_token_confidence",
     "chunked_token_logps",
     "fused_head_tile",
     "fused_head_tile_tokens",
@@ -170,6 +171,44 @@ def chunked_token_logps(hidden: torch.Tensor, targets: torch.Tensor, *,
         end = min(start + chunk, hidden.size(0))
         logits = project(hidden[start:end]).float()  # [n, V]
         out[start:end] = selective_log_softmax(logits, targets[start:end].to(logits.device), temperature=temperature)
+    return out
+
+
+def chunked_token_confidence(hidden: torch.Tensor, *, project: Callable[[torch.Tensor], torch.Tensor], k: int,
+                             temperature: float = 1.0, chunk: int) -> torch.Tensor:
+    """DeepConf's token confidence ``C_i = -(1/k) sum_{j<=k} log p_i(j)`` over each position's k most probable
+    tokens, ``chunk`` positions at a time (:mod:`calibrl.selection.deepconf` reads the trace signals off it).
+
+    ``log p_i(j) = z_i(j) - logsumexp(z_i)`` with ``z_i = project(hidden_i) / T``, so
+    ``C_i = logsumexp(z_i) - mean_j z_i(j)``: a top-k of the logits and one log-sum-exp per chunk; no
+    log-softmax copy of the chunk is made and no [N, V] tensor is built.
+
+    Args:
+        hidden: [N, D] what ``project`` maps to logits (hidden states; or, with ``project`` the identity, the
+            [N, V] logits of one generation step, which the model has already built).
+        project: [n, D] -> [n, V] logits of a chunk.
+        k: 1 <= k <= V, top log-probs averaged (DeepConf: 20).
+        temperature: T > 0 (the distribution the confidence is read from).
+        chunk: positions per projection (:func:`positions_per_chunk`).
+
+    Returns:
+        [N] float32 C_i >= 0 (0 only for a one-hot distribution with k = 1).
+    """
+    if hidden.dim() != 2:
+        raise ValueError(f"chunked_token_confidence: hidden must be [N, D]; got {tuple(hidden.shape)}")
+    _check_positive(k=k, chunk=chunk)
+    if not temperature > 0:
+        raise ValueError(f"chunked_token_confidence: temperature must be > 0, got {temperature}")
+    out = torch.empty(hidden.size(0), dtype=torch.float32, device=hidden.device)
+    for start in range(0, hidden.size(0), chunk):
+        end = min(start + chunk, hidden.size(0))
+        logits = project(hidden[start:end]).float()  # [n, V]
+        if temperature != 1.0:
+            logits = logits / temperature
+        if k > logits.size(-1):
+            raise ValueError(f"chunked_token_confidence: k = {k} exceeds the vocabulary ({logits.size(-1)})")
+        top_mean = logits.topk(k, dim=-1).values.mean(dim=-1)  # [n]
+        out[start:end] = torch.logsumexp(logits, dim=-1) - top_mean
     return out
 
 

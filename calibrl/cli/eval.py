@@ -209,7 +209,14 @@ def eval_command(
              "verbalized_confidence in each file); every source present is also compared side by side."),
     methods: str = typer.Option(
         "majority,weighted,pc,rpc,best_of_n", "--methods",
-        help="Answer-selection methods for the scaling curves ('' for none)."),
+        help="Answer-selection methods for the scaling curves ('' for none); also deepconf_mean, deepconf_tail, "
+             "deepconf_bottom10, deepconf_min, deepconf_tail_top10, deepconf_bottom10_top10, deepconf_tail_top90, "
+             "deepconf_bottom10_top90 (DeepConf's votes: need a token_confidence array on every row)."),
+    deepconf_window: int = typer.Option(
+        2048, "--deepconf-window", min=1,
+        help="Tokens of DeepConf's sliding window (bottom-10% and lowest window confidence) of token_confidence."),
+    deepconf_tail: int = typer.Option(
+        2048, "--deepconf-tail", min=1, help="Tokens of DeepConf's tail confidence (the last this many)."),
     scaling_draws: int = typer.Option(
         10, "--scaling-draws", min=1, max=10_000, help="Random path subsets averaged per N on the scaling curves."),
     rpc_draws: int = typer.Option(
@@ -236,15 +243,15 @@ def eval_command(
     completions; several FILEs are compared side by side."""
     from calibrl.evaluation.pipeline import write_eval_report
     from calibrl.evaluation.samples import SamplesError, load_answers, load_samples
-    from calibrl.selection import METHODS
+    from calibrl.selection import ALL_METHODS
 
     for name, value in (("--abstain-precision", abstain_precision), ("--abstain-delta", abstain_delta)):
         if value is not None and not 0.0 < value < 1.0:
             _fail(f"{name} must lie strictly between 0 and 1, got {value}")
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
-    unknown = [m for m in method_list if m not in METHODS]
+    unknown = [m for m in method_list if m not in ALL_METHODS]
     if unknown:
-        _fail(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+        _fail(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(ALL_METHODS)}")
     _check_inputs_resolve(files)
     _recover_interrupted(out)
     _check_out_dir(out, files)
@@ -253,7 +260,7 @@ def eval_command(
 
     # 1. read and validate everything before writing anything
     reader_options = {"confidence": confidence.value if confidence else None, "strict": strict,
-                      "grader": grader.value}
+                      "grader": grader.value, "deepconf_window": deepconf_window, "deepconf_tail": deepconf_tail}
     if answers is not None:
         try:
             reader_options.update(answers=load_answers(answers), answers_source=answers)

@@ -30,22 +30,33 @@ def generate_command(
     dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on a GPU, float32 on the CPU), bfloat16, float16 or float32. bfloat16 on a CPU with AVX512-BF16: faster (docs/realmodel.md), logprob_mean within 0.15 nats of float32's (mean 0.015)."),
     device: Optional[str] = typer.Option(None, "--device", help="transformers backend device (default: cuda if available)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing OUT (and its settings) instead of resuming it."),
+    token_confidence_k: int = typer.Option(20, "--token-confidence-k", min=0, help="Record each token's DeepConf confidence (minus the mean of its top-k log-probs) with this k, as token_confidence per row; 0: not recorded."),
+    deepconf_online: bool = typer.Option(False, "--deepconf-online", help="DeepConf's online sampling (transformers backend): warm-up traces set a threshold, a trace whose window confidence falls below it stops, a problem stops once its confidence-weighted vote reaches --deepconf-consensus; --n is the budget."),
+    deepconf_warmup: int = typer.Option(16, "--deepconf-warmup", min=1, help="--deepconf-online: warm-up traces per problem."),
+    deepconf_keep: float = typer.Option(0.1, "--deepconf-keep", help="--deepconf-online: the threshold is the warm-up's (1 - KEEP) quantile of lowest window confidence (0.1: DeepConf-low, 0.9: DeepConf-high)."),
+    deepconf_consensus: float = typer.Option(0.95, "--deepconf-consensus", help="--deepconf-online: stop sampling a problem once its leading answer holds this share of the vote."),
+    deepconf_window: int = typer.Option(2048, "--deepconf-window", min=1, help="--deepconf-online: tokens of the sliding window."),
+    deepconf_round: int = typer.Option(1, "--deepconf-round", min=1, help="--deepconf-online: traces per problem between consensus checks (1: the paper's)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Sample N completions per problem and record each one's answer, correctness and confidence.
 
-    Output rows: prompt_id, benchmark, completion, answer, correct, reward, logprob_mean, n_tokens (+ decision_prob,
+    Output rows: prompt_id, benchmark, completion, answer, correct, reward, logprob_mean, n_tokens, token_confidence (+ decision_prob,
     class_probs, label, classes for multiple-choice datasets). A rerun resumes: finished problems are skipped.
     """
     from rich.console import Console
 
+    from calibrl.evaluation.deepconf_online import OnlineSettings
     from calibrl.evaluation.generate import GenerateConfig, GenerateError, generate
 
     console = Console(stderr=True)
     config = GenerateConfig(
         model=model, dataset=dataset, out=out, n=n, path=path, split=split, max_new_tokens=max_new_tokens,
         temperature=temperature, batch_size=batch_size, limit=limit, template=template, reward=reward,
-        confidence_prompt=confidence_prompt,
+        confidence_prompt=confidence_prompt, token_confidence_k=token_confidence_k,
+        deepconf_online=OnlineSettings(warmup=deepconf_warmup, keep_fraction=deepconf_keep,
+                                       consensus=deepconf_consensus, window=deepconf_window,
+                                       round_size=deepconf_round) if deepconf_online else None,
         backend=backend, seed=seed, dtype=dtype, device=device, overwrite=overwrite, progress=not quiet,
     )
     try:

@@ -7,7 +7,7 @@ any position); :func:`_decision_fields` reads a decision task's class distributi
 in :mod:`calibrl.evaluation.generate`.
 
 Backends: vLLM when importable and a GPU is present (``SamplingParams(logprobs=1)``, or 20 for decision tasks so
-the class tokens' log-probs are returned; a class outside the top 20 counts as probability 0; the engine is
+the class tokens' log-probs are returned, or ``token_confidence_k`` when larger, for DeepConf's token confidence; a class outside the top 20 counts as probability 0; the engine is
 asked for ``logprobs_mode="processed_logprobs"`` so the log-probs are the sampling distribution's, and on vLLM
 versions without that option they are the model's raw ones, identical at ``T = 1``), else batched transformers
 ``generate`` with a logits processor that records the log-prob of each sampled token (transformers applies its
@@ -48,6 +48,9 @@ class _Sample:
     logps: list[float]
     ended: bool  # stopped at EOS (else truncated at max_new_tokens)
     class_logps: Any = None  # callable pos -> list[float] (log-prob of each class variant), decision tasks only
+    # DeepConf's C_i per token (minus the mean of the top-k log-probs at each step); None when not recorded
+    token_confidence: list[float] | None = None
+    stopped_early: bool = False  # stopped by DeepConf's online rule (its window confidence fell below the threshold)
 
 
 def _decision_variants(tokenizer, classes: Sequence[str]) -> tuple[list[int], list[int]]:
@@ -131,9 +134,12 @@ def _eos_ids(model, tokenizer) -> set[int]:
 class _TransformersBackend:
     name = "transformers"
 
-    def __init__(self, model, tokenizer, *, temperature: float, max_new_tokens: int, class_ids: list[int] | None):
+    def __init__(self, model, tokenizer, *, temperature: float, max_new_tokens: int, class_ids: list[int] | None,
+                 confidence_k: int = 0):
         import torch
         from transformers import GenerationConfig, LogitsProcessor
+
+        from calibrl.logprobs import chunked_token_confidence, positions_per_chunk
 
         self.torch = torch
         self.model = model.eval()
@@ -174,10 +180,15 @@ class _TransformersBackend:
                 self.prev = None
                 self.token_logps: list = []
                 self.class_logps: list = []
+                self.confidences: list = []  # [B] C_i of this step's token, per step (confidence_k > 0)
 
             def __call__(self, input_ids, scores):
                 if self.prev is not None:
                     self.token_logps.append(self.prev.gather(1, input_ids[:, -1:]).squeeze(1))
+                if confidence_k:  # DeepConf's token confidence of the same sampling distribution, rows in chunks
+                    self.confidences.append(chunked_token_confidence(
+                        scores, project=lambda z: z, k=confidence_k, temperature=scale,
+                        chunk=positions_per_chunk(vocab_size=scores.size(-1))))
                 logp = torch.log_softmax(scores.float() / scale, dim=-1)
                 if class_ids:
                     self.class_logps.append(logp[:, class_ids])
@@ -185,8 +196,38 @@ class _TransformersBackend:
                 return scores
 
         self.Recorder = Recorder
+        self.confidence_k = confidence_k
 
-    def generate(self, prompts: Sequence[Any], n: int, seed: int) -> list[list[_Sample]]:
+    def _window_stop(self, recorder, thresholds, window: int):
+        """A stopping criterion for DeepConf's online rule: a row stops once its last ``window`` token confidences
+        average below its ``thresholds`` entry ([rows] float64; -inf: never). Rows are checked from their
+        ``window``-th token on (a full window, as the offline lowest-window signal counts). ``stop_step`` [rows]:
+        the step at which each row stopped (-1: not stopped)."""
+        from transformers import StoppingCriteria
+
+        torch = self.torch
+
+        class WindowStop(StoppingCriteria):
+            def __init__(self):
+                self.cumulative = [torch.zeros(len(thresholds), dtype=torch.float64)]  # per step, running sums
+                self.stop_step = torch.full((len(thresholds),), -1, dtype=torch.long)
+
+            def __call__(self, input_ids, scores, **kwargs):
+                step = len(self.cumulative) - 1  # the step whose token was just sampled
+                self.cumulative.append(self.cumulative[-1] + recorder.confidences[step].double().cpu())
+                if step + 1 >= window:
+                    mean = (self.cumulative[-1] - self.cumulative[-1 - window]) / window
+                    new = (mean < thresholds) & (self.stop_step < 0)
+                    self.stop_step[new] = step
+                    self.cumulative[-1 - window] = None  # no longer needed: memory stays O(window x rows)
+                return (self.stop_step >= 0).to(input_ids.device)
+
+        return WindowStop()
+
+    def generate(self, prompts: Sequence[Any], n: int, seed: int, *, stop_below: Sequence[float] | None = None,
+                 window: int = 2048) -> list[list[_Sample]]:
+        """``n`` samples of each prompt; ``stop_below`` (one threshold per prompt, needs ``confidence_k``): DeepConf's
+        online early stop of a sample whose ``window``-token confidence falls below its prompt's threshold."""
         torch = self.torch
         texts = _render_prompts(self.tokenizer, prompts)
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
@@ -194,13 +235,19 @@ class _TransformersBackend:
         input_ids = enc["input_ids"].to(device).repeat_interleave(n, dim=0)
         attention_mask = enc["attention_mask"].to(device).repeat_interleave(n, dim=0)
         recorder = self.Recorder()
+        criteria = []
+        if stop_below is not None:
+            if not self.confidence_k:
+                raise GenerateError("DeepConf's online stop needs token confidences (token_confidence_k >= 1)")
+            thresholds = torch.tensor([float(t) for t in stop_below], dtype=torch.float64).repeat_interleave(n)
+            criteria = [self._window_stop(recorder, thresholds, int(window))]
         torch.manual_seed(seed)
         model_config, self.model.generation_config = self.model.generation_config, self._bare_model_config
         try:
             with torch.no_grad():
                 sequences = self.model.generate(
                     input_ids=input_ids, attention_mask=attention_mask, generation_config=self.generation_config,
-                    logits_processor=[recorder],
+                    logits_processor=[recorder], **({"stopping_criteria": criteria} if criteria else {}),
                 )
         finally:
             self.model.generation_config = model_config
@@ -212,6 +259,7 @@ class _TransformersBackend:
             raise GenerateError(f"internal: recorded {len(recorder.token_logps)} log-probs for {steps} generated tokens")
         token_logps = torch.stack(recorder.token_logps, dim=1).cpu() if steps else torch.zeros(len(completion), 0)
         class_logps = torch.stack(recorder.class_logps, dim=1).cpu() if (self.class_ids and steps) else None
+        confidences = torch.stack(recorder.confidences, dim=1).cpu() if recorder.confidences else None
         completion = completion.cpu()
         out: list[list[_Sample]] = []
         for i in range(len(prompts)):
@@ -224,10 +272,15 @@ class _TransformersBackend:
                     if t in self.eos:
                         length, ended = k + 1, True
                         break
+                stopped = bool(criteria) and 0 <= int(criteria[0].stop_step[r]) < length
+                if stopped:  # stopped by the window rule before any EOS: its tokens up to the stopping one
+                    length, ended = int(criteria[0].stop_step[r]) + 1, False
                 rows_class = class_logps[r] if class_logps is not None else None
                 group.append(_Sample(
                     ids=ids[:length], logps=token_logps[r, :length].tolist(), ended=ended,
                     class_logps=(lambda p, rc=rows_class: rc[p].tolist()) if rows_class is not None else None,
+                    token_confidence=confidences[r, :length].tolist() if confidences is not None else None,
+                    stopped_early=stopped,
                 ))
             out.append(group)
         return out
@@ -236,11 +289,22 @@ class _TransformersBackend:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
+def _topk_confidence(entries: list, k: int) -> list[float] | None:
+    """DeepConf's C_i from vLLM's per-position maps ``{token id: Logprob}``: minus the mean of the k largest
+    log-probs (the map also holds the sampled token when it is outside the top k; it is left out here)."""
+    if not k:
+        return None
+    from calibrl.selection.deepconf import token_confidence_from_top_logprobs
+
+    return token_confidence_from_top_logprobs(
+        sorted((float(v.logprob) for v in entry.values()), reverse=True)[:k] for entry in entries).tolist()
+
+
 class _VLLMBackend:
     name = "vllm"
 
     def __init__(self, model_name: str, *, temperature: float, max_new_tokens: int, class_ids: list[int] | None,
-                 seed: int, dtype: str, vllm_kwargs: dict):
+                 seed: int, dtype: str, vllm_kwargs: dict, confidence_k: int = 0):
         import vllm
 
         kwargs = dict(model=model_name, seed=seed, dtype=dtype, **vllm_kwargs)
@@ -256,12 +320,13 @@ class _VLLMBackend:
         self.temperature = float(temperature)
         self.max_new_tokens = int(max_new_tokens)
         self.class_ids = class_ids
+        self.confidence_k = int(confidence_k)
 
     def generate(self, prompts: Sequence[Any], n: int, seed: int) -> list[list[_Sample]]:
         texts = _render_prompts(self.tokenizer, prompts)
         params = self.SamplingParams(
             n=n, temperature=max(self.temperature, 0.0), top_p=1.0, top_k=-1, max_tokens=self.max_new_tokens,
-            logprobs=DECISION_TOP_LOGPROBS if self.class_ids else 1, seed=seed,
+            logprobs=max(DECISION_TOP_LOGPROBS if self.class_ids else 1, self.confidence_k), seed=seed,
         )
         requests = [{"prompt_token_ids": self.tokenizer.encode(t, add_special_tokens=False)} for t in texts]
         results = self.llm.generate(requests, params, use_tqdm=False)
@@ -278,7 +343,8 @@ class _VLLMBackend:
                 def class_logps(p, entries=entries, class_ids=class_ids):
                     return [float(entries[p][c].logprob) if c in entries[p] else float("-inf") for c in class_ids]
 
-                group.append(_Sample(ids=ids, logps=logps, ended=ended, class_logps=class_logps if class_ids else None))
+                group.append(_Sample(ids=ids, logps=logps, ended=ended, class_logps=class_logps if class_ids else None,
+                                     token_confidence=_topk_confidence(entries, self.confidence_k)))
             out.append(group)
         return out
 
@@ -341,7 +407,8 @@ def open_backend(config: GenerateConfig, *, model=None, tokenizer=None, classes:
 
         config = dataclasses.replace(config, model=resolve_model(config.model))
     use_vllm = config.backend == "vllm" or (config.backend == "auto" and model is None and _vllm_usable()
-                                            and not config.model.startswith("builtin:"))
+                                            and not config.model.startswith("builtin:")
+                                            and config.deepconf_online is None)  # online stop: transformers only
     decision_task = classes is not None
     if use_vllm:
         from transformers import AutoTokenizer
@@ -349,7 +416,7 @@ def open_backend(config: GenerateConfig, *, model=None, tokenizer=None, classes:
         variants = _decision_variants(AutoTokenizer.from_pretrained(config.model), classes) if decision_task else None
         backend = _VLLMBackend(config.model, temperature=config.temperature, max_new_tokens=config.max_new_tokens,
                                class_ids=variants[0] if variants else None, seed=config.seed, dtype=config.dtype,
-                               vllm_kwargs=config.vllm_kwargs)
+                               vllm_kwargs=config.vllm_kwargs, confidence_k=config.token_confidence_k)
     else:
         if model is None:
             model, tokenizer = _load_hf(config)
@@ -358,5 +425,6 @@ def open_backend(config: GenerateConfig, *, model=None, tokenizer=None, classes:
         variants = _decision_variants(tokenizer, classes) if decision_task else None
         backend = _TransformersBackend(model, tokenizer, temperature=config.temperature,
                                        max_new_tokens=config.max_new_tokens,
-                                       class_ids=variants[0] if variants else None)
+                                       class_ids=variants[0] if variants else None,
+                                       confidence_k=config.token_confidence_k)
     return backend, variants

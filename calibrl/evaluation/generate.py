@@ -5,7 +5,8 @@ For every problem of a registered dataset (:mod:`calibrl.tasks.datasets`, hub na
 completions and writes one row per completion::
 
     prompt_id, benchmark, sample_index, completion, answer (the extracted final answer: last \boxed{} content or the
-    decision letter; null if none), gold, correct, reward, logprob_mean, verbalized_confidence, n_tokens, truncated
+    decision letter; null if none), gold, correct, reward, logprob_mean, verbalized_confidence, n_tokens, truncated,
+    token_confidence
     + for decision tasks: decision_prob, class_probs, class_mass, label, classes
 
 * ``logprob_mean``: mean over the completion's tokens (EOS included when the completion ended) of the token's
@@ -14,6 +15,16 @@ completions and writes one row per completion::
   ``T = 1`` (the papers' setting and the default) this is the model's own mean token log-prob, ``-log PPL``, the
   confidence CAPO ranks; at other temperatures it is the confidence of the distribution the samples came from.
   ``T = 0`` means greedy decoding, and the log-probs are then the model's (``T = 1``) ones.
+* ``token_confidence`` (unless ``token_confidence_k=0``): DeepConf's token confidence of each generated token,
+  ``C_i = -(1/k) sum_{j<=k} log p_T(j-th most probable token at step i)`` with ``k = token_confidence_k``
+  (``--token-confidence-k``, default 20, the DeepConf paper's), read off the same sampling distribution as
+  ``logprob_mean`` (:func:`calibrl.logprobs.chunked_token_confidence` on each step's logits; vLLM: the k largest
+  of ``SamplingParams(logprobs=k)``), written rounded to 4 decimals (at most 5e-5 off; about 7 bytes a token).
+  ``calibrl eval`` reduces it to DeepConf's trace signals (:mod:`calibrl.selection.deepconf`).
+* ``deepconf_online`` (``--deepconf-online``): DeepConf's early-stopped sampling on the transformers backend
+  (:mod:`calibrl.evaluation.deepconf_online`); ``n`` is then each problem's budget, and rows add
+  ``deepconf_phase``, ``stop_reason``, ``deepconf_voted``, ``deepconf_threshold``, ``deepconf_traces`` and
+  ``deepconf_consensus``.
 * ``class_probs`` (decision tasks): at the decision token (the last class letter of the completion, the same
   rule as the ``"decision"`` reward and the trainer's decision term), the probability of each class, summed over
   the class's single-token spellings (``"A"`` and ``" A"``), renormalised over the classes (``class_mass`` is the
@@ -70,15 +81,16 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from calibrl.evaluation.backends import DECISION_TOP_LOGPROBS, GenerateError, _decision_fields, open_backend
+from calibrl.evaluation.deepconf_online import OnlineSettings, sample_online
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["GenerateConfig", "GenerateError", "call_reward", "generate", "scan_existing", "DECISION_TOP_LOGPROBS"]
 
 _META_KEYS = ("model", "dataset", "path", "split", "n", "temperature", "max_new_tokens", "template", "reward", "limit",
-              "confidence_prompt", "dtype")
+              "confidence_prompt", "dtype", "token_confidence_k", "deepconf_online")
 # settings added after the first release: a .meta.json without them was written with these values
-_META_DEFAULTS = {"confidence_prompt": False, "dtype": "auto"}
+_META_DEFAULTS = {"confidence_prompt": False, "dtype": "auto", "token_confidence_k": 0, "deepconf_online": None}
 
 
 @dataclass
@@ -102,6 +114,9 @@ class GenerateConfig:
     template: str | None = None
     reward: str | None = None  # default: "decision" for datasets with classes, else "math"
     confidence_prompt: bool = False  # ask for a stated confidence, <confidence>x</confidence>, after the answer
+    token_confidence_k: int = 20  # top-k of DeepConf's token_confidence per row (0: not recorded)
+    # DeepConf's online early stopping (calibrl.evaluation.deepconf_online); None: every problem gets n full samples
+    deepconf_online: OnlineSettings | None = None
     overwrite: bool = False
     progress: bool = True
     vllm_kwargs: dict = field(default_factory=dict)
@@ -138,9 +153,12 @@ def scan_existing(out: Path, n: int) -> tuple[set[str], int]:
             raise GenerateError(f"{out}:{number}: no prompt_id; the file is not a calibrl samples file")
         rows.append((str(row["prompt_id"]), line if line.endswith("\n") else line + "\n"))
     counts: dict[str, int] = {}
-    for pid, _ in rows:
+    needed: dict[str, int] = {}  # DeepConf online: a problem that reached consensus has fewer than n rows
+    for pid, line in rows:
         counts[pid] = counts.get(pid, 0) + 1
-    complete = {pid for pid, c in counts.items() if c >= n}
+        if '"deepconf_traces"' in line:
+            needed[pid] = int(json.loads(line)["deepconf_traces"])
+    complete = {pid for pid, c in counts.items() if c >= needed.get(pid, n)}
     kept = [line for pid, line in rows if pid in complete]
     if torn or len(kept) != len(rows) or any(not line.endswith("\n") for line in lines[-1:]):
         tmp = out.with_name(out.name + ".tmp")
@@ -214,6 +232,18 @@ def _check_config(config: GenerateConfig) -> None:
     for name, low in (("n", 1), ("batch_size", 1), ("max_new_tokens", 1)):
         if getattr(config, name) < low:
             raise GenerateError(f"{name} must be >= {low} (got {getattr(config, name)})")
+    if config.deepconf_online is not None:
+        if config.backend == "vllm":
+            raise GenerateError("--deepconf-online runs on the transformers backend only (vLLM cannot stop one "
+                                "sequence on its own confidence without a patch; docs/eval.md)")
+        if config.token_confidence_k < 1:
+            raise GenerateError("--deepconf-online needs token confidences: token_confidence_k >= 1")
+        try:
+            config.deepconf_online.check(config.n)
+        except ValueError as exc:
+            raise GenerateError(str(exc)) from None
+    if config.token_confidence_k < 0:
+        raise GenerateError(f"token_confidence_k must be >= 0 (0: no token_confidence); got {config.token_confidence_k}")
     if config.limit is not None and config.limit < 1:
         raise GenerateError(f"limit must be >= 1 (got {config.limit}); leave it out for every problem")
     if not (math.isfinite(config.temperature) and config.temperature >= 0):
@@ -349,6 +379,8 @@ def _problem_rows(problem: dict, group: list, texts: list[str], reward_fn, *, da
             "n_tokens": len(sample.ids),
             "truncated": not sample.ended,
         }
+        if sample.token_confidence is not None:
+            row["token_confidence"] = [round(c, 4) for c in sample.token_confidence]
         if variants is not None:
             classes = list(problem["classes"])
             decision, probs, decision_prob, mass = _decision_fields(sample, completion_text(text), classes, variants)
@@ -377,12 +409,20 @@ def _append_batches(out: Path, pending: list[dict], backend, reward_fn, config: 
         handle = None
         for batch in _batches(pending, config.batch_size):
             pids = [str(p["prompt_id"]) for p in batch]
-            groups = backend.generate([p["prompt"] for p in batch], config.n, _seed_for(config.seed, pids))
+
+            def rows_of(problem, group):
+                return _problem_rows(problem, group, [backend.decode(s.ids) for s in group], reward_fn,
+                                     dataset=config.dataset, variants=variants, correctness_fn=correctness_fn)
+
+            if config.deepconf_online is not None:
+                batch_rows = sample_online(backend, batch, n=config.n, seed=_seed_for(config.seed, pids),
+                                           settings=config.deepconf_online, rows_of=rows_of)
+            else:
+                groups = backend.generate([p["prompt"] for p in batch], config.n, _seed_for(config.seed, pids))
+                batch_rows = [rows_of(problem, group) for problem, group in zip(batch, groups)]
             lines = []
-            for problem, group in zip(batch, groups):
-                texts = [backend.decode(s.ids) for s in group]
-                for row in _problem_rows(problem, group, texts, reward_fn, dataset=config.dataset, variants=variants,
-                                         correctness_fn=correctness_fn):
+            for problem_rows in batch_rows:
+                for row in problem_rows:
                     n_correct += row["correct"]
                     lines.append(json.dumps(row, ensure_ascii=False) + "\n")
             if handle is None:

@@ -274,6 +274,16 @@ def _abstention_sentence(m: Mapping[str, Any]) -> str | None:
             "there.")
 
 
+def _selection_tokens_line(metrics: dict, label: str) -> list[str]:
+    """What the selections of one input spend: the tokens of all paths of a prompt (DeepConf online's included)."""
+    tokens = metrics.get("selection_tokens_per_prompt")
+    if tokens is None:
+        return []
+    online = (" (a DeepConf online file: its early-stopped traces' tokens count, and `deepconf_online` is the "
+              "answer its sampling voted for)") if "deepconf_online" in metrics.get("selection", {}) else ""
+    return ["", f"Tokens spent per prompt by every selection of {label}: {tokens:,.0f}, all its paths{online}."]
+
+
 def _fmt3(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
@@ -428,6 +438,7 @@ def render_eval_report(
             for l in labels:
                 if by_label[l].get("scaling_note"):
                     out += ["", f"Note for {l}: {by_label[l]['scaling_note']}."]
+                out += _selection_tokens_line(by_label[l], l)
                 skipped = by_label[l].get("selection_skipped") or {}
                 for why in dict.fromkeys(skipped.values()):
                     names = ", ".join(m for m, w in skipped.items() if w == why)

@@ -12,6 +12,12 @@ One row per sampled completion. Fields (see docs/eval.md for the full table):
   string looked up in ``classes``), ``verbalized_confidence`` (number in [0, 1] or null: the confidence the
   completion states, RLCR's ``<confidence>x</confidence>``; when a row has no such field but a ``completion`` text,
   it is parsed from the text's last tag with :func:`calibrl.tasks.verbalized.parse_verbalized_confidence`).
+- ``token_confidence`` (optional; list of numbers >= 0, float16 in Parquet; null entries skipped): DeepConf's
+  token confidence C_i of each generated token. Each row's array is reduced to its four trace signals
+  (:func:`calibrl.selection.deepconf.trace_signals`) as it is read and then dropped, so memory grows with the
+  rows, not with their lengths; the signals are the confidence sources ``deepconf_mean``, ``deepconf_tail``,
+  ``deepconf_bottom10`` and ``deepconf_min`` (:data:`DEEPCONF_SOURCES`: rankings, never the main confidence).
+  ``deepconf_voted`` (bool, ``calibrl generate --deepconf-online``): the row counted in the online vote.
 - optional: ``answer`` (str, or a number stored as its string; null = no answer extracted), ``benchmark`` (str;
   on every row or on none: a row without one among rows that name one is refused), ``completion`` (str),
   ``n_tokens`` (int >= 0), ``truncated`` (bool: the completion hit the token limit), ``classes`` (list of
@@ -45,14 +51,18 @@ from typing import Any, Iterable
 import numpy as np
 
 from calibrl.evaluation.readers import FORMATS, Grading, SamplesError, Skips, detect_format, read_rows
+from calibrl.selection.deepconf import DEFAULT_TAIL, DEFAULT_WINDOW, trace_signals
 from calibrl.selection.voting import _NO_DIGEST, digest_ids, text_digest
 from calibrl.tasks.verbalized import parse_verbalized_confidence
 
-__all__ = ["CONFIDENCE_KINDS", "FORMATS", "Samples", "SamplesError", "load_answers", "load_samples"]
+__all__ = ["CONFIDENCE_KINDS", "DEEPCONF_SOURCES", "FORMATS", "Samples", "SamplesError", "load_answers", "load_samples"]
 
 # detection order: the first present is the main confidence; verbalized_confidence last, so files that have one of
 # the others keep the meaning their reports had before it existed
 CONFIDENCE_KINDS = ("logprob_mean", "decision_prob", "class_probs", "verbalized_confidence")
+# DeepConf's trace signals of the token_confidence arrays, in calibrl.selection.deepconf.SIGNALS order: confidence
+# sources that rank paths (AUROC, AURC) but are no probabilities (no ECE / Brier), so never the main confidence
+DEEPCONF_SOURCES = ("deepconf_mean", "deepconf_tail", "deepconf_bottom10", "deepconf_min")
 _CLASS_PROBS_TOL = 1e-3
 _LOGPROB_TOL = 1e-6  # float noise above 0 is clipped to 0
 
@@ -107,6 +117,11 @@ class Samples:
     completion_ids: np.ndarray | None = None
     n_tokens: np.ndarray | None = None  # [N] float (NaN where absent)
     truncated: np.ndarray | None = None  # [N] bool: the completion hit the token limit (False where not said)
+    # [N, 4] float: DeepConf's (mean, tail, bottom10, min) of each row's token_confidence (NaN rows where absent)
+    deepconf_signals: np.ndarray | None = None
+    # [N] float: 1 / 0 whether a row of a `calibrl generate --deepconf-online` file counted in its online vote
+    # (deepconf_voted), NaN where the row does not say
+    deepconf_voted: np.ndarray | None = None
     format: str = "calibrl"  # the format the file was read as (calibrl.evaluation.readers.FORMATS)
     notes: list[str] = field(default_factory=list)  # how a foreign format was read (which field gave correct, ...)
     # rows left out, by cause: failed requests / rewards (see readers.Skips) and repeated samples
@@ -172,11 +187,22 @@ class Samples:
         return self.correct
 
     def confidence_sources(self) -> list[str]:
-        """The confidence kinds present on at least one row, in :data:`CONFIDENCE_KINDS` order."""
-        return [kind for kind in CONFIDENCE_KINDS if self.source_mask(kind).any()]
+        """The confidence kinds present on at least one row, in :data:`CONFIDENCE_KINDS` then
+        :data:`DEEPCONF_SOURCES` order."""
+        return [kind for kind in CONFIDENCE_KINDS + DEEPCONF_SOURCES if self.source_mask(kind).any()]
+
+    def deepconf_signal(self, kind: str) -> np.ndarray | None:
+        """[N] DeepConf signal ``kind`` (one of :data:`DEEPCONF_SOURCES`; NaN where a row has no token_confidence),
+        or None when no row has one."""
+        if self.deepconf_signals is None:
+            return None
+        return self.deepconf_signals[:, DEEPCONF_SOURCES.index(kind)]
 
     def source_mask(self, kind: str) -> np.ndarray:
         """[N] bool: the rows that have confidence source ``kind``."""
+        if kind in DEEPCONF_SOURCES:
+            value = self.deepconf_signal(kind)
+            return np.zeros(len(self), dtype=bool) if value is None else ~np.isnan(value)
         if kind not in CONFIDENCE_KINDS:
             raise ValueError(f"unknown confidence kind {kind!r}; choose one of {', '.join(CONFIDENCE_KINDS)}")
         value = getattr(self, kind)
@@ -217,7 +243,7 @@ class Samples:
         kwargs = {}
         for name in ("prompt_ids", "correct", "reward", "logprob_mean", "decision_prob", "class_probs",
                      "verbalized_confidence", "labels", "answers", "benchmarks", "completion_ids", "n_tokens",
-                     "truncated", "rows"):
+                     "truncated", "rows", "deepconf_signals", "deepconf_voted"):
             value = getattr(self, name)
             kwargs[name] = None if value is None else value[mask]
         return replace(self, **kwargs)
@@ -325,7 +351,8 @@ def load_answers(spec: str) -> dict[str, dict]:
 
 def load_samples(path: str | Path, *, confidence: str | None = None, format: str | None = None,
                  strict: bool = True, grader: str = "boxed", answers: dict[str, dict] | None = None,
-                 answers_source: str | None = None) -> Samples:
+                 answers_source: str | None = None, deepconf_window: int = DEFAULT_WINDOW,
+                 deepconf_tail: int = DEFAULT_TAIL) -> Samples:
     """Read and validate a samples file: calibrl's ``.jsonl`` / ``.json`` (one object per line) or ``.parquet``,
     or another tool's output (``format``: one of FORMATS; None = detected from the first row's fields, see
     :mod:`calibrl.evaluation.readers`). TRL and verl logs may be given as their folder.
@@ -346,6 +373,9 @@ def load_samples(path: str | Path, *, confidence: str | None = None, format: str
     ``\\boxed{}``; ``"math-verify"``: math-verify's parse of the whole completion) against each line's gold, else
     ``answers`` (``{prompt id or custom_id: gold}``, :func:`calibrl.evaluation.readers.answers_table`; named
     ``answers_source`` in errors and notes).
+
+    ``deepconf_window`` / ``deepconf_tail``: the tokens of DeepConf's sliding window and tail
+    (:func:`calibrl.selection.deepconf.trace_signals`) each row's ``token_confidence`` is reduced with.
     """
     path = Path(path)
     if not path.exists():
@@ -362,7 +392,7 @@ def load_samples(path: str | Path, *, confidence: str | None = None, format: str
     grading = Grading(grader=grader, answers=answers, source=answers_source)
     try:
         samples = _validate(read_rows(path, fmt, notes, skips, grading), path.name, confidence=confidence,
-                            optional=fmt in _CONFIDENCE_OPTIONAL)
+                            optional=fmt in _CONFIDENCE_OPTIONAL, deepconf=(deepconf_window, deepconf_tail))
     except _NoRows:
         if skips.first is None:
             raise
@@ -391,13 +421,16 @@ def load_samples(path: str | Path, *, confidence: str | None = None, format: str
     return samples
 
 
-def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str | None, optional: bool) -> Samples:
-    """Samples from calibrl rows ``(file:line, row)``; ``optional``: a file without confidence input is read."""
+def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str | None, optional: bool,
+              deepconf: tuple[int, int] = (DEFAULT_WINDOW, DEFAULT_TAIL)) -> Samples:
+    """Samples from calibrl rows ``(file:line, row)``; ``optional``: a file without confidence input is read;
+    ``deepconf``: (window, tail) of the token_confidence signals."""
     prompt_ids: list[str] = []
     correct: list[bool] = []
     # floats in compact arrays (8 bytes a row, not a Python float each)
     cols: dict[str, array] = {k: array("d") for k in ("reward", "logprob_mean", "decision_prob",
-                                                      "verbalized_confidence", "n_tokens", "truncated")}
+                                                      "verbalized_confidence", "n_tokens", "truncated",
+                                                      "deepconf_voted")}
     n_parsed = 0  # rows whose verbalized confidence was read from the completion text
     class_probs: list[list[float] | None] = []
     labels: list[int] = []
@@ -415,6 +448,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
     positions = array("q")  # [N] each row's position among the rows read
     benchmark_named: tuple[str, str] | None = None  # (file:line, benchmark) of the first row naming one
     no_benchmark: str | None = None  # file:line of the first row naming none
+    signals = array("d")  # [N x 4] DeepConf signals of each row's token_confidence (NaN where none)
 
     for position, (where, raw) in enumerate(rows):
         if not isinstance(raw, dict):
@@ -443,6 +477,11 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
             key_digests += _NO_DIGEST
         prompt_ids.append(pid_text)
         positions.append(position)
+        signals.extend(_deepconf_signals(r, *deepconf))
+        voted = raw.get("deepconf_voted")
+        if voted is not None and not isinstance(voted, (bool, np.bool_)):
+            raise r.fail("deepconf_voted", f"expected a bool, got {_shown(voted)}")
+        cols["deepconf_voted"].append(math.nan if voted is None else float(voted))
 
         for name in ("reward", "n_tokens"):
             cols[name].append(r.number(name, low=0 if name == "n_tokens" else -math.inf)
@@ -562,10 +601,11 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         if index is None:
             content_digests += _NO_DIGEST
         elif no_text[-1]:  # a row without a completion is compared whole
-            content_digests += text_digest(json.dumps(raw, sort_keys=True, default=str))
+            content_digests += _row_digest(raw)
         else:  # the completion and every value read from the row that a figure uses
             scored = (correct[-1], labels[-1], texts["answer"][-1], class_probs[-1],
-                      *(cols[k][-1] for k in ("reward", "logprob_mean", "decision_prob", "verbalized_confidence")))
+                      *(cols[k][-1] for k in ("reward", "logprob_mean", "decision_prob", "verbalized_confidence")),
+                      *signals[-len(DEEPCONF_SOURCES):])
             content_digests += hashlib.blake2b(digests[-16:] + repr(scored).encode("utf-8", "surrogatepass"),
                                                digest_size=16).digest()
 
@@ -615,6 +655,9 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         rows=np.frombuffer(positions, dtype=np.int64).copy() if len(positions) else np.zeros(0, dtype=np.int64),
         n_tokens=opt_float(cols["n_tokens"]),
         truncated=None if opt_float(cols["truncated"]) is None else opt_float(cols["truncated"]) == 1.0,
+        deepconf_voted=opt_float(cols["deepconf_voted"]),
+        deepconf_signals=None if np.isnan(np.frombuffer(signals, dtype=np.float64)).all()
+        else np.frombuffer(signals, dtype=np.float64).reshape(-1, len(DEEPCONF_SOURCES)),
         notes=[f"{source}: verbalized_confidence read from the completion's <confidence> tag on {n_parsed} rows"]
         if n_parsed else [],
     )
@@ -626,6 +669,50 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
                          "completion, correctness and confidence as an earlier row)")
     samples.skipped = {"repeated sample": n_repeated}
     return samples
+
+
+def _row_digest(raw: dict) -> bytes:
+    """16-byte digest of a whole row (a row without a completion, compared whole for repeats): its JSON, and a
+    ``token_confidence`` array by its float64 bytes (its JSON text would cost more than reading the row)."""
+    confs = raw.get("token_confidence")
+    if confs is None:
+        return text_digest(json.dumps(raw, sort_keys=True, default=str))
+    rest = json.dumps({k: v for k, v in raw.items() if k != "token_confidence"}, sort_keys=True, default=str)
+    try:
+        values = np.asarray(confs, dtype=np.float64).tobytes()
+    except (TypeError, ValueError):  # nulls or bad entries: validated (and refused) later
+        values = json.dumps(confs, default=str).encode()
+    return hashlib.blake2b(rest.encode("utf-8", "surrogatepass") + b"\0" + values, digest_size=16).digest()
+
+
+_NO_SIGNALS = (math.nan,) * len(DEEPCONF_SOURCES)
+
+
+def _deepconf_signals(r: _Row, window: int, tail: int) -> np.ndarray | tuple[float, ...]:
+    """DeepConf's four signals of the row's ``token_confidence`` (NaN when it has none); the array itself is not
+    kept. Entries must be finite numbers >= 0 (C_i is minus a mean of log-probabilities); nulls are skipped."""
+    values = r.row.get("token_confidence")
+    if values is None:
+        return _NO_SIGNALS
+    if not isinstance(values, (list, tuple, np.ndarray)):
+        raise r.fail("token_confidence", f"expected a list of numbers, got {type(values).__name__} {_shown(values)}")
+    try:
+        confs = np.asarray(values)  # one C-level pass for a list of JSON numbers (or an Arrow list's floats)
+    except ValueError:  # ragged nesting
+        raise r.fail("token_confidence", "expected a flat list of numbers (one per token)") from None
+    if confs.dtype.kind not in "fiu" and confs.ndim == 1:  # nulls or non-numbers among the entries: the slow path
+        bad = next((j for j, v in enumerate(values) if v is not None and not _is_number(v)), None)
+        if bad is not None:
+            raise r.fail("token_confidence", f"entry {bad}: expected a number, got {_shown(values[bad])}")
+        confs = np.array([math.nan if v is None else v for v in values], dtype=np.float64)
+    elif confs.dtype.kind not in "fiu" or confs.ndim != 1:
+        raise r.fail("token_confidence", f"expected a flat list of numbers (one per token), got {_shown(values)}")
+    confs = confs.astype(np.float64, copy=False)
+    bad = np.flatnonzero(np.isinf(confs) | (confs < 0))
+    if bad.size:
+        raise r.fail("token_confidence", f"entry {int(bad[0])}: {confs[bad[0]]} is not a finite number >= 0 (C_i is "
+                                         "minus the mean of a position's top-k log-probabilities)")
+    return trace_signals(confs, window=window, tail=tail)
 
 
 class _NoRows(SamplesError):

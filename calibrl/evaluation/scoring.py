@@ -16,23 +16,27 @@ only decides which arrays go in:
 - selection and scaling need ``answer`` on every row (and logprob_mean on every row for weighted / pc / rpc;
   a logprob_mean column with gaps counts as absent, and the skipped methods are listed in ``selection_skipped``);
   with a verbalized confidence on some rows, ``weighted_verbalized`` votes with it
-  (:func:`calibrl.selection.voting.confidence_weighted_vote`; a path that states none adds nothing).
+  (:func:`calibrl.selection.voting.confidence_weighted_vote`; a path that states none adds nothing);
+- DeepConf (:mod:`calibrl.selection.deepconf`): the four trace signals of ``token_confidence`` are confidence
+  sources scored by their ranking only (AUROC, per-prompt AUROC, AURC; no ECE / Brier), the ``deepconf_*``
+  selections need them on every row, a ``--deepconf-online`` file adds ``deepconf_online``, and every input with
+  ``n_tokens`` says what its selections spend (``selection_tokens_per_prompt``, ``tokens`` on the curves).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from calibrl import metrics as M
-from calibrl.evaluation.samples import Samples
+from calibrl.evaluation.samples import DEEPCONF_SOURCES, Samples
 from calibrl.metrics.registry import confidence_source
 from calibrl.metrics.rejection import PRRReplicates
 from calibrl.metrics.smooth import SmoothECEReplicates
-from calibrl.selection import METHODS, ScalingCurve, scaling_curve, select
+from calibrl.selection import DEEPCONF_METHODS, METHODS, ScalingCurve, scaling_curve, select
 from calibrl.selection.voting import confidence_weighted_vote
 
 __all__ = ["ScopeResult", "answer_sources", "evaluate_samples", "rank_sources", "source_arrays", "source_bootstrap"]
@@ -94,6 +98,9 @@ def source_arrays(samples: Samples, kind: str) -> tuple[np.ndarray, np.ndarray, 
         probs = samples.class_probs[rows]
         conf = probs.max(axis=1)
         return rows, conf, conf, probs.argmax(axis=1) == samples.labels[rows]
+    if kind in DEEPCONF_SOURCES:  # a ranking score, no probability: the score is all there is
+        values = samples.deepconf_signal(kind)[rows]
+        return rows, values, values, samples.correct[rows]
     values = getattr(samples, kind)[rows]
     conf = np.exp(values) if kind == "logprob_mean" else values
     return rows, conf, values, samples.correct[rows]
@@ -288,6 +295,42 @@ def prompt_bootstrap(correct: np.ndarray, pidx: np.ndarray, score: np.ndarray | 
     return {k: percentile_interval(np.concatenate(v), alpha=alpha) for k, v in stats.items()}
 
 
+def _deepconf_inputs(samples: Samples) -> tuple[np.ndarray | None, str]:
+    """DeepConf's [N, 4] trace signals for the selections, or None and why: they need a token_confidence array
+    with at least one token on every path (a path without one would silently lose its vote)."""
+    signals = samples.deepconf_signals
+    if signals is None:
+        return None, "no token_confidence in the input"
+    missing = int(np.isnan(signals[:, 0]).sum())
+    if missing:
+        return None, f"token_confidence missing or empty on {missing} of {len(samples)} rows"
+    return signals, ""
+
+
+def _deepconf_online_and_tokens(samples: Samples, answer_ids: np.ndarray, sel: dict[str, Any], result: ScopeResult,
+                                out: dict[str, Any], *, step: Callable[[str], Any]) -> None:
+    """What the selections spend, and DeepConf online's answer when the input is a ``--deepconf-online`` file.
+
+    ``out["selection_tokens_per_prompt"]``: the mean over prompts of the tokens of all their paths, what every
+    offline selection on this input spends (an online file's count its stopped traces); each scaling curve gets
+    ``tokens`` per N (N times the mean tokens of a path). ``sel["deepconf_online"]``: the online vote
+    (:func:`calibrl.selection.deepconf.online_vote`) when every row says whether it voted."""
+    from calibrl.selection.deepconf import online_vote
+
+    tokens = samples.n_tokens
+    if tokens is not None and not np.isnan(tokens).any():
+        per_prompt = np.bincount(samples.prompt_index, weights=tokens, minlength=samples.n_prompts)
+        out["selection_tokens_per_prompt"] = _f(per_prompt.mean())
+        for method, curve in result.curves.items():
+            result.curves[method] = replace(curve, tokens=curve.ns * float(tokens.mean()))
+    voted = samples.deepconf_voted
+    if voted is not None and not np.isnan(voted).any() and samples.deepconf_signals is not None:
+        step("DeepConf online vote")
+        sel["deepconf_online"] = _f(online_vote(answer_ids, samples.correct, samples.prompt_index,
+                                                deepconf_signals=samples.deepconf_signals,
+                                                voted=voted == 1).accuracy)
+
+
 def evaluate_samples(
     samples: Samples,
     *,
@@ -406,12 +449,17 @@ def evaluate_samples(
             # a partial logprob_mean column counts as absent: weighted / pc / rpc need it on every path
             reason = f"logprob_mean missing on {int(np.isnan(lpm).sum())} of {lpm.size} rows"
             lpm = None
-        usable = [m for m in methods if lpm is not None or m in ("majority", "best_of_n")]
+        usable = [m for m in methods if lpm is not None or m in ("majority", "best_of_n") or m in DEEPCONF_METHODS]
         if not has_conf:  # best-of-N ranks paths by their confidence
             reason = "no confidence in the input"
-            usable = [m for m in usable if m == "majority"]
+            usable = [m for m in usable if m == "majority" or m in DEEPCONF_METHODS]
         skipped = {m: reason for m in methods if m not in usable}
-        kwargs = {"logprob_mean": lpm, "completions": samples.completion_ids, "confidence": score}
+        signals, why_not = _deepconf_inputs(samples)
+        if signals is None:
+            skipped.update({m: why_not for m in usable if m in DEEPCONF_METHODS})
+            usable = [m for m in usable if m not in DEEPCONF_METHODS]
+        kwargs = {"logprob_mean": lpm, "completions": samples.completion_ids, "confidence": score,
+                  "deepconf_signals": signals}
         sel: dict[str, Any] = {}  # accuracy of each method on all of each prompt's paths
         for method in usable:
             step(f"{label}/{scope}: selection '{method}' and its scaling curve")
@@ -430,6 +478,7 @@ def evaluate_samples(
             result.curves["weighted_verbalized"] = scaling_curve(
                 "confidence_weighted", answer_ids, samples.correct, pidx, confidence=verbal, n_draws=scaling_draws,
                 seed=seed)
+        _deepconf_online_and_tokens(samples, answer_ids, sel, result, out, step=lambda d: step(f"{label}/{scope}: {d}"))
         out["selection"] = sel
         if skipped:
             out["selection_skipped"] = skipped

@@ -64,11 +64,25 @@ SELECTION_NAMES = {
     "best_of_n": "best-of-N (highest confidence)",
     "confidence_weighted": "confidence-weighted vote",
     "weighted_verbalized": "vote weighted by stated confidence",
+    "deepconf_mean": "DeepConf: vote weighted by mean token confidence",
+    "deepconf_tail": "DeepConf: vote weighted by tail confidence",
+    "deepconf_bottom10": "DeepConf: vote weighted by bottom-10% window confidence",
+    "deepconf_min": "DeepConf: vote weighted by lowest window confidence",
+    "deepconf_tail_top10": "DeepConf: top 10% by tail confidence, weighted vote",
+    "deepconf_bottom10_top10": "DeepConf: top 10% by bottom-10% confidence, weighted vote",
+    "deepconf_tail_top90": "DeepConf: top 90% by tail confidence, weighted vote",
+    "deepconf_bottom10_top90": "DeepConf: top 90% by bottom-10% confidence, weighted vote",
+    "deepconf_online": "DeepConf online (early-stopped sampling, its vote)",
 }
 _SELECTION_STYLES = {
     "majority": ("#1f77b4", "o", "-"), "weighted": ("#ff7f0e", "s", "--"), "pc": ("#2ca02c", "^", "-."),
     "rpc": ("#d62728", "D", ":"), "best_of_n": ("#9467bd", "v", "-"), "confidence_weighted": ("#8c564b", "P", "--"),
     "weighted_verbalized": ("#e377c2", "X", "-."),
+    "deepconf_mean": ("#7f7f7f", "o", ":"), "deepconf_tail": ("#bcbd22", "s", ":"),
+    "deepconf_bottom10": ("#17becf", "^", ":"), "deepconf_min": ("#393b79", "v", ":"),
+    "deepconf_tail_top10": ("#8c6d31", "D", "-"), "deepconf_bottom10_top10": ("#637939", "P", "-"),
+    "deepconf_tail_top90": ("#843c39", "X", "--"), "deepconf_bottom10_top90": ("#7b4173", "*", "--"),
+    "deepconf_online": ("#000000", "h", "-"),
 }
 
 

@@ -127,6 +127,11 @@ for _name, _label, _prob in [
     ("verbalized_confidence", "verbalized confidence", True),
     ("answer_consistency", "share of the prompt's samples giving the same answer", True),
     ("semantic_entropy", "minus the semantic entropy of the prompt's answers (ranks only)", False),
+    # DeepConf's trace signals of token_confidence (calibrl.selection.deepconf): rankings, no probabilities
+    ("deepconf_mean", "DeepConf mean token confidence (ranks only)", False),
+    ("deepconf_tail", "DeepConf tail confidence (ranks only)", False),
+    ("deepconf_bottom10", "DeepConf bottom-10% window confidence (ranks only)", False),
+    ("deepconf_min", "DeepConf lowest window confidence (ranks only)", False),
 ]:
     register_confidence_source(_name, _label, probability=_prob)
 

@@ -21,7 +21,10 @@ The package, in the order a selection runs:
 - :mod:`~calibrl.selection.voting`: majority, weighted vote, PC, best-of-N, :class:`SelectionResult` and the
   vote they share;
 - :mod:`~calibrl.selection.pruning`: the Weibull mixture and RPC's pruning (:func:`rpc_keep_mask`);
-- :mod:`~calibrl.selection.registry`: :data:`METHODS` and :func:`select` (a method by name);
+- :mod:`~calibrl.selection.deepconf`: DeepConf's trace signals (:func:`trace_signals`) and the votes weighted or
+  filtered by them;
+- :mod:`~calibrl.selection.registry`: :data:`METHODS` (the default ones), :data:`ALL_METHODS` and :func:`select`
+  (a method by name);
 - :mod:`~calibrl.selection.scaling`: :func:`scaling_curve` (accuracy vs N, :class:`ScalingCurve`) and
   :func:`maj_at_k`.
 """
@@ -29,12 +32,15 @@ The package, in the order a selection runs:
 from __future__ import annotations
 
 from calibrl.selection.answers import answer_clusters, answers_equivalent, group_answer_ids, normalize_answer
-from calibrl.selection.registry import METHODS, select
+from calibrl.selection.deepconf import trace_signals
+from calibrl.selection.registry import ALL_METHODS, DEEPCONF_METHODS, METHODS, select
 from calibrl.selection.pruning import rpc, rpc_keep_mask
 from calibrl.selection.scaling import ScalingCurve, maj_at_k, scaling_curve
 from calibrl.selection.voting import SelectionResult, best_of_n, majority_vote, perplexity_consistency, weighted_vote
 
 __all__ = [
+    "ALL_METHODS",
+    "DEEPCONF_METHODS",
     "METHODS",
     "ScalingCurve",
     "SelectionResult",
@@ -50,5 +56,6 @@ __all__ = [
     "rpc_keep_mask",
     "scaling_curve",
     "select",
+    "trace_signals",
     "weighted_vote",
 ]

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from calibrl.selection.registry import _FUNCS, _NEEDS_LOGPROB, METHODS
+from calibrl.selection.registry import _FUNCS, _NEEDS_LOGPROB, ALL_METHODS
 from calibrl.selection.voting import _need_logprob, _prepare, _text_ids
 
 __all__ = ["ScalingCurve", "maj_at_k", "scaling_curve"]
@@ -29,10 +29,14 @@ class ScalingCurve:
     accuracy: np.ndarray
     std: np.ndarray
     n_draws: int
+    tokens: np.ndarray | None = None  # [len(ns)] tokens a prompt spends at each N, when the paths' lengths are known
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ns": self.ns.tolist(), "accuracy": self.accuracy.tolist(), "std": self.std.tolist(),
-                "n_draws": self.n_draws}
+        out = {"ns": self.ns.tolist(), "accuracy": self.accuracy.tolist(), "std": self.std.tolist(),
+               "n_draws": self.n_draws}
+        if self.tokens is not None:
+            out["tokens"] = self.tokens.tolist()
+        return out
 
 
 def _default_ns(min_group: int) -> list[int]:
@@ -54,6 +58,7 @@ def scaling_curve(
     logprob_mean=None,
     completions=None,
     confidence=None,
+    deepconf_signals=None,
     ns: Sequence[int] | None = None,
     n_draws: int = 20,
     seed: int = 0,
@@ -69,7 +74,7 @@ def scaling_curve(
     """
     a, c, p, n_prompts, _ = _prepare(answer_ids, correct, prompt_ids)
     if method not in _FUNCS:
-        raise ValueError(f"unknown selection method {method!r}; choose one of {', '.join(METHODS)}")
+        raise ValueError(f"unknown selection method {method!r}; choose one of {', '.join(ALL_METHODS)}")
     sizes = np.bincount(p, minlength=n_prompts)
     ns = _default_ns(int(sizes.min())) if ns is None else [int(n) for n in ns]
     if any(n < 1 for n in ns):
@@ -78,6 +83,7 @@ def scaling_curve(
     if method in _NEEDS_LOGPROB:
         _need_logprob(method, lpm)
     conf = None if confidence is None else np.asarray(confidence, dtype=np.float64).reshape(-1)
+    signals = None if deepconf_signals is None else np.asarray(deepconf_signals, dtype=np.float64)
     text_ids = _text_ids(completions, len(a))
     rng = np.random.default_rng(seed)
     per_prompt_acc = np.bincount(p, weights=c, minlength=n_prompts) / sizes
@@ -112,6 +118,7 @@ def scaling_curve(
                 logprob_mean=None if lpm is None else lpm[m],
                 completions=text_ids[m],
                 confidence=None if conf is None else conf[m],
+                deepconf_signals=None if signals is None else signals[m],
                 # a random subset's accuracy only: RPC fits only the prompts whose winner pruning could change
                 # (the full group, one draw, reuses the selection's cached fit instead)
                 **({"accuracy_only": True} if method == "rpc" and draws > 1 else {}),

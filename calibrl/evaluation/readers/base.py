@@ -122,6 +122,9 @@ def _text_bytes(values) -> np.ndarray:
     if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or \
             pa.types.is_large_binary(kind):
         return pc.binary_length(values).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_floating(kind.value_type):
+        # numbers only (token_confidence): 8 bytes a value, from the lists' lengths without flattening them
+        return pc.list_value_length(values).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64) * 8
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
         parents = pc.list_parent_indices(values).to_numpy(zero_copy_only=False)
         sizes = _text_bytes(values.flatten())
@@ -138,13 +141,54 @@ _PARQUET_BATCH_ROWS = 4096
 _PARQUET_CHUNK_BYTES = 16 * 2**20  # rows are turned into Python objects at most this many text bytes at a time
 
 
+ARRAY_COLUMNS = ("token_confidence",)  # lists of numbers handed over as numpy arrays, not Python lists
+
+
+def _pylist_with_arrays(batch) -> tuple[list[dict], dict[str, list]]:
+    """``batch.to_pylist()``, but the :data:`ARRAY_COLUMNS` that are lists of floats come as one numpy view per
+    row (None for a null row) of their flattened values: a 16k-token float16 list is one slice, not 16k floats."""
+    import pyarrow as pa
+
+    arrays = {}
+    for name in ARRAY_COLUMNS:
+        index = batch.schema.get_field_index(name)
+        if index < 0:
+            continue
+        column = batch.column(index)
+        if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) or \
+                not pa.types.is_floating(column.type.value_type) or column.values.null_count:
+            continue  # nulls inside a list: the Python list keeps them (a row's validation names them)
+        offsets = column.offsets.to_numpy()  # [rows + 1] into the unsliced values: only this slice's are read
+        flat = column.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_numpy(zero_copy_only=False)
+        offsets = offsets - offsets[0]
+        valid = column.is_valid().to_numpy(zero_copy_only=False)
+        arrays[name] = [flat[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(column))]
+        batch = batch.drop_columns([name])
+    return batch.to_pylist(), arrays
+
+
+_PARQUET_BATCH_BYTES = 16 * 2**20  # the uncompressed bytes of the rows read per batch, at most (one row at least)
+
+
+def _batch_rows(metadata) -> int:
+    """Rows per Parquet batch: :data:`_PARQUET_BATCH_ROWS`, fewer for wide rows (long token_confidence lists) so a
+    batch holds about :data:`_PARQUET_BATCH_BYTES` (pyarrow's decoding of a batch takes several times its size:
+    8,000 rows of 16,384 float16 values peaked at 900 MB in batches of 4,096 rows, 380 MB in batches of 256)."""
+    if metadata.num_row_groups == 0 or metadata.row_group(0).num_rows == 0:
+        return _PARQUET_BATCH_ROWS
+    group = metadata.row_group(0)
+    per_row = max(1, group.total_byte_size // group.num_rows)
+    return int(max(1, min(_PARQUET_BATCH_ROWS, _PARQUET_BATCH_BYTES // per_row)))
+
+
 def rows_parquet(path: Path) -> Iterator[tuple[int, Any]]:
     """Parquet rows as ``(1-based row number, dict)``, read a batch at a time and turned into Python objects
     a few MiB of text at a time; a row holding more than :data:`MAX_ROW_BYTES` of text is refused."""
     import pyarrow.parquet as pq
 
     try:
-        batches = pq.ParquetFile(path).iter_batches(batch_size=_PARQUET_BATCH_ROWS)
+        parquet = pq.ParquetFile(path)
+        batches = parquet.iter_batches(batch_size=_batch_rows(parquet.metadata))
     except Exception as exc:  # pyarrow raises several types for unreadable files
         raise SamplesError(f"{path.name}: cannot read Parquet ({exc})") from None
     start = 1
@@ -168,7 +212,10 @@ def rows_parquet(path: Path) -> Iterator[tuple[int, Any]]:
             hi = max(lo + 1, int(np.searchsorted(ends, (ends[lo - 1] if lo else 0) + _PARQUET_CHUNK_BYTES,
                                                  side="right")))
             hi = min(hi, stop)
-            for offset, row in enumerate(batch.slice(lo, hi - lo).to_pylist()):
+            rows, arrays = _pylist_with_arrays(batch.slice(lo, hi - lo))
+            for offset, row in enumerate(rows):
+                for name, values in arrays.items():
+                    row[name] = values[offset]
                 yield start + lo + offset, row
             lo = hi
         if big.size:

@@ -15,6 +15,11 @@ with math-verify, or with ``Grading(grader="math-verify")`` math-verify's parse 
 ``label`` with ``classes`` (decision: the last standalone class string), else ``Grading.answers`` (``--answers``)
 by prompt id or ``custom_id``. Failed requests, responses without choices and choices without text are left out
 and counted (:class:`calibrl.evaluation.readers.base.Skips`).
+
+When the response carries each position's alternatives (``top_logprobs=k`` requested: chat
+``logprobs.content[i].top_logprobs``, legacy ``logprobs.top_logprobs[i]``), the row gets DeepConf's
+``token_confidence`` (minus the mean of each position's top-k log-probs,
+:func:`calibrl.selection.deepconf.token_confidence_from_top_logprobs`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any, Iterator
 
 from calibrl.evaluation.readers.base import (Grading, SamplesError, Skips, as_float, fail, hit_token_limit, need_object,
                                              rows_jsonl)
+from calibrl.selection.deepconf import token_confidence_from_top_logprobs
 
 
 class _Failed(SamplesError):
@@ -84,6 +90,21 @@ def _choice(choice: Any, where: str, field: str) -> tuple[str, list[float]]:
     return text, values
 
 
+def _token_confidence(choice: dict) -> Any:
+    """DeepConf's token confidence of a choice from its positions' ``top_logprobs`` (None when it has none)."""
+    logprobs = choice.get("logprobs") or {}
+    if isinstance(choice.get("message"), dict):
+        tops = [t.get("top_logprobs") if isinstance(t, dict) else None for t in logprobs.get("content") or []]
+        tops = [[e.get("logprob") if isinstance(e, dict) else e for e in top] if isinstance(top, list) else None
+                for top in tops]
+    else:
+        tops = [list(top.values()) if isinstance(top, dict) else None for top in logprobs.get("top_logprobs") or []]
+    if not any(tops):
+        return None
+    return token_confidence_from_top_logprobs([[float(v) for v in top if v is not None] if top else []
+                                               for top in tops])
+
+
 def _prompt_id(places: list[Any], raw: dict, body: dict, where: str) -> str:
     """``prompt_id`` of the line or a metadata, else ``custom_id``, else the response ``id``."""
     for place in places:
@@ -124,8 +145,12 @@ def read(path: Path, notes: list[str], skips: Skips | None = None,
                 continue
             answer, correct = grading.grade(text, gold)
             index = choice.get("index")
-            yield where, {"prompt_id": prompt_id, "sample_index": index if isinstance(index, int) else i,
-                          "completion": text, "answer": answer, "correct": correct,
-                          "logprob_mean": sum(values) / len(values), "n_tokens": len(values),
-                          "truncated": hit_token_limit(choice)}
+            row = {"prompt_id": prompt_id, "sample_index": index if isinstance(index, int) else i,
+                   "completion": text, "answer": answer, "correct": correct,
+                   "logprob_mean": sum(values) / len(values), "n_tokens": len(values),
+                   "truncated": hit_token_limit(choice)}
+            confidence = _token_confidence(choice)
+            if confidence is not None:
+                row["token_confidence"] = confidence
+            yield where, row
     notes.extend(grading.note(path.name) + skips.note(path.name))

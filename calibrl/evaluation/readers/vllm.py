@@ -10,6 +10,10 @@ token's entry is taken). Sampling parameters need ``logprobs=0`` or more.
 The outputs of one line share a prompt id: ``prompt_id`` of the line or its ``metadata``, else a hash of
 ``prompt``, else ``request_id``. As with API responses, the gold answer must be in the line or its ``metadata``
 (``gold`` / ``answer``, or ``label`` with ``classes``).
+
+With ``SamplingParams(logprobs=k)``, k >= 1, each position's map holds the top k tokens (and the sampled one when it
+is not among them); the row then gets DeepConf's ``token_confidence``: minus the mean of the map's log-probs, all
+of its entries, as the authors' ``compute_confidence`` averages them. Maps of one entry (``logprobs=0``) give none.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any, Iterator
 
 from calibrl.evaluation.readers.base import (Grading, Skips, as_float, fail, hit_token_limit, need_object, prompt_key,
                                              rows_jsonl)
+from calibrl.selection.deepconf import token_confidence_from_top_logprobs
 
 
 def _token_logprob(entry: Any, token: Any, where: str, field: str) -> float:
@@ -44,6 +49,16 @@ def _logprob_mean(output: dict, where: str, field: str) -> tuple[float, int]:
     values = [_token_logprob(entry, token, where, f"{field}.logprobs[{j}]")
               for j, (entry, token) in enumerate(zip(logprobs, token_ids))]
     return sum(values) / len(values), len(values)
+
+
+def _token_confidence(output: dict, where: str, field: str) -> Any:
+    """DeepConf's token confidence from each position's top-k map (None: no maps, or one entry each)."""
+    logprobs = output.get("logprobs")
+    if not isinstance(logprobs, list) or not any(isinstance(e, dict) and len(e) > 1 for e in logprobs):
+        return None
+    return token_confidence_from_top_logprobs(
+        [[as_float(v.get("logprob") if isinstance(v, dict) else v, where, f"{field}.logprobs[{j}].logprob")
+          for v in entry.values()] if isinstance(entry, dict) else [] for j, entry in enumerate(logprobs)])
 
 
 def _prompt_id(raw: dict, where: str) -> str:
@@ -83,8 +98,12 @@ def read(path: Path, notes: list[str], skips: Skips | None = None,
             mean, n_tokens = _logprob_mean(output, where, field)
             answer, correct = grading.grade(output["text"], gold)
             index = output.get("index")
-            yield where, {"prompt_id": prompt_id, "sample_index": index if isinstance(index, int) else i,
-                          "completion": output["text"], "answer": answer,
-                          "correct": correct, "logprob_mean": mean, "n_tokens": n_tokens,
-                          "truncated": hit_token_limit(output)}
+            row = {"prompt_id": prompt_id, "sample_index": index if isinstance(index, int) else i,
+                   "completion": output["text"], "answer": answer,
+                   "correct": correct, "logprob_mean": mean, "n_tokens": n_tokens,
+                   "truncated": hit_token_limit(output)}
+            confidence = _token_confidence(output, where, field)
+            if confidence is not None:
+                row["token_confidence"] = confidence
+            yield where, row
     notes.extend(grading.note(path.name) + skips.note(path.name))
