@@ -34,7 +34,8 @@ test: setup
 	.venv-verl/bin/python -m pytest tests/test_verl.py tests/test_verl_entry_point.py tests/verl_e2e/test_verl_cpu_runtime.py
 	CALIBRL_VERL_E2E=1 CALIBRL_VERL_E2E_CASES=capo_legacy .venv-verl/bin/python -m pytest tests/verl_e2e/test_verl_e2e.py
 
-# the low end of the ranges (docs/install.md); not part of `make test`: it downloads the floor releases
+# the low end of the ranges (README, "Installing into your own environment"); not part of `make test`: it
+# downloads the floor releases (torch 2.6 from PyPI, a few GB)
 test-lowest:
 	PYTHON=$(PYTHON) bash scripts/test_lowest.sh .venv-lowest
 
