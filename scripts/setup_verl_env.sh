@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv-verl: verl 0.9.1 + calibrl, CPU only, for tests/test_verl.py (the calibrl.verl plugin).
 #
-# verl is kept out of the main .venv on purpose: verl 0.9.1 pins transformers <5.11 and tensordict <=0.10.0,
-# and its extras pull vLLM / SGLang / flash-attn and CUDA torch builds. Here we install verl with --no-deps and
+# verl is kept out of the main .venv on purpose: verl 0.9.1 pins transformers <5.11 and tensordict <=0.10.0
+# (TRL and the main .venv's transformers are newer), and its full dependency tree pulls ray[default], wandb and
+# tensorboard, its extras vLLM / SGLang / flash-attn and CUDA torch builds. Here we install verl with --no-deps and
 # then exactly the packages that `verl.protocol.DataProto`, `verl.trainer.ppo.core_algos`,
 # `verl.trainer.ppo.ray_trainer` (the legacy trainer's compute_advantage) and `verl.trainer.ppo.v1.utils`
 # (the V1 trainer, default in 0.9.1) need to import on CPU. No vllm, sglang, flash-attn, megatron, wandb.
@@ -40,12 +41,14 @@ echo "setup_verl_env: an 'ERROR: pip's dependency resolver' about verl's pins be
     "transformers>=5.5.3,<5.11,!=5.6.0" "tensordict==0.10.0" "numpy>=2" "pyarrow>=19" \
     omegaconf hydra-core codetiming pandas packaging dill ray torchdata datasets pillow peft pylatexenc \
     cachetools fastapi uvicorn aiohttp pyzmq msgspec psutil prometheus_client
-# 4. calibrl itself (editable), without its TRL/transformers pins, plus what its core and tests import.
-"${PIP[@]}" "$TORCH_SPEC" pytest pyyaml scipy "math-verify>=0.7"
-"${PIP[@]}" --no-deps -e .
-# the check's import-time notices (engines and accelerators verl does not find on a CPU) are shown only on failure
-if ! "$VENV/bin/python" -W ignore -c "import verl, calibrl; from verl.trainer.ppo import core_algos, ray_trainer; \
-print('setup_verl_env: verl', verl.__version__, 'imports')" 2>"$VENV/.import-check.log"; then
+# 4. calibrl itself (editable) with its dependencies, as a verl user installs it: the core has no transformers or
+#    TRL requirement, so it resolves within verl's pins; dev brings pytest.
+"${PIP[@]}" "$TORCH_SPEC" -e ".[dev]"
+# the check's import-time notices (engines and accelerators verl does not find on a CPU) are shown only on failure;
+# `import verl` alone must register calibrl's estimators (the verl.plugins entry point, no VERL_USE_EXTERNAL_MODULES)
+if ! env -u VERL_USE_EXTERNAL_MODULES "$VENV/bin/python" -W ignore -c "import verl, calibrl; \
+from verl.trainer.ppo import core_algos, ray_trainer; core_algos.get_adv_estimator_fn('capo'); \
+print('setup_verl_env: verl', verl.__version__, 'imports and finds calibrl')" 2>"$VENV/.import-check.log"; then
     cat "$VENV/.import-check.log" >&2; exit 1
 fi
 echo "$SUM" > "$STAMP"

@@ -1,5 +1,6 @@
-"""What an installed calibrl needs: the TRL version it was written against, the shipped recipes and their data
-declared as package data, ``calibrl --version``, ``python -m calibrl`` and ``calibrl train --list``."""
+"""What an installed calibrl needs: the TRL version it was written against, the ranges and extras of pyproject.toml,
+verl's entry point, the shipped recipes and their data declared as package data, ``calibrl --version``,
+``python -m calibrl`` and ``calibrl train --list``."""
 
 from __future__ import annotations
 
@@ -49,13 +50,36 @@ def test_import_warns_on_a_newer_trl_and_accepts_the_tested_one(monkeypatch):
 
 
 def test_pins_match_the_import_check():
+    """TRL, behind the ``trl`` extra, is pinned to the minor release the trainer's overrides were written against
+    (the import check's range); every other requirement has a floor (the oldest tested) and no ceiling."""
     import calibrl.trl
+    from packaging.requirements import Requirement
 
-    deps = _pyproject()["project"]["dependencies"]
-    trl = [d for d in deps if d.startswith("trl")]
-    assert trl == [f"trl>={calibrl.trl.TRL_TESTED[0]},<{calibrl.trl.TRL_TESTED[1]}"]
-    for dep in deps:  # every dependency bounded on both sides
-        assert ">=" in dep and "<" in dep, dep
+    project = _pyproject()["project"]
+    extras = project["optional-dependencies"]
+    assert [d for d in extras["trl"] if Requirement(d).name == "trl"] == [
+        f"trl>={calibrl.trl.TRL_TESTED[0]},<{calibrl.trl.TRL_TESTED[1]}"]
+    pinned = {"trl", "vllm"}  # vllm: the range TRL 1.16 supports
+    for dep in project["dependencies"] + [d for name, deps in extras.items() for d in deps]:
+        req = Requirement(dep)
+        if req.name == "calibrl":  # one extra naming another
+            assert req.extras <= set(extras), dep
+            continue
+        assert any(s.operator == ">=" for s in req.specifier), f"{dep}: no floor"
+        if req.name not in pinned:
+            assert all(s.operator == ">=" for s in req.specifier), f"{dep}: a ceiling without a known break"
+
+
+def test_verl_finds_calibrl_and_the_installs_bring_it_with_its_dependencies():
+    """The verl.plugins entry point names the plugin module; `make setup` installs every extra (the README's two
+    commands install what they did before the core was split); .venv-verl installs calibrl with its dependencies."""
+    project = _pyproject()["project"]
+    assert project["entry-points"]["verl.plugins"] == {"calibrl": "calibrl.verl"}
+    assert (PACKAGE / "verl" / "__init__.py").exists()
+    assert 'pip install -q -e ".[all,dev]"' in (ROOT / "Makefile").read_text()
+    setup_verl = (ROOT / "scripts" / "setup_verl_env.sh").read_text()
+    installs = [line for line in setup_verl.splitlines() if not line.lstrip().startswith("#") and " -e " in line]
+    assert installs == ['"${PIP[@]}" "$TORCH_SPEC" -e ".[dev]"'], installs
 
 
 def test_license_is_an_spdx_string_with_the_file():

@@ -17,6 +17,30 @@ app = typer.Typer(
 )
 
 
+# What a command needs beyond the core install, by pyproject extra: the modules it imports (the extra's
+# requirements install them under the same names) and how users know each.
+EXTRA_MODULES = {
+    "trl": {"trl": "TRL", "transformers": "transformers", "accelerate": "accelerate", "peft": "peft",
+            "datasets": "datasets"},
+    "generate": {"transformers": "transformers", "datasets": "datasets", "tqdm": "tqdm"},
+}
+
+
+def require_extra(command: str, extra: str) -> None:
+    """Exit 2 with one line when a module of ``extra`` is not installed, before anything loads:
+    ``calibrl train needs TRL: pip install 'calibrl[trl]'``. Only looks the modules up (no import)."""
+    import importlib.util
+
+    for module, name in EXTRA_MODULES[extra].items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a parent package missing, or an entry of None in sys.modules
+            found = False
+        if not found:
+            typer.echo(f"error: calibrl {command} needs {name}: pip install 'calibrl[{extra}]'", err=True)
+            raise typer.Exit(2)
+
+
 def _version() -> str:
     """The installed distribution's version (the source tree's when it is not installed)."""
     from importlib.metadata import PackageNotFoundError, version

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from calibrl.cli.app import app
+from calibrl.cli.app import app, require_extra
 
 
 @app.command("demo", short_help="Built-in demo on a tiny model: GRPO vs CAPO and more; report.md.")
@@ -42,6 +42,7 @@ def demo_command(
     With --model: the same question on a real model, in a short LoRA run."""
     import warnings
 
+    require_extra("demo", "trl")
     if model is not None:
         _real_model_demo(model=model, out=out, quick=quick, steps=steps, methods=methods, dtype=dtype or "float32")
         return

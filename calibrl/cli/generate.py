@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from calibrl.cli.app import app
+from calibrl.cli.app import app, require_extra
 
 
 @app.command("generate", short_help="Sample N completions per problem with their confidence (JSONL).")
@@ -46,6 +46,7 @@ def generate_command(
     """
     from rich.console import Console
 
+    require_extra("generate", "generate")
     from calibrl.evaluation.deepconf_online import OnlineSettings
     from calibrl.evaluation.generate import GenerateConfig, GenerateError, generate
 

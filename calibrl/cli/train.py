@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from calibrl.cli.app import app
+from calibrl.cli.app import app, require_extra
 
 
 def _parse_sets(items: list[str]) -> dict:
@@ -87,6 +87,7 @@ def train_command(
     """
     from rich.console import Console
 
+    require_extra("train", "trl")
     if list_:
         _list_recipes()
         return

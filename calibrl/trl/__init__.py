@@ -38,7 +38,7 @@ def _check_trl_version() -> None:
     try:
         installed = importlib.metadata.version("trl")
     except importlib.metadata.PackageNotFoundError:
-        raise ImportError(f"calibrl.trl needs TRL (pip install 'trl>={TRL_TESTED[0]},<{TRL_TESTED[1]}')") from None
+        raise ImportError("calibrl.trl needs TRL: pip install 'calibrl[trl]'") from None
     low, high = (Version(v) for v in TRL_TESTED)
     if Version(installed) < low:
         raise ImportError(f"calibrl.trl needs TRL {TRL_TESTED[0]}.x, found TRL {installed}; install the tested "
