@@ -91,15 +91,19 @@ def collect(out: Path) -> dict:
     """Every run's raw records from ``out``: the per-evaluation history of each arm and seed, each run's decision
     confidences and drawn outcomes on the test prompts at its last step (for the AURC), and GRPO's last-step
     eval-set and test-set decision samples (for the post-hoc baselines). The data file of docs/results/decision.md
-    (``--save``); :func:`analyze` reads only this."""
+    (``--save``); :func:`analyze` reads only this. ``times``: each run's UTC start and end."""
+    from calibrl.testbed.runner import run_times
+
     arms = [a.name for a in DECISION_STUDY_ARMS]
     data: dict = {"config": {"seeds": list(SEEDS), "steps": STEPS, "eval_every": EVAL_EVERY,
                              "eval_prompts": EVAL_PROMPTS, "test_prompts": TEST_PROMPTS},
-                  "history": {}, "test_final": {}, "grpo_samples": {}}
+                  "history": {}, "times": {}, "test_final": {}, "grpo_samples": {}}
     for arm in arms:
         for s in SEEDS:
             run_dir = out / arm / f"seed{s}"
-            history = json.loads((run_dir / "history.json").read_text())["history"]
+            record = json.loads((run_dir / "history.json").read_text())
+            history = record["history"]
+            data["times"].setdefault(arm, {})[str(s)] = run_times(record)
             step = history[-1]["step"]
             data["history"].setdefault(arm, {})[str(s)] = history
             with np.load(run_dir / "eval_set_samples.npz") as npz:

@@ -67,6 +67,8 @@ def collect(results_path: Path, methods: list[str] | None = None) -> dict:
     """The raw data the tables are read from: every run's final evaluation samples (the fields
     ``run_metrics`` uses), ``{"labels": {method: label}, "samples": {method: {seed: {field: list}}}}``, for every
     run whose final samples hold answers (only ``methods``, in that order, when given)."""
+    from calibrl.testbed.runner import run_times
+
     results = json.loads(results_path.read_text())
     out: dict = {"labels": {}, "samples": {}}
     runs = results["results"]
@@ -82,6 +84,7 @@ def collect(results_path: Path, methods: list[str] | None = None) -> dict:
             raise SystemExit(f"{path}: no answer_id (a run from before answers were kept): rerun it")
         record = {k: data[k].tolist() for k in SAMPLE_FIELDS}
         record["dtypes"] = {k: data[k].dtype.str for k in SAMPLE_FIELDS}  # read back exactly as written
+        record.update(run_times(run))  # the run's UTC start and end
         out["samples"].setdefault(run["method"], {})[str(run["seed"])] = record
         out["labels"][run["method"]] = run["label"]
     return out

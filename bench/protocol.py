@@ -60,12 +60,20 @@ def _histories(out: Path, arm: str, seeds) -> list[list[dict]]:
     return [json.loads((out / arm / f"seed{s}" / "history.json").read_text())["history"] for s in seeds]
 
 
+def _times(out: Path, arm: str, seeds) -> list[dict]:
+    """Each seed's UTC start and end of its run (history.json's)."""
+    from calibrl.testbed.runner import run_times
+
+    return [run_times(json.loads((out / arm / f"seed{s}" / "history.json").read_text())) for s in seeds]
+
+
 def pilot(config: P.ProtocolConfig, out: Path) -> dict:
     _run(config, [P.REFERENCE_ARM], config.pilot_seeds, out)
     histories = _histories(out, P.REFERENCE_ARM, config.pilot_seeds)
     verdict = P.pilot_verdict(histories, min_gap_growth=config.min_gap_growth)
     verdict["curves"] = [[{k: r[k] for k in ("step", "expected_accuracy", "auroc", "auroc_ceiling",
                                              "auroc_per_prompt", "entropy")} for r in h] for h in histories]
+    verdict["times"] = _times(out, P.REFERENCE_ARM, config.pilot_seeds)
     verdict["config"] = {"task": config.task, "steps": config.steps, "eval_every": config.eval_every,
                          "eval_prompts": config.eval_prompts, "test_prompts": config.test_prompts,
                          "eval_samples": config.eval_samples, "learning_rate": config.learning_rate,

@@ -129,7 +129,8 @@ def report(out: Path, methods: list[str]) -> str:
 def pack(out: Path, methods: list[str], dest: Path = RECORDS) -> list[Path]:
     """Each finished method's run under ``out`` into ``dest/<method>_seed<s>.json.gz``: its settings
     (``run_config.json``), every held-out evaluation with its per-sample arrays (prompt id, correctness,
-    ``logprob_mean``, decision probability) and the trainer's log. The study's committed data, from which
+    ``logprob_mean``, decision probability), the trainer's log and the UTC start and end of the invocation that
+    finished the run. The study's committed data, from which
     :func:`load_packed` and ``bench/reproduce.py`` rebuild its tables and figure. Returns the files written."""
     written = []
     for method in methods:
@@ -137,12 +138,17 @@ def pack(out: Path, methods: list[str], dest: Path = RECORDS) -> list[Path]:
         log = folder / "trainer_log.json"
         if not (log.exists() and json.loads(log.read_text()).get(DONE)):
             continue
+        from calibrl.testbed.runner import run_times
+
         config = json.loads((folder / "run_config.json").read_text())
+        finished = json.loads(log.read_text())
         runs, logs = load_run_folders(out, [method])
         label = REAL_MODEL_LABELS[method]
         path = dest / f"{method}_seed{config['seed']}.json.gz"
         doc = {"study": "equal-budget real-model study (docs/results/realmodel.md)", "method": method,
                "seed": config["seed"], "config": config, "records": runs[label], "log_history": logs[label],
+               # UTC start and end of the invocation that finished the run (absent in records packed before them)
+               **run_times(finished),
                "note": "confidence = exp(logprob_mean); decision_prob null where a completion named no letter"}
         if write_json_gz(path, doc):
             written.append(path)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The powered real-model study's 20 runs on one GPU (docs/protocols/realmodel_powered.md, amendment 2): the
+# The powered real-model study's 20 runs on one GPU (docs/protocols/realmodel_powered.md, amendment 5): the
 # pre-registered commands of scripts/realmodel_powered_queue.sh plus `--device cuda`, each run in its own process,
 # SLOTS processes at a time (one CPU core each: the runs are bound by Python, not by the GPU), in the order that
 # completes the primary endpoint first (GRPO and CAPO + mask of seeds 0-4, then decision CE and slow GRPO).
@@ -7,9 +7,10 @@
 #   scripts/realmodel_powered_gpu.sh                    # all 20 runs; waits for them; then gathers the records
 #   SLOTS=8 DEADLINE=540 scripts/realmodel_powered_gpu.sh
 #
-# SLOTS (default 16): processes at a time. DEADLINE (seconds, default none): every run still going then is
-# stopped (it resumes from its newest checkpoint when this script runs again: the same run folders). RUNS
-# (default runs/realmodel_powered) and RECORDS (default docs/results/realmodel_powered): where the runs go and
+# SLOTS (default 10, the amendment's "up to 10 at a time"): processes at a time. DEADLINE (seconds, default
+# none): every run still going then is stopped (it resumes from its newest checkpoint when this script runs
+# again: the same run folders; protocol amendment 6). RUNS (default runs/realmodel_powered) and RECORDS (default
+# docs/results/realmodel_powered): where the runs go and
 # where `bench/realmodel_powered.py --gather` writes the finished ones. PYTHON (default python3). EXTRA_ARGS:
 # appended to every command (they override the protocol's: a smoke test, never the study). DEVICE (default cuda).
 # Unlike the CPU queue it does not commit: the records are committed by hand after it ends.
@@ -21,7 +22,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 RUNS=${RUNS:-runs/realmodel_powered}
 RECORDS=${RECORDS:-docs/results/realmodel_powered}
-SLOTS=${SLOTS:-16}
+SLOTS=${SLOTS:-10}
 DEVICE=${DEVICE:-cuda}
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 # the protocol's COMMON settings, word for word (as scripts/realmodel_powered_queue.sh)

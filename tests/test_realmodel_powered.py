@@ -216,6 +216,7 @@ def test_verdict_rows_of_the_protocols_table():
     assert "does not answer" in v(0.01, 0.09, slower=False)[1]
     assert v(-0.09, -0.01)[0].startswith("CAPO + mask ranks worse than GRPO")
     assert "gains of 0.1 or more" in v(-0.08, 0.06)[0] and len(v(-0.08, 0.06)) == 1
+    assert "with the pairs as pre-registered" in v(-0.08, 0.06)[0] and "at 95%" in v(-0.08, 0.06)[0]
     assert "inside (-0.05, +0.05)" in v(-0.04, 0.045)[1]
     assert v(-0.12, 0.05)[0].startswith("Inconclusive") and "0.085 against the planned 0.05" in v(-0.12, 0.05)[0]
 
@@ -348,6 +349,18 @@ def test_the_gpu_pool_runs_the_protocols_commands_on_the_gpu_primary_runs_first(
     assert pool.count(": finished") == 19 and "capo_mask_seed3: stopped, exit 3" in pool
 
 
+def test_the_gpu_pool_names_its_amendment_and_its_process_count():
+    """scripts/realmodel_powered_gpu.sh is the protocol's amendment 5 and defaults to its "up to N at a time"."""
+    import re
+
+    protocol = (ROOT / "docs" / "protocols" / "realmodel_powered.md").read_text()
+    amendment = re.search(r"^(\d+)\. \*Executed on one GPU", protocol, re.M).group(1)
+    at_a_time = re.search(r"up to (\d+) at a time", protocol).group(1)
+    script = (ROOT / "scripts" / "realmodel_powered_gpu.sh").read_text()
+    assert f"realmodel_powered.md, amendment {amendment})" in script
+    assert f"SLOTS=${{SLOTS:-{at_a_time}}}" in script
+
+
 def test_publishing_commits_the_records_file_and_nothing_else(tmp_path):
     import shutil
     import subprocess
@@ -367,7 +380,8 @@ def test_publishing_commits_the_records_file_and_nothing_else(tmp_path):
         if arm in ("grpo", "capo_mask"):
             _write_run(tmp_path / "runs" / "realmodel_powered" / f"seed{s}" / run["method"], run)
     env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path)}
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path),
+           "PYTHONPATH": str(ROOT)}  # this tree's calibrl, whatever the interpreter has installed
     for _ in range(2):  # the second finds nothing new: no second commit
         subprocess.run(["bash", "scripts/realmodel_powered_queue.sh", "--publish"], cwd=tmp_path, env=env,
                        check=True, capture_output=True)
@@ -378,3 +392,51 @@ def test_publishing_commits_the_records_file_and_nothing_else(tmp_path):
     assert git("diff", "--cached", "--name-only").split() == ["other.txt"]
     assert set(P.load_records(tmp_path / "docs" / "results" / "realmodel_powered")) == {("grpo", 0),
                                                                                       ("capo_mask", 0)}
+
+
+# -------------------------------------------------------------------------------------------- matching sensitivity
+
+
+def test_matched_step_sensitivity_pairs_every_grpo_step_and_the_seed_t_interval():
+    """Each trained GRPO step k paired with CAPO + mask's final evaluation in every seed: the mean of the per-seed
+    sklearn AUROC differences; the t-interval over seeds of the pre-registered pairs' differences, by hand."""
+    from scipy import stats
+
+    runs = synthetic_runs()
+    seeds = P.SEEDS
+    auc = lambda e: roc_auc_score(e["samples"]["correct"], e["samples"]["logprob_mean"])
+    got = P.matched_step_sensitivity(runs, seeds)
+    assert sorted(got["by_step"]) == [12, 24, 36, 48, 60]
+    for i, k in enumerate(P.EVAL_STEPS[1:], start=1):
+        want = np.mean([auc(runs[("capo_mask", s)]["evaluations"][-1]) - auc(runs[("grpo", s)]["evaluations"][i])
+                        for s in seeds])
+        assert got["by_step"][k] == pytest.approx(want, abs=1e-12)
+    assert got["low"] == min(got["by_step"].values()) and got["high"] == max(got["by_step"].values())
+    # the pre-registered pairs: the endpoint's own per-seed differences (seed 4 by the fallback)
+    per_seed = [r["difference"] for r in P.endpoint(runs, arm="capo_mask", reference="grpo", metric="auroc",
+                                                     seeds=seeds, n_boot=N_BOOT)["seeds"]]
+    half = stats.t.ppf(0.975, len(seeds) - 1) * np.std(per_seed, ddof=1) / math.sqrt(len(seeds))
+    mean, low, high = got["t_interval"]
+    assert mean == pytest.approx(np.mean(per_seed), abs=1e-12)
+    assert (low, high) == pytest.approx((np.mean(per_seed) - half, np.mean(per_seed) + half), abs=1e-12)
+    sentence = P.sensitivity_sentence(got)
+    assert f"{got['low']:+.3f} to {got['high']:+.3f}" in sentence and f"[{low:+.3f}, {high:+.3f}]" in sentence
+
+
+def test_accuracy_standard_error_takes_prompts_as_clusters():
+    # prompt a: 2 of 2 right, b: 0 of 2, c: 1 of 2 -> shares 1, 0, 0.5: sd 0.5, / sqrt(3)
+    samples = {"prompt_id": ["a", "a", "b", "b", "c", "c"], "correct": [1, 1, 0, 0, 1, 0]}
+    assert P.accuracy_standard_error(samples) == pytest.approx(0.5 / math.sqrt(3))
+
+
+def test_the_report_states_the_sensitivity_and_the_scope():
+    runs = synthetic_runs()
+    result = P.analyse(runs, n_boot=20)
+    text = P.report(result, runs, figure=None)
+    assert P.sensitivity_sentence(result["sensitivity"]) in text
+    finals = [run["evaluations"][-1]["auroc"] for run in runs.values()]
+    assert f"every final AUROC is {min(finals):.2f}-{max(finals):.2f}" in text
+    assert "carry no UTC start and end" in text  # the synthetic records, like the study's, have none
+    for run in runs.values():
+        run.update(started_utc="2026-11-28T03:00:00Z", finished_utc="2026-11-28T04:00:00Z")
+    assert "carry no UTC start and end" not in P.report(result, runs, figure=None)

@@ -81,7 +81,9 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
                      on_log: Callable[[int, dict], None] | None = None, checkpoints: bool = False,
                      print_fn: Callable[[str], None] = print) -> dict:
     """Train ``config`` into ``out`` (``calibration_eval.json`` from the callback, ``trainer_log.json``) and
-    return ``{"records": evaluation records, "log_history": trainer logs, "seconds": wall time, ...}``.
+    return ``{"records": evaluation records, "log_history": trainer logs, "seconds": wall time, "started_utc",
+    "finished_utc" (:func:`calibrl.testbed.runner.utc_now`; of this call, so a resumed run's start is its
+    resumption's), ...}``.
     ``on_log(step, logs)`` receives every training log (one per step) and every evaluation.
 
     ``checkpoints``: a run that survives interruptions. At every evaluation point (every ``eval_every`` steps,
@@ -152,14 +154,17 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
         seed=0))
     # after the evaluation callback, so it sees each evaluation's rows
     trainer.add_callback(_keep_samples_callback()(evaluation, out / EVALUATION_SAMPLES_FILE))
-    start = time.perf_counter()
+    from calibrl.testbed.runner import utc_now
+
+    start, started_utc = time.perf_counter(), utc_now()
     if checkpoint is not None:
         print_fn(f"{out}: resuming from {checkpoint.name} (the newest complete checkpoint)")
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
     seconds = time.perf_counter() - start
     records = with_samples(json.loads((out / CALIBRATION_EVAL_FILE).read_text())["records"], out)
     result = {"method": config.method, "label": REAL_MODEL_LABELS[config.method], "settings":
-              REAL_MODEL_METHODS[config.method], "config": asdict(config), "seconds": seconds, "records": records,
+              REAL_MODEL_METHODS[config.method], "config": asdict(config), "seconds": seconds, "started_utc": started_utc,
+              "finished_utc": utc_now(), "records": records,
               "log_history": trainer.state.log_history, "finished": True,
               "resumed_from": int(checkpoint.name.rsplit("-", 1)[1]) if checkpoint is not None else None}
     _write_then_rename(out / "trainer_log.json", json.dumps(result, indent=1, default=str))
