@@ -11,7 +11,7 @@
 # none): every run still going then is stopped (it resumes from its newest checkpoint when this script runs
 # again: the same run folders; protocol amendment 6). RUNS (default runs/realmodel_powered) and RECORDS (default
 # docs/results/realmodel_powered): where the runs go and
-# where `bench/realmodel_powered.py --gather` writes the finished ones. PYTHON (default python3). EXTRA_ARGS:
+# where `python -m studies.realmodel_powered --gather` writes the finished ones. PYTHON (default python3). EXTRA_ARGS:
 # appended to every command (they override the protocol's: a smoke test, never the study). DEVICE (default cuda).
 # Unlike the CPU queue it does not commit: the records are committed by hand after it ends.
 #
@@ -54,7 +54,7 @@ run_one() {  # run_one NAME LR OUT METHOD SEED
   echo "[$(date -u +%FT%TZ)] $1: start" >>"$RUNS/logs/gpu_pool.log"
   local rc=0
   # shellcheck disable=SC2086
-  timeout "$left" "$PY" bench/realmodel_study.py $COMMON --device "$DEVICE" --seed "$5" --lr "$2" --out "$3" \
+  timeout "$left" "$PY" -m studies.realmodel_study $COMMON --device "$DEVICE" --seed "$5" --lr "$2" --out "$3" \
     --methods "$4" ${EXTRA_ARGS:-} >>"$RUNS/logs/gpu_$1.log" 2>&1 || rc=$?
   if [ "$rc" = 0 ]; then
     echo "[$(date -u +%FT%TZ)] $1: finished" >>"$RUNS/logs/gpu_pool.log"
@@ -66,4 +66,4 @@ export -f run_one
 export PY RUNS DEVICE COMMON END DEADLINE EXTRA_ARGS
 
 printf '%s\n' "${jobs[@]}" | xargs -P "$SLOTS" -L 1 bash -c 'run_one "$@"' _
-"$PY" bench/realmodel_powered.py --gather --runs "$RUNS" --records "$RECORDS"
+"$PY" -m studies.realmodel_powered --gather --runs "$RUNS" --records "$RECORDS"

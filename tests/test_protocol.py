@@ -1,4 +1,4 @@
-"""The papers'-regime task (testbed/scratchpad) and the pre-registered study's reading (calibrl.testbed.protocol):
+"""The papers'-regime task (testbed/scratchpad) and the pre-registered study's reading (studies.protocol_analysis):
 rule, targets, stopping points, endpoints against calibrl.metrics / scikit-learn, paired bootstrap intervals."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from calibrl import metrics as M
-from calibrl.testbed import protocol as P
+from studies import protocol_analysis as P
 from calibrl.testbed import tasks as tb
 
 # ---------------------------------------------------------------------------------------------------------- task

@@ -1,10 +1,9 @@
-"""The powered real-model study's analysis (bench/realmodel_powered.py) on synthetic records with a planted
+"""The powered real-model study's analysis (studies/realmodel_powered.py) on synthetic records with a planted
 difference: the matching rule on hand-made curves, the endpoint's value against sklearn, its sign and interval,
 Holm's adjustment by hand, the checks that withhold a verdict, and the raw-records file."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -13,12 +12,10 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-import calibrl.testbed.realmodel as R
+import studies.realmodel_analysis as R
+from studies import realmodel_powered as P
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("realmodel_powered", ROOT / "bench" / "realmodel_powered.py")
-P = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(P)
 
 PROMPTS, K = 50, 4  # 200 samples per evaluation: accuracies in steps of 0.005
 N_BOOT = 200
@@ -302,8 +299,8 @@ def test_the_queue_runs_the_protocols_commands():
                       "--methods", "grpo_decision"],
                      [*common, "--seed", str(s), "--lr", "1e-4", "--out", f"runs/realmodel_powered/slow/seed{s}",
                       "--methods", "grpo"]]
-    assert [r[:2] for r in runs] == [["python", "bench/realmodel_study.py"]] * 15  # 20 runs, 15 commands
-    assert [r[2:-2] for r in runs] == expected  # the pre-registered arguments, then only the commit hook
+    assert [r[:3] for r in runs] == [["python", "-m", "studies.realmodel_study"]] * 15  # 20 runs, 15 commands
+    assert [r[3:-2] for r in runs] == expected  # the pre-registered arguments, then only the commit hook
     assert all(r[-2:] == ["--on-finish", "scripts/realmodel_powered_queue.sh --publish"] for r in runs)
 
 
@@ -330,7 +327,7 @@ def test_the_gpu_pool_runs_the_protocols_commands_on_the_gpu_primary_runs_first(
                         "RECORDS": str(tmp_path / "records")})
     lines = [line.rstrip("\t").split("\t") for line in calls.read_text().splitlines()]
     assert lines[0][0] == "-c" and "resolve_model" in lines[0][1]  # the model converted once, first
-    assert lines[-1] == ["bench/realmodel_powered.py", "--gather", "--runs", str(runs), "--records",
+    assert lines[-1] == ["-m", "studies.realmodel_powered", "--gather", "--runs", str(runs), "--records",
                          str(tmp_path / "records")]
     study = lines[1:-1]
     expected = []
@@ -343,8 +340,8 @@ def test_the_gpu_pool_runs_the_protocols_commands_on_the_gpu_primary_runs_first(
                       "--methods", "grpo_decision"],
                      [*common, "--device", "cuda", "--seed", str(s), "--lr", "1e-4", "--out",
                       f"{runs}/slow/seed{s}", "--methods", "grpo"]]
-    assert [r[0] for r in study] == ["bench/realmodel_study.py"] * 20
-    assert [r[1:] for r in study] == expected
+    assert [r[:2] for r in study] == [["-m", "studies.realmodel_study"]] * 20
+    assert [r[2:] for r in study] == expected
     pool = (runs / "logs" / "gpu_pool.log").read_text()
     assert pool.count(": finished") == 19 and "capo_mask_seed3: stopped, exit 3" in pool
 
@@ -366,9 +363,8 @@ def test_publishing_commits_the_records_file_and_nothing_else(tmp_path):
     import subprocess
     import sys
 
-    (tmp_path / "scripts").mkdir(), (tmp_path / "bench").mkdir()
-    shutil.copy(QUEUE, tmp_path / "scripts")
-    shutil.copy(ROOT / "bench" / "realmodel_powered.py", tmp_path / "bench")
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(QUEUE, tmp_path / "scripts")  # it runs `python -m studies.realmodel_powered`: this tree's, below
     git = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=tmp_path,
                                     check=True, capture_output=True, text=True).stdout
     git("init", "-q")
@@ -381,7 +377,7 @@ def test_publishing_commits_the_records_file_and_nothing_else(tmp_path):
             _write_run(tmp_path / "runs" / "realmodel_powered" / f"seed{s}" / run["method"], run)
     env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path),
-           "PYTHONPATH": str(ROOT)}  # this tree's calibrl, whatever the interpreter has installed
+           "PYTHONPATH": str(ROOT)}  # this tree's studies and calibrl, whatever the interpreter has installed
     for _ in range(2):  # the second finds nothing new: no second commit
         subprocess.run(["bash", "scripts/realmodel_powered_queue.sh", "--publish"], cwd=tmp_path, env=env,
                        check=True, capture_output=True)

@@ -1,12 +1,10 @@
-"""bench/reproduce.py rebuilds the results documents' tables from the committed data, and --check catches a
+"""studies/reproduce.py rebuilds the results documents' tables from the committed data, and --check catches a
 number that no longer matches its data."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,11 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _reproduce():
-    spec = importlib.util.spec_from_file_location("bench_reproduce", ROOT / "bench" / "reproduce.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    from studies import reproduce
+
+    return reproduce
 
 
 def test_check_passes_on_the_committed_data(capsys):

@@ -15,7 +15,7 @@ checked against the truth. The flow, one file per step:
     evaluate    the metrics of a model: sampled completions, outcomes from the true distribution, AUROC, ECE,
                 decision calibration
     demo        ``calibrl demo``: warm starts -> runs -> ``results.json`` + report
-    study       ``bench/testbed.py``: the demo over several seeds, merged results files, docs/results/
+    study       ``studies/testbed.py``: the demo over several seeds, merged results files, docs/results/
     report      tables (mean ± std over seeds), training curves and reliability diagrams, as markdown + PNGs
 
 Importing the package imports none of them (``calibrl.tasks.registry`` imports ``tasks`` when a registry is read);

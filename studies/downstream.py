@@ -14,10 +14,10 @@ samples, ``final_samples.npz``, which hold each sample's answer since the select
 
 Usage (the runs first; about 10 minutes on 2 cores)::
 
-    python bench/testbed.py --seeds 3 --first-seed 0 --steps 200 --workers 2 \\
+    python -m studies.testbed --seeds 3 --first-seed 0 --steps 200 --workers 2 \\
         --methods stochastic_reasoning/grpo,stochastic_reasoning/capo,stochastic_reasoning/capo_frozen_mask,\\
 stochastic_reasoning/capo_tau0.2 --out runs/downstream --runs runs/bench_testbed
-    python bench/downstream.py runs/downstream/testbed_results.json
+    python -m studies.downstream runs/downstream/testbed_results.json
 
 Prints markdown: per method mean ± std over seeds, and each method minus GRPO paired by seed. With ``--save FILE``
 (``docs/results/downstream_results.json.gz``) also writes the runs' final samples, from which :func:`metrics_of`
@@ -171,7 +171,7 @@ def load_data(path: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("results", type=Path, help="testbed_results.json of the bench/testbed.py run above")
+    parser.add_argument("results", type=Path, help="testbed_results.json of the studies/testbed.py run above")
     parser.add_argument("--save", type=Path, default=None,
                         help="also write the runs' final samples (the tables' raw data; .json.gz compressed)")
     parser.add_argument("--methods", default=None, help="comma-separated methods to read, in this order (default: all)")

@@ -1,7 +1,7 @@
 """RLCR on the testbed: does a Brier reward teach the tiny model to state a calibrated confidence?
 
-    python bench/rlcr.py                                # 3 seeds x 3 arms, 800 steps each (about 2 min per run)
-    python bench/rlcr.py --seeds 1 --steps 100          # a quick look
+    python -m studies.rlcr                                # 3 seeds x 3 arms, 800 steps each (about 2 min per run)
+    python -m studies.rlcr --seeds 1 --steps 100          # a quick look
 
 Task ``testbed/verbalized``: completions ``ss;A:k`` (digit sum, answer digit, stated confidence k/10); the answer
 is right with the task's known probability, so every stated confidence can be compared with the truth. The warm

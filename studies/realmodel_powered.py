@@ -15,7 +15,7 @@ Two jobs:
 
   - per seed the matched pair: the method's final evaluation (step 60) and the reference's evaluation of the same
     seed (any of its six, the start included) of nearest held-out accuracy, ties to the later step (the rule of
-    :func:`calibrl.testbed.realmodel.matched_accuracy_rows`); when the method's final accuracy exceeds every
+    :func:`studies.realmodel_analysis.matched_accuracy_rows`); when the method's final accuracy exceeds every
     reference evaluation by more than 0.03, the reference's final evaluation and the method's evaluation of
     nearest accuracy to it instead (read on its own curve rather than dropped, the rule of commit f731ab5);
   - the primary endpoint Delta = mean over seeds of AUROC(CAPO + mask) - AUROC(GRPO) at those pairs, with the
@@ -35,9 +35,9 @@ Two jobs:
 
 Usage::
 
-    python bench/realmodel_powered.py --gather                 # runs/realmodel_powered -> the records folder
-    python bench/realmodel_powered.py                          # the records folder -> the report and figure
-    python bench/realmodel_powered.py --left-out 3             # seed 3 failed twice (protocol, Commands)
+    python -m studies.realmodel_powered --gather                 # runs/realmodel_powered -> the records folder
+    python -m studies.realmodel_powered                          # the records folder -> the report and figure
+    python -m studies.realmodel_powered --left-out 3             # seed 3 failed twice (protocol, Commands)
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from calibrl.testbed.realmodel import EVALUATION_METRICS
+from studies.realmodel_analysis import EVALUATION_METRICS
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = Path("runs/realmodel_powered")
@@ -70,7 +70,7 @@ N_BOOT, BOOT_SEED, ALPHA = 2000, 0, 0.05
 PLANNED_HALF_WIDTH = 0.05
 DEVICE_WORDS = {"cpu": "the CPU", "cuda": "one GPU, amendment 5"}
 
-# arm -> (bench/realmodel_study.py method, learning rate, label): the protocol's table "Arms"
+# arm -> (studies/realmodel_study.py method, learning rate, label): the protocol's table "Arms"
 ARMS: dict[str, tuple[str, float, str]] = {
     "grpo": ("grpo", 3e-4, "GRPO"),
     "capo_mask": ("capo_mask", 3e-4, "CAPO + frozen mask (tau 0.6)"),
@@ -107,11 +107,11 @@ def match_pair(method: Sequence[dict], reference: Sequence[dict], *,
 
     ``method`` and ``reference``: one run's evaluation records each (``step``, ``accuracy``), in step order. The
     method's final evaluation against the reference evaluation of nearest accuracy, ties to the later step
-    (:func:`calibrl.testbed.realmodel.matched_accuracy_rows` with no tolerance, which picks it). If the final
+    (:func:`studies.realmodel_analysis.matched_accuracy_rows` with no tolerance, which picks it). If the final
     accuracy exceeds EVERY reference evaluation by more than ``tolerance``, the pair is instead the reference's
     final evaluation and the method's evaluation (any step) of nearest accuracy to it, ties to the later step, and
     ``fallback`` is True."""
-    from calibrl.testbed.realmodel import matched_accuracy_rows
+    from studies.realmodel_analysis import matched_accuracy_rows
 
     def nearest(target: dict, curve: Sequence[dict]) -> dict:
         # matched_accuracy_rows reads every evaluation after the start: the target goes in as one of step > 0
@@ -538,7 +538,7 @@ def report(result: dict, runs: dict[tuple[str, int], dict], *, figure: str | Non
 
     lines = ["# Powered real-model study: results", "",
              "Data: `docs/results/realmodel_powered/` (one file per finished run; this page and its figure are "
-             "rebuilt by `python bench/realmodel_powered.py`).", "",
+             "rebuilt by `python -m studies.realmodel_powered`).", "",
              f"Protocol: [{PROTOCOL}](../protocols/realmodel_powered.md), committed before any run.", ""]
     # records gathered before the device was recorded ran on the CPU
     devices = Counter(run.get("device", "cpu") for run in runs.values())
@@ -605,7 +605,7 @@ def report(result: dict, runs: dict[tuple[str, int], dict], *, figure: str | Non
                      f"| {e['p_value']:.3f} | {holm} |")
     primary = result["endpoints"]["primary"]
     lines += ["", f"The primary interval's half-width is {primary['half_width']:.3f} against the planned "
-              f"{PLANNED_HALF_WIDTH} (bench/realmodel_power.py: 0.042 per seed, before the between-seed spread).",
+              f"{PLANNED_HALF_WIDTH} (studies/realmodel_power.py: 0.042 per seed, before the between-seed spread).",
               "",
               "## Matched pairs per seed", "",
               "Method's evaluation against the reference's of nearest held-out accuracy (ties: the later step); "

@@ -27,8 +27,8 @@ choice) and 256 *test* prompts (read only as below), 8 samples each, common rand
    mean |q(Y) - p(x)| of the recalibrated confidences);
 5. downstream: AURC of each arm's decision confidence on its final test samples (selective prediction).
 
-    python bench/decision_study.py --out runs/decision_study        # 26 training runs, about 25 min on one core
-    python bench/decision_study.py --out runs/decision_study --report-only
+    python -m studies.decision_study --out runs/decision_study        # 26 training runs, about 25 min on one core
+    python -m studies.decision_study --out runs/decision_study --report-only
 
 Writes ``<out>/report.md`` and ``<out>/analysis.json``; a run whose history.json exists is not run again. With
 ``--save FILE`` (``docs/results/decision_results.json.gz``) also the runs' raw records (:func:`collect`: every
