@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from calibrl.testbed.methods import DECISION_COPY_TASK, DECISION_LAMBDAS, DECISION_STUDY_ARMS, DECISION_VARIANTS
+from studies.data_files import load_data, save_data  # noqa: F401  (load_data: the rebuild reads through this module)
 
 SEEDS = (0, 1)
 STEPS, EVAL_EVERY, EVAL_PROMPTS, TEST_PROMPTS = 200, 25, 128, 256
@@ -273,26 +274,6 @@ def report(result: dict) -> str:
         scores = ", ".join(f"{lam:g}: {fmt(v)}" for lam, v in c["eval_calib_err_by_lambda"].items())
         lines.append(f"- {c['label']}: lambda {c['lambda']:g} ({scores})")
     return "\n".join(lines) + "\n"
-
-
-def save_data(data: dict, path: Path) -> None:
-    """Write :func:`collect`'s records as JSON (gzip-compressed when ``path`` ends in .gz)."""
-    import gzip
-
-    text = json.dumps(data, separators=(",", ":"), default=float)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".gz":
-        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as f:
-            f.write(text.encode())  # mtime 0 and no name: the same records give the same bytes
-    else:
-        path.write_text(text)
-
-
-def load_data(path: Path) -> dict:
-    """Read a file written by :func:`save_data`."""
-    import gzip
-
-    return json.loads(gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text())
 
 
 def main() -> None:

@@ -35,6 +35,7 @@ import numpy as np
 from calibrl import metrics as M
 from calibrl.selection import METHODS, select
 from calibrl.testbed.report import final_samples_path
+from studies.data_files import load_data, save_data  # noqa: F401  (load_data: the rebuild reads through this module)
 
 REFERENCE = "grpo"
 
@@ -147,26 +148,6 @@ def tables(runs: dict, labels: dict) -> str:
                 cells.append(f"{d.mean():+.3f} [{d.min():+.3f}, {d.max():+.3f}]")
             paired.append(f"| {labels[method]} | " + " | ".join(cells) + " |")
     return "\n".join(lines + gain + paired)
-
-
-def save_data(data: dict, path: Path) -> None:
-    """Write :func:`collect`'s data as JSON (gzip-compressed, reproducible bytes, when ``path`` ends in .gz)."""
-    import gzip
-
-    text = json.dumps(data, separators=(",", ":"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".gz":
-        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as f:
-            f.write(text.encode())
-    else:
-        path.write_text(text)
-
-
-def load_data(path: Path) -> dict:
-    """Read a file written by :func:`save_data`."""
-    import gzip
-
-    return json.loads(gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text())
 
 
 def main() -> None:

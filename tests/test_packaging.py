@@ -167,3 +167,12 @@ def test_the_wheel_ships_calibrl_and_not_the_studies():
     assert "calibrl" in packages and "calibrl.testbed" in packages
     assert not [p for p in packages if not p.startswith("calibrl")], packages
     assert (ROOT / "studies" / "__init__.py").exists()  # a package of the repository, importable from its root
+
+
+def test_the_library_never_imports_the_studies():
+    """calibrl (what the wheel ships) cannot reach studies/ (which the wheel does not ship): no import of it."""
+    import re
+
+    offenders = [str(path.relative_to(ROOT)) for path in (ROOT / "calibrl").rglob("*.py")
+                 if re.search(r"^\s*(from|import)\s+studies\b", path.read_text(), re.M)]
+    assert not offenders, offenders

@@ -153,3 +153,14 @@ def test_the_testbed_rebuild_draws_its_reliability_diagrams_from_the_committed_s
     assert reliability == [f"testbed_reliability_{t}.png" for t in ("addition", "decision", "stochastic_reasoning")]
     for figure in reliability:
         assert rebuilt.figures[figure].read_bytes() == (ROOT / "docs" / "results" / figure).read_bytes(), figure
+
+
+@pytest.mark.parametrize("name", ["downstream_results.json.gz", "decision_results.json.gz"])
+def test_a_study_data_file_read_and_written_again_gives_the_same_bytes(tmp_path, name):
+    """studies.data_files (the decision and downstream studies' one writer): the committed file read and written
+    again is the same bytes (mtime 0, no file name), so rewriting unchanged records changes nothing in git."""
+    from studies.data_files import load_data, save_data
+
+    committed = ROOT / "docs" / "results" / name
+    save_data(load_data(committed), tmp_path / name)
+    assert (tmp_path / name).read_bytes() == committed.read_bytes()
