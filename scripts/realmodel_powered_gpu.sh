@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The powered real-model study's 20 runs on one GPU (docs/protocols/realmodel_powered.md, amendment 2): the
+# The powered real-model study's 20 runs on one GPU (docs/protocols/realmodel_powered.md, amendment 5): the
 # pre-registered commands of scripts/realmodel_powered_queue.sh plus `--device cuda`, each run in its own process,
 # SLOTS processes at a time (one CPU core each: the runs are bound by Python, not by the GPU), in the order that
 # completes the primary endpoint first (GRPO and CAPO + mask of seeds 0-4, then decision CE and slow GRPO).
@@ -7,10 +7,11 @@
 #   scripts/realmodel_powered_gpu.sh                    # all 20 runs; waits for them; then gathers the records
 #   SLOTS=8 DEADLINE=540 scripts/realmodel_powered_gpu.sh
 #
-# SLOTS (default 16): processes at a time. DEADLINE (seconds, default none): every run still going then is
-# stopped (it resumes from its newest checkpoint when this script runs again: the same run folders). RUNS
-# (default runs/realmodel_powered) and RECORDS (default docs/results/realmodel_powered): where the runs go and
-# where `bench/realmodel_powered.py --gather` writes the finished ones. PYTHON (default python3). EXTRA_ARGS:
+# SLOTS (default 10, the amendment's "up to 10 at a time"): processes at a time. DEADLINE (seconds, default
+# none): every run still going then is stopped (it resumes from its newest checkpoint when this script runs
+# again: the same run folders; protocol amendment 6). RUNS (default runs/realmodel_powered) and RECORDS (default
+# docs/results/realmodel_powered): where the runs go and
+# where `python -m studies.realmodel_powered --gather` writes the finished ones. PYTHON (default python3). EXTRA_ARGS:
 # appended to every command (they override the protocol's: a smoke test, never the study). DEVICE (default cuda).
 # Unlike the CPU queue it does not commit: the records are committed by hand after it ends.
 #
@@ -21,7 +22,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 RUNS=${RUNS:-runs/realmodel_powered}
 RECORDS=${RECORDS:-docs/results/realmodel_powered}
-SLOTS=${SLOTS:-16}
+SLOTS=${SLOTS:-10}
 DEVICE=${DEVICE:-cuda}
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 # the protocol's COMMON settings, word for word (as scripts/realmodel_powered_queue.sh)
@@ -53,7 +54,7 @@ run_one() {  # run_one NAME LR OUT METHOD SEED
   echo "[$(date -u +%FT%TZ)] $1: start" >>"$RUNS/logs/gpu_pool.log"
   local rc=0
   # shellcheck disable=SC2086
-  timeout "$left" "$PY" bench/realmodel_study.py $COMMON --device "$DEVICE" --seed "$5" --lr "$2" --out "$3" \
+  timeout "$left" "$PY" -m studies.realmodel_study $COMMON --device "$DEVICE" --seed "$5" --lr "$2" --out "$3" \
     --methods "$4" ${EXTRA_ARGS:-} >>"$RUNS/logs/gpu_$1.log" 2>&1 || rc=$?
   if [ "$rc" = 0 ]; then
     echo "[$(date -u +%FT%TZ)] $1: finished" >>"$RUNS/logs/gpu_pool.log"
@@ -65,4 +66,4 @@ export -f run_one
 export PY RUNS DEVICE COMMON END DEADLINE EXTRA_ARGS
 
 printf '%s\n' "${jobs[@]}" | xargs -P "$SLOTS" -L 1 bash -c 'run_one "$@"' _
-"$PY" bench/realmodel_powered.py --gather --runs "$RUNS" --records "$RECORDS"
+"$PY" -m studies.realmodel_powered --gather --runs "$RUNS" --records "$RECORDS"

@@ -12,11 +12,11 @@
 # with the records an uninterrupted run gives. Each command is attempted at most twice per invocation of this
 # script; a second failure is written to runs/realmodel_powered/logs/failures.log and the queue goes on (the
 # protocol: a seed whose GRPO or CAPO + mask run cannot finish after two attempts is left out, and said so:
-# bench/realmodel_powered.py --left-out SEED).
+# python -m studies.realmodel_powered --left-out SEED).
 #
-# THIS SCRIPT COMMITS. After each finished run (bench/realmodel_study.py --on-finish), it gathers every finished
+# THIS SCRIPT COMMITS. After each finished run (python -m studies.realmodel_study --on-finish), it gathers every finished
 # run under runs/realmodel_powered/ into docs/results/realmodel_powered/, one <arm>_seed<s>.json.gz per run
-# (bench/realmodel_powered.py --gather), and commits THAT FOLDER ONLY: `git add` of it and `git commit -- <it>`,
+# (python -m studies.realmodel_powered --gather), and commits THAT FOLDER ONLY: `git add` of it and `git commit -- <it>`,
 # which leaves anything else staged in the index out of the commit. No commit when no file changed. The two queues take a lock
 # (runs/realmodel_powered/.publish.lock) around gathering and committing. Set REALMODEL_POWERED_NO_COMMIT=1 to
 # gather without committing.
@@ -38,7 +38,7 @@ publish() {
   mkdir -p "$RUNS"
   (
     flock 9
-    summary=$("$PY" bench/realmodel_powered.py --gather --runs "$RUNS" --records "$RECORDS")
+    summary=$("$PY" -m studies.realmodel_powered --gather --runs "$RUNS" --records "$RECORDS")
     echo "$summary"
     if [ "${REALMODEL_POWERED_NO_COMMIT:-0}" = 1 ]; then
       exit 0
@@ -74,7 +74,7 @@ attempt() {  # attempt LOG COMMAND...: run it, once more if it fails (it resumes
 queue1() {
   for s in 0 1 2 3 4; do
     # shellcheck disable=SC2086
-    attempt "$RUNS/logs/queue1.log" "$PY" bench/realmodel_study.py $COMMON --seed $s --lr 3e-4 \
+    attempt "$RUNS/logs/queue1.log" "$PY" -m studies.realmodel_study $COMMON --seed $s --lr 3e-4 \
       --out $RUNS/seed$s --methods grpo,capo_mask --on-finish "$SELF --publish"
   done
 }
@@ -82,10 +82,10 @@ queue1() {
 queue2() {
   for s in 0 1 2 3 4; do
     # shellcheck disable=SC2086
-    attempt "$RUNS/logs/queue2.log" "$PY" bench/realmodel_study.py $COMMON --seed $s --lr 3e-4 \
+    attempt "$RUNS/logs/queue2.log" "$PY" -m studies.realmodel_study $COMMON --seed $s --lr 3e-4 \
       --out $RUNS/seed$s --methods grpo_decision --on-finish "$SELF --publish"
     # shellcheck disable=SC2086
-    attempt "$RUNS/logs/queue2.log" "$PY" bench/realmodel_study.py $COMMON --seed $s --lr 1e-4 \
+    attempt "$RUNS/logs/queue2.log" "$PY" -m studies.realmodel_study $COMMON --seed $s --lr 1e-4 \
       --out $RUNS/slow/seed$s --methods grpo --on-finish "$SELF --publish"
   done
 }

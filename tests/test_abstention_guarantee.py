@@ -424,36 +424,29 @@ def test_betting_is_at_least_as_powerful_as_bonferroni_on_calibrated_iid(n_promp
     assert np.mean(coverage["betting"]) > 0  # and it certifies something at these sizes
 
 
-# ------------------------------------------------------------- bench/abstention_power.py's upper bound
-def _power_bench():
-    import importlib.util
-    import sys
-    from pathlib import Path
+# ------------------------------------------------------------- studies/abstention_power.py's upper bound
+def _power_study():
+    from studies import abstention_power
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "abstention_power.py"
-    spec = importlib.util.spec_from_file_location("bench_abstention_power", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return abstention_power
 
 
 def test_upper_bound_null_laws_are_nulls_and_the_projection_maximises_the_growth():
-    bench = _power_bench()
+    power = _power_study()
     target, m = 0.9, 4
     for t, t_low in [(0.88, 0.88), (0.86, 0.81)]:
-        prob, x, x_low = bench.iid_prompt_law(t, t_low, m, target)
+        prob, x, x_low = power.iid_prompt_law(t, t_low, m, target)
         assert prob.sum() == pytest.approx(1.0) and np.all((x >= 0) & (x <= 1))
         # pooled precision of s >= t in the iid case is (1 + t) / 2: E[c - P a] / m = (1 - t)(t - 0.8) / 2
         assert np.sum(prob * (x - target)) == pytest.approx((1 - t) * (t - 0.8) / 2)
         assert np.sum(prob * (x_low - target)) == pytest.approx((1 - t_low) * (t_low - 0.8) / 2)
     values, where = np.unique(np.round(x, 12), return_inverse=True)
     p = np.bincount(where, prob)
-    lam = bench.kl_projection_bet(p, values, target)
+    lam = power.kl_projection_bet(p, values, target)
     grid = np.linspace(0, 1 / target, 2001)[:-1]
     growth = [np.sum(p * np.log1p(g * (values - target))) for g in grid]
     assert np.sum(p * np.log1p(lam * (values - target))) >= max(growth) - 1e-9
     for k in (1, m):
-        q, a, v = bench._null_member(p, values, target, lam / 2, k, m)
+        q, a, v = power._null_member(p, values, target, lam / 2, k, m)
         assert q.sum() == pytest.approx(1.0) and np.all(q >= 0) and 0 < a < 1
         assert np.sum(q * values) == pytest.approx(target)  # on the boundary of the null, as the bound needs

@@ -141,7 +141,8 @@ def _source_copy(dest: Path) -> Path:
 @pytest.mark.slow
 def test_sdist_ships_what_its_tests_read(tmp_path):
     """The sdist holds the test suite with its fixtures and scripts and every repository folder the tests read
-    (docs/, bench/, examples/, scripts/, configs/), and the tests that read docs/ pass from the unpacked sdist."""
+    (docs/, studies/, examples/, scripts/, configs/), and the tests that read docs/ pass from the unpacked sdist; the
+    cost benchmarks (bench/), which no test reads, are not shipped."""
     import tarfile
 
     src = _source_copy(tmp_path / "src")
@@ -154,10 +155,11 @@ def test_sdist_ships_what_its_tests_read(tmp_path):
         tar.extractall(tmp_path / "x", filter="data")
         top = tar.getnames()[0].split("/")[0]
     unpacked = tmp_path / "x" / top
-    for folder in ("tests", "docs", "bench", "examples", "scripts", "configs"):
+    for folder in ("tests", "docs", "studies", "examples", "scripts", "configs"):
         wanted = {p.relative_to(src) for p in (src / folder).rglob("*") if p.is_file()}
         shipped = {p.relative_to(unpacked) for p in (unpacked / folder).rglob("*") if p.is_file()}
         assert wanted and wanted <= shipped, f"{folder}/ files missing from the sdist: {sorted(wanted - shipped)[:5]}"
+    assert not (unpacked / "bench").exists()
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_readme.py"],
                          cwd=unpacked, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(unpacked)})
@@ -175,4 +177,26 @@ def test_the_engines_and_the_evaluation_pipeline_never_import_the_testbed():
         for path in (root / package).rglob("*.py"):
             if re.search(r"^\s*(from|import)\s+calibrl\.testbed\b", path.read_text(), re.M):
                 offenders.append(str(path.relative_to(root)))
+    assert not offenders, offenders
+
+
+def test_the_wheel_ships_calibrl_and_not_the_studies():
+    """studies/ (the studies, their analysis and rebuild) and bench/ stay in the repository: the package list the
+    wheel is built from holds calibrl's packages only."""
+
+    from setuptools import find_packages
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = find_packages(str(ROOT), include=include)
+    assert "calibrl" in packages and "calibrl.testbed" in packages
+    assert not [p for p in packages if not p.startswith("calibrl")], packages
+    assert (ROOT / "studies" / "__init__.py").exists()  # a package of the repository, importable from its root
+
+
+def test_the_library_never_imports_the_studies():
+    """calibrl (what the wheel ships) cannot reach studies/ (which the wheel does not ship): no import of it."""
+    import re
+
+    offenders = [str(path.relative_to(ROOT)) for path in (ROOT / "calibrl").rglob("*.py")
+                 if re.search(r"^\s*(from|import)\s+studies\b", path.read_text(), re.M)]
     assert not offenders, offenders

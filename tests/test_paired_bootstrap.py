@@ -224,8 +224,9 @@ def _record(step, samples):
 def test_real_model_matched_accuracy_uses_the_paired_interval_when_records_keep_samples(tmp_path):
     import json
 
-    from calibrl.testbed.realmodel import (HANLEY_MCNEIL_INTERVAL, PAIRED_INTERVAL, evaluation_error_bars,
-                                           matched_accuracy_rows, matched_accuracy_table, with_samples)
+    from calibrl.testbed.realmodel import evaluation_error_bars, with_samples
+    from studies.realmodel_analysis import (HANLEY_MCNEIL_INTERVAL, PAIRED_INTERVAL, matched_accuracy_rows,
+                                            matched_accuracy_table)
 
     rng = np.random.default_rng(6)
     u = rng.normal(scale=1.5, size=48)

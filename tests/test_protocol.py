@@ -1,4 +1,4 @@
-"""The papers'-regime task (testbed/scratchpad) and the pre-registered study's reading (calibrl.testbed.protocol):
+"""The papers'-regime task (testbed/scratchpad) and the pre-registered study's reading (studies.protocol_analysis):
 rule, targets, stopping points, endpoints against calibrl.metrics / scikit-learn, paired bootstrap intervals."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from calibrl import metrics as M
-from calibrl.testbed import protocol as P
+from studies import protocol_analysis as P
 from calibrl.testbed import tasks as tb
 
 # ---------------------------------------------------------------------------------------------------------- task
@@ -256,7 +256,18 @@ def test_runner_evaluates_extra_sets_keeps_their_samples_and_lets_an_arm_set_its
                               num_generations=4)
     job = P.build_jobs(config, arms=["grpo_lr3e-5"], seeds=[0], runs_dir=tmp_path / "runs",
                        warm_path=str(tmp_path / "warm"))[0]
+    from datetime import datetime, timezone
+
+    before = datetime.now(timezone.utc).replace(microsecond=0)
     record = run_method(job)
+    after = datetime.now(timezone.utc)
+    # the run's UTC start and end (issue: the order of runs against protocol commits must be readable)
+    start, end = (datetime.strptime(record[k], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+                  for k in ("started_utc", "finished_utc"))
+    assert before <= start <= end <= after
+    saved_record = json.loads((tmp_path / "runs" / "grpo_lr3e-5" / "seed0" / "history.json").read_text())
+    assert (saved_record["started_utc"], saved_record["finished_utc"]) == (record["started_utc"],
+                                                                           record["finished_utc"])
     assert [h["step"] for h in record["history"]] == [0, 1, 2]
     assert all("entropy" in h and h["test"]["auroc_ceiling"] is not None for h in record["history"])
     assert {log["learning_rate"] for log in record["train_logs"] if "learning_rate" in log} == {3e-5}

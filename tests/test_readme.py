@@ -1,4 +1,4 @@
-"""The README's testbed table is the first table that ``bench/testbed.py`` generates into
+"""The README's testbed table is the first table that ``studies/testbed.py`` generates into
 ``docs/results/headline.md`` (the matched-accuracy one): keep them equal; and the README stays one page."""
 
 from pathlib import Path

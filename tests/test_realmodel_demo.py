@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from calibrl.cli import app
 from calibrl.testbed.realmodel import (REAL_MODEL_METHODS, RealModelRunConfig, auroc_standard_error,
-                                       demo_sentences, evaluation_auroc_standard_error, matched_accuracy_rows,
-                                       matched_accuracy_table, records_table, training_table)
+                                       demo_sentences, evaluation_auroc_standard_error, records_table)
+from studies.realmodel_analysis import matched_accuracy_rows, matched_accuracy_table, training_table
 
 
 def test_hanley_mcneil_standard_error_by_hand_and_by_simulation():

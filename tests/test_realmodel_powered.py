@@ -1,10 +1,9 @@
-"""The powered real-model study's analysis (bench/realmodel_powered.py) on synthetic records with a planted
+"""The powered real-model study's analysis (studies/realmodel_powered.py) on synthetic records with a planted
 difference: the matching rule on hand-made curves, the endpoint's value against sklearn, its sign and interval,
 Holm's adjustment by hand, the checks that withhold a verdict, and the raw-records file."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -13,12 +12,10 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-import calibrl.testbed.realmodel as R
+import studies.realmodel_analysis as R
+from studies import realmodel_powered as P
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("realmodel_powered", ROOT / "bench" / "realmodel_powered.py")
-P = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(P)
 
 PROMPTS, K = 50, 4  # 200 samples per evaluation: accuracies in steps of 0.005
 N_BOOT = 200
@@ -216,6 +213,7 @@ def test_verdict_rows_of_the_protocols_table():
     assert "does not answer" in v(0.01, 0.09, slower=False)[1]
     assert v(-0.09, -0.01)[0].startswith("CAPO + mask ranks worse than GRPO")
     assert "gains of 0.1 or more" in v(-0.08, 0.06)[0] and len(v(-0.08, 0.06)) == 1
+    assert "with the pairs as pre-registered" in v(-0.08, 0.06)[0] and "at 95%" in v(-0.08, 0.06)[0]
     assert "inside (-0.05, +0.05)" in v(-0.04, 0.045)[1]
     assert v(-0.12, 0.05)[0].startswith("Inconclusive") and "0.085 against the planned 0.05" in v(-0.12, 0.05)[0]
 
@@ -301,8 +299,8 @@ def test_the_queue_runs_the_protocols_commands():
                       "--methods", "grpo_decision"],
                      [*common, "--seed", str(s), "--lr", "1e-4", "--out", f"runs/realmodel_powered/slow/seed{s}",
                       "--methods", "grpo"]]
-    assert [r[:2] for r in runs] == [["python", "bench/realmodel_study.py"]] * 15  # 20 runs, 15 commands
-    assert [r[2:-2] for r in runs] == expected  # the pre-registered arguments, then only the commit hook
+    assert [r[:3] for r in runs] == [["python", "-m", "studies.realmodel_study"]] * 15  # 20 runs, 15 commands
+    assert [r[3:-2] for r in runs] == expected  # the pre-registered arguments, then only the commit hook
     assert all(r[-2:] == ["--on-finish", "scripts/realmodel_powered_queue.sh --publish"] for r in runs)
 
 
@@ -329,7 +327,7 @@ def test_the_gpu_pool_runs_the_protocols_commands_on_the_gpu_primary_runs_first(
                         "RECORDS": str(tmp_path / "records")})
     lines = [line.rstrip("\t").split("\t") for line in calls.read_text().splitlines()]
     assert lines[0][0] == "-c" and "resolve_model" in lines[0][1]  # the model converted once, first
-    assert lines[-1] == ["bench/realmodel_powered.py", "--gather", "--runs", str(runs), "--records",
+    assert lines[-1] == ["-m", "studies.realmodel_powered", "--gather", "--runs", str(runs), "--records",
                          str(tmp_path / "records")]
     study = lines[1:-1]
     expected = []
@@ -342,10 +340,22 @@ def test_the_gpu_pool_runs_the_protocols_commands_on_the_gpu_primary_runs_first(
                       "--methods", "grpo_decision"],
                      [*common, "--device", "cuda", "--seed", str(s), "--lr", "1e-4", "--out",
                       f"{runs}/slow/seed{s}", "--methods", "grpo"]]
-    assert [r[0] for r in study] == ["bench/realmodel_study.py"] * 20
-    assert [r[1:] for r in study] == expected
+    assert [r[:2] for r in study] == [["-m", "studies.realmodel_study"]] * 20
+    assert [r[2:] for r in study] == expected
     pool = (runs / "logs" / "gpu_pool.log").read_text()
     assert pool.count(": finished") == 19 and "capo_mask_seed3: stopped, exit 3" in pool
+
+
+def test_the_gpu_pool_names_its_amendment_and_its_process_count():
+    """scripts/realmodel_powered_gpu.sh is the protocol's amendment 5 and defaults to its "up to N at a time"."""
+    import re
+
+    protocol = (ROOT / "docs" / "protocols" / "realmodel_powered.md").read_text()
+    amendment = re.search(r"^(\d+)\. \*Executed on one GPU", protocol, re.M).group(1)
+    at_a_time = re.search(r"up to (\d+) at a time", protocol).group(1)
+    script = (ROOT / "scripts" / "realmodel_powered_gpu.sh").read_text()
+    assert f"realmodel_powered.md, amendment {amendment})" in script
+    assert f"SLOTS=${{SLOTS:-{at_a_time}}}" in script
 
 
 def test_publishing_commits_the_records_file_and_nothing_else(tmp_path):
@@ -353,9 +363,8 @@ def test_publishing_commits_the_records_file_and_nothing_else(tmp_path):
     import subprocess
     import sys
 
-    (tmp_path / "scripts").mkdir(), (tmp_path / "bench").mkdir()
-    shutil.copy(QUEUE, tmp_path / "scripts")
-    shutil.copy(ROOT / "bench" / "realmodel_powered.py", tmp_path / "bench")
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(QUEUE, tmp_path / "scripts")  # it runs `python -m studies.realmodel_powered`: this tree's, below
     git = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=tmp_path,
                                     check=True, capture_output=True, text=True).stdout
     git("init", "-q")
@@ -367,7 +376,8 @@ def test_publishing_commits_the_records_file_and_nothing_else(tmp_path):
         if arm in ("grpo", "capo_mask"):
             _write_run(tmp_path / "runs" / "realmodel_powered" / f"seed{s}" / run["method"], run)
     env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path)}
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path),
+           "PYTHONPATH": str(ROOT)}  # this tree's studies and calibrl, whatever the interpreter has installed
     for _ in range(2):  # the second finds nothing new: no second commit
         subprocess.run(["bash", "scripts/realmodel_powered_queue.sh", "--publish"], cwd=tmp_path, env=env,
                        check=True, capture_output=True)
@@ -378,3 +388,51 @@ def test_publishing_commits_the_records_file_and_nothing_else(tmp_path):
     assert git("diff", "--cached", "--name-only").split() == ["other.txt"]
     assert set(P.load_records(tmp_path / "docs" / "results" / "realmodel_powered")) == {("grpo", 0),
                                                                                       ("capo_mask", 0)}
+
+
+# -------------------------------------------------------------------------------------------- matching sensitivity
+
+
+def test_matched_step_sensitivity_pairs_every_grpo_step_and_the_seed_t_interval():
+    """Each trained GRPO step k paired with CAPO + mask's final evaluation in every seed: the mean of the per-seed
+    sklearn AUROC differences; the t-interval over seeds of the pre-registered pairs' differences, by hand."""
+    from scipy import stats
+
+    runs = synthetic_runs()
+    seeds = P.SEEDS
+    auc = lambda e: roc_auc_score(e["samples"]["correct"], e["samples"]["logprob_mean"])
+    got = P.matched_step_sensitivity(runs, seeds)
+    assert sorted(got["by_step"]) == [12, 24, 36, 48, 60]
+    for i, k in enumerate(P.EVAL_STEPS[1:], start=1):
+        want = np.mean([auc(runs[("capo_mask", s)]["evaluations"][-1]) - auc(runs[("grpo", s)]["evaluations"][i])
+                        for s in seeds])
+        assert got["by_step"][k] == pytest.approx(want, abs=1e-12)
+    assert got["low"] == min(got["by_step"].values()) and got["high"] == max(got["by_step"].values())
+    # the pre-registered pairs: the endpoint's own per-seed differences (seed 4 by the fallback)
+    per_seed = [r["difference"] for r in P.endpoint(runs, arm="capo_mask", reference="grpo", metric="auroc",
+                                                     seeds=seeds, n_boot=N_BOOT)["seeds"]]
+    half = stats.t.ppf(0.975, len(seeds) - 1) * np.std(per_seed, ddof=1) / math.sqrt(len(seeds))
+    mean, low, high = got["t_interval"]
+    assert mean == pytest.approx(np.mean(per_seed), abs=1e-12)
+    assert (low, high) == pytest.approx((np.mean(per_seed) - half, np.mean(per_seed) + half), abs=1e-12)
+    sentence = P.sensitivity_sentence(got)
+    assert f"{got['low']:+.3f} to {got['high']:+.3f}" in sentence and f"[{low:+.3f}, {high:+.3f}]" in sentence
+
+
+def test_accuracy_standard_error_takes_prompts_as_clusters():
+    # prompt a: 2 of 2 right, b: 0 of 2, c: 1 of 2 -> shares 1, 0, 0.5: sd 0.5, / sqrt(3)
+    samples = {"prompt_id": ["a", "a", "b", "b", "c", "c"], "correct": [1, 1, 0, 0, 1, 0]}
+    assert P.accuracy_standard_error(samples) == pytest.approx(0.5 / math.sqrt(3))
+
+
+def test_the_report_states_the_sensitivity_and_the_scope():
+    runs = synthetic_runs()
+    result = P.analyse(runs, n_boot=20)
+    text = P.report(result, runs, figure=None)
+    assert P.sensitivity_sentence(result["sensitivity"]) in text
+    finals = [run["evaluations"][-1]["auroc"] for run in runs.values()]
+    assert f"every final AUROC is {min(finals):.2f}-{max(finals):.2f}" in text
+    assert "carry no UTC start and end" in text  # the synthetic records, like the study's, have none
+    for run in runs.values():
+        run.update(started_utc="2026-11-28T03:00:00Z", finished_utc="2026-11-28T04:00:00Z")
+    assert "carry no UTC start and end" not in P.report(result, runs, figure=None)

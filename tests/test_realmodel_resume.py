@@ -65,6 +65,9 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_with_the_uninterrupted_r
     assert resumed["resumed_from"] == 2 and "resuming from checkpoint-2" in said[0]
     assert [r["step"] for r in resumed["records"]] == [0, 2, 4]
     assert resumed["records"] == whole["records"]  # metrics and per-sample arrays, exactly
+    # each call's UTC start and end, the resumed call's after the whole run's
+    assert whole["started_utc"] <= whole["finished_utc"] <= resumed["started_utc"] <= resumed["finished_utc"]
+    assert json.loads((tmp_path / "cut" / "trainer_log.json").read_text())["started_utc"] == resumed["started_utc"]
     assert _logs(resumed)[4] == _logs(whole)[4]
     assert _logs(whole)[4]["grad_norm"] > 0  # the step after the resume moved the adapter: not a vacuous match
     # the finished run saved after its last evaluation too; rerunning it is the study's job (skipped as finished)

@@ -1,12 +1,10 @@
-"""bench/realmodel_study.py's committed data: --pack writes each finished run's settings, evaluations (with their
+"""studies/realmodel_study.py's committed data: --pack writes each finished run's settings, evaluations (with their
 per-sample arrays) and trainer log into one file per run, and the tables and figure are rebuilt from those files
 alone, equal to the tables of the run folders they came from."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _study():
-    spec = importlib.util.spec_from_file_location("bench_realmodel_study", ROOT / "bench" / "realmodel_study.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    from studies import realmodel_study
+
+    return realmodel_study
 
 
 def _write_run(folder: Path, method: str, seed: int, *, finished: bool = True, shift: float = 0.0) -> None:

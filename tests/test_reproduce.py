@@ -1,12 +1,10 @@
-"""bench/reproduce.py rebuilds the results documents' tables from the committed data, and --check catches a
+"""studies/reproduce.py rebuilds the results documents' tables from the committed data, and --check catches a
 number that no longer matches its data."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,11 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _reproduce():
-    spec = importlib.util.spec_from_file_location("bench_reproduce", ROOT / "bench" / "reproduce.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    from studies import reproduce
+
+    return reproduce
 
 
 def test_check_passes_on_the_committed_data(capsys):
@@ -109,10 +105,18 @@ def test_the_readme_quotes_the_powered_studys_primary_interval_from_its_rebuilt_
             "| S1 | slow GRPO vs GRPO, AUROC | +0.003 [-0.027, +0.037] | 0.032 |\n"
             "| primary | CAPO + mask vs GRPO, AUROC at matched accuracy | -0.001 [-0.056, +0.052] | 0.054 |\n"
             "| primary | 0 | 60 | 0.227 |\n")
-    assert reproduce._powered_readme_phrases({"realmodel_powered.md": page}) == ["-0.001 [-0.056, +0.052]"]
+    sensitivity = ("\nPairing ... gives a mean difference of -0.027 (k = 12), +0.010 (k = 60): from -0.027 to "
+                   "+0.010. The seed-level Student-t interval of the pre-registered pairs' differences (the seed as "
+                   "the unit) is -0.001 [-0.072, +0.070].\nScope: ... every final AUROC is 0.46-0.56: ...\n")
+    assert reproduce._powered_readme_phrases({"realmodel_powered.md": page + sensitivity}) == [
+        "-0.001 [-0.056, +0.052]", "from -0.027 to +0.010", "[-0.072, +0.070]", "0.46-0.56"]
+    # a page without the sensitivity sentence is a difference, not a silent pass
+    assert len(reproduce._powered_readme_phrases({"realmodel_powered.md": page})) == 2
     committed = (ROOT / "docs" / "results" / "realmodel_powered.md").read_text()
-    [phrase] = reproduce._powered_readme_phrases({"realmodel_powered.md": committed})
-    assert phrase in (ROOT / "README.md").read_text()
+    phrases = reproduce._powered_readme_phrases({"realmodel_powered.md": committed})
+    for readme in (ROOT / "README.md", ROOT / "docs" / "results" / "README.md"):
+        text = " ".join(readme.read_text().split())
+        assert all(phrase in text for phrase in phrases), readme
 
 
 def test_a_page_written_whole_by_its_script_is_checked_line_by_line(tmp_path, monkeypatch):
@@ -149,3 +153,14 @@ def test_the_testbed_rebuild_draws_its_reliability_diagrams_from_the_committed_s
     assert reliability == [f"testbed_reliability_{t}.png" for t in ("addition", "decision", "stochastic_reasoning")]
     for figure in reliability:
         assert rebuilt.figures[figure].read_bytes() == (ROOT / "docs" / "results" / figure).read_bytes(), figure
+
+
+@pytest.mark.parametrize("name", ["downstream_results.json.gz", "decision_results.json.gz"])
+def test_a_study_data_file_read_and_written_again_gives_the_same_bytes(tmp_path, name):
+    """studies.data_files (the decision and downstream studies' one writer): the committed file read and written
+    again is the same bytes (mtime 0, no file name), so rewriting unchanged records changes nothing in git."""
+    from studies.data_files import load_data, save_data
+
+    committed = ROOT / "docs" / "results" / name
+    save_data(load_data(committed), tmp_path / name)
+    assert (tmp_path / name).read_bytes() == committed.read_bytes()

@@ -1,7 +1,6 @@
-"""The testbed report: findings computed from the results, tables, curves; bench/testbed.py keeps hand-written
+"""The testbed report: findings computed from the results, tables, curves; studies/testbed.py keeps hand-written
 Findings when it rebuilds docs/results/testbed.md."""
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -12,10 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _testbed_script():
-    spec = importlib.util.spec_from_file_location("calibrl_bench_testbed", ROOT / "bench" / "testbed.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from studies import testbed
+
+    return testbed
 
 
 def test_kept_findings_takes_the_section_up_to_the_tuning_notes():
@@ -197,9 +195,8 @@ def test_at_accuracy_reads_a_curve_where_it_first_reaches_the_accuracy():
 
 
 def test_downstream_selection_is_scored_by_the_chosen_answers_true_success_probability():
-    spec = importlib.util.spec_from_file_location("calibrl_bench_downstream", ROOT / "bench" / "downstream.py")
-    ds = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ds)
+    from studies import downstream as ds
+
     # prompt 0: answer 1 (q 0.2) three times at low probability, answer 2 (q 0.8) twice at high probability;
     # prompt 1: one answer (q 0.5). The drawn outcomes disagree with q on purpose: they must not be used.
     samples = {"prompt_index": np.array([0, 0, 0, 0, 0, 1, 1]),
@@ -216,9 +213,8 @@ def test_downstream_selection_is_scored_by_the_chosen_answers_true_success_proba
 
 
 def test_forms_study_endpoints_intervals_and_rule():
-    spec = importlib.util.spec_from_file_location("calibrl_bench_forms", ROOT / "bench" / "forms_study.py")
-    fs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fs)
+    from studies import forms_study as fs
+
     weights = {"learnable": 0.75, "hard": 0.25}
 
     def rec(learn, hard, entropy=0.5, step=0):
@@ -291,16 +287,28 @@ def test_wall_time_says_what_a_merged_study_timed(tmp_path):
     import json
 
     from calibrl.testbed.report import wall_time_sentence
-    from calibrl.testbed.study import merge_results
+    from studies.testbed_study import merge_results
 
-    assert wall_time_sentence({"seconds": 12.4, "command": "python bench/testbed.py --seeds 1"}) == "Wall time: 12 s."
-    old = {"seconds": 100.0, "command": "python bench/testbed.py --seeds 1\npython bench/testbed.py --seeds 2\n"
-                                        "python bench/testbed.py --report-only --merge a b"}
+    assert wall_time_sentence({"seconds": 12.4, "command": "python -m studies.testbed --seeds 1"}) == "Wall time: 12 s."
+    old = {"seconds": 100.0, "command": "python -m studies.testbed --seeds 1\npython -m studies.testbed --seeds 2\n"
+                                        "python -m studies.testbed --report-only --merge a b"}
     assert wall_time_sentence(old) == ("Wall time: 100 s for one of the 2 training invocations above (the others' "
                                        "times were not recorded).")
     other = tmp_path / "other.json"
-    other.write_text(json.dumps({"seconds": 50.0, "command": "python bench/testbed.py --first-seed 3",
+    other.write_text(json.dumps({"seconds": 50.0, "command": "python -m studies.testbed --first-seed 3",
                                  "results": [], "config": {}}))
-    summary = {"seconds": 100.0, "command": "python bench/testbed.py --seeds 1", "results": [], "config": {}}
+    summary = {"seconds": 100.0, "command": "python -m studies.testbed --seeds 1", "results": [], "config": {}}
     merge_results(summary, [other])
     assert wall_time_sentence(summary) == "Wall time: 150 s over 2 training invocations."
+
+
+def test_recorded_commands_are_shown_as_they_run_today():
+    """The results files keep the commands as run (``python bench/testbed.py``, before the studies moved to the
+    studies package); the pages show the command that runs today, and leave the cost benchmarks' alone."""
+    from studies.testbed_study import runnable_command
+
+    recorded = ("python bench/testbed.py --seeds 1 --runs runs/bench_testbed\n"
+                "python bench/testbed.py --report-only --merge a.json\npython bench/advantages.py")
+    assert runnable_command(recorded) == ("python -m studies.testbed --seeds 1 --runs runs/bench_testbed\n"
+                                          "python -m studies.testbed --report-only --merge a.json\n"
+                                          "python bench/advantages.py")

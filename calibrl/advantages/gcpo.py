@@ -193,7 +193,7 @@ def gcpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
     ``standardize=True`` * (1 - strength * sigmoid(z-score over the batch's mixed groups of D * (1 - rd))).
 
     ``group_values=True`` adds ``info["groups"]``: the per-group tensors ``cd``, ``bot``, ``rd`` (population
-    std of the rewards) and ``scale``, each [n_groups] (``bench/gcpo_gradients.py`` correlates them with the
+    std of the rewards) and ``scale``, each [n_groups] (``studies/gcpo_gradients.py`` correlates them with the
     groups' gradient variance).
 
     ``center``: False / "none" (default: raw embeddings) or True / "batch" (subtract the batch-mean embedding).

@@ -15,8 +15,10 @@ checked against the truth. The flow, one file per step:
     evaluate    the metrics of a model: sampled completions, outcomes from the true distribution, AUROC, ECE,
                 decision calibration
     demo        ``calibrl demo``: warm starts -> runs -> ``results.json`` + report
-    study       ``bench/testbed.py``: the demo over several seeds, merged results files, docs/results/
     report      tables (mean ± std over seeds), training curves and reliability diagrams, as markdown + PNGs
+
+The studies built on it (the demo over several seeds, the pre-registered protocol, the real-model studies) are the
+repository's ``studies`` package, not part of calibrl: ``python -m studies.testbed`` and docs/benchmarks.md.
 
 Importing the package imports none of them (``calibrl.tasks.registry`` imports ``tasks`` when a registry is read);
 import the module you need, e.g. ``from calibrl.testbed.demo import run_demo``.

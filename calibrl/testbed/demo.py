@@ -5,7 +5,7 @@ one run per method x seed (:func:`calibrl.testbed.runner.run_jobs`), each shown 
 with ETA on a terminal, periodic plain lines in a log file), then
 ``results.json`` and the report (:func:`calibrl.testbed.report.write_demo_report`). The methods and the budget they
 share are in :mod:`calibrl.testbed.methods`, the metrics in :mod:`calibrl.testbed.evaluate`; the multi-seed study
-behind docs/results/ (:mod:`calibrl.testbed.study`) calls :func:`run_demo` too.
+behind docs/results/ (:mod:`studies.testbed_study`) calls :func:`run_demo` too.
 """
 
 from __future__ import annotations

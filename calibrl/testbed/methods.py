@@ -44,7 +44,7 @@ def method_specs(*, capo_tau: float = 0.6, decision_coef: float = 1.0, seed_alph
                  ) -> dict[str, MethodSpec]:
     """The demo's methods, keyed ``<task>/<method>``."""
     # The study in docs/results ran SEED-GRPO in its std-normalised form with alpha 1 (the library's default then);
-    # pinned here so `bench/testbed.py` still reproduces those rows. The library default is now the paper's form
+    # pinned here so `studies/testbed.py` still reproduces those rows. The library default is now the paper's form
     # (Dr.GRPO base, alpha 0.042): calibrl.advantages.gcpo.seed_grpo.
     # Testbed completions end with the bare answer (no \boxed{}): the last line is the answer SEED clusters.
     seed_params = {"advantage_params": {"base": "grpo", "alpha": 1.0 if seed_alpha is None else seed_alpha},
@@ -60,7 +60,7 @@ def method_specs(*, capo_tau: float = 0.6, decision_coef: float = 1.0, seed_alph
         MethodSpec("capo_mask_tau0.2", SEQ_TASK, "CAPO + mask (tau 0.2)",
                    {"advantage_estimator": "capo", "capo_tau": 0.2, "capo_mask": "batch_quantile"}),
         MethodSpec("seed_grpo", SEQ_TASK, "SEED-GRPO", {"advantage_estimator": "seed_grpo", **seed_params}),
-        # the mask ablation (not in the default demo; bench/testbed.py --methods, docs/results/mask.md): the mask
+        # the mask ablation (not in the default demo; studies/testbed.py --methods, docs/results/mask.md): the mask
         # in the paper's frozen reading (quartiles of the first batch), alone on GRPO and with CAPO
         MethodSpec("grpo_mask", SEQ_TASK, "GRPO + frozen mask",
                    {"advantage_estimator": "grpo_mask", "capo_mask": "quantile"}),
@@ -79,11 +79,11 @@ def method_specs(*, capo_tau: float = 0.6, decision_coef: float = 1.0, seed_alph
         # stated confidence (not in the default demo): the task's reward is RLCR's, so plain GRPO on it is RLCR
         MethodSpec("sft", RLCR_TASK, "SFT (warm start, uninformed confidence)", {}, train=False),
         MethodSpec("rlcr", RLCR_TASK, "RLCR (GRPO on correctness + Brier)", {"advantage_estimator": "grpo"}),
-        # the pre-registered study's arms (docs/testbed.md; calibrl.testbed.protocol), in the papers' regime
+        # the pre-registered study's arms (docs/testbed.md; studies.protocol_analysis), in the papers' regime
         *PROTOCOL_ARMS,
-        # the decision-token study (bench/decision_study.py): the decision copies the reasoning's conclusion
+        # the decision-token study (studies/decision_study.py): the decision copies the reasoning's conclusion
         *DECISION_STUDY_ARMS,
-        # the group-weighting study (bench/forms_study.py): where GCPO and SEED-GRPO can differ
+        # the group-weighting study (studies/forms_study.py): where GCPO and SEED-GRPO can differ
         *FORMS_ARMS,
     ]
     return {f"{s.task}/{s.name}": s for s in specs}

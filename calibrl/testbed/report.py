@@ -1,7 +1,7 @@
 """Report of a training comparison (the demo and the study): tables over seeds, curves, reliability diagrams.
 
 Input: the summary dict :func:`calibrl.testbed.demo.run_demo` writes to ``results.json`` (``results``: one record per
-method x seed with its evaluation ``history``; :func:`calibrl.testbed.study.run_study` merges several). Output:
+method x seed with its evaluation ``history``; :func:`studies.testbed_study.run_study` merges several). Output:
 ``report.md`` opening with what the run shows (:func:`findings`: sentences computed from the results, saying when
 methods ended at unequal accuracy and whether differences exceed the seed spread), then one table per task (final
 evaluation, mean +- std over seeds, with the shared warm start as a row), training curves

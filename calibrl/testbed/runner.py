@@ -25,6 +25,22 @@ from calibrl.testbed.methods import DemoConfig, method_specs
 # one training run (runs in a worker process)
 
 
+def utc_now() -> str:
+    """The current UTC time as ISO 8601 to the second (``2026-11-28T03:04:05Z``): the start and end a study's run
+    record carries, so the order of runs against the protocol's commits can be read rather than inferred."""
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+RUN_TIME_FIELDS = ("started_utc", "finished_utc")
+
+
+def run_times(record: dict) -> dict[str, str | None]:
+    """A run record's UTC start and end (:data:`RUN_TIME_FIELDS`; None in records made before they were kept)."""
+    return {k: record.get(k) for k in RUN_TIME_FIELDS}
+
+
 def _set_threads() -> None:
     """One torch thread (intra- and inter-op) in this process: the workers share the machine's cores."""
     import torch
@@ -70,7 +86,7 @@ def _run_method(job: dict, progress: Callable[[dict], None] | None = None) -> di
     except Exception:  # pragma: no cover
         pass
 
-    t0 = time.perf_counter()
+    t0, started_utc = time.perf_counter(), utc_now()
     run_dir = Path(job["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
     task = job["task"]
@@ -153,7 +169,8 @@ def _run_method(job: dict, progress: Callable[[dict], None] | None = None) -> di
             trainer.train()
         extra["train_logs"] = logs
     record = {"key": job["key"], "task": task, "method": job["method"], "label": job["label"], "seed": job["seed"],
-              "config": job["config"], "run_dir": str(run_dir), "history": history, "seconds": round(time.perf_counter() - t0, 1), **extra}
+              "config": job["config"], "run_dir": str(run_dir), "history": history, "seconds": round(time.perf_counter() - t0, 1),
+              "started_utc": started_utc, "finished_utc": utc_now(), **extra}
     (run_dir / "history.json").write_text(json.dumps(record, indent=1, default=float))
     np.savez_compressed(run_dir / "final_samples.npz", **{k: np.asarray(v) for k, v in last_samples.items()})
     if kept_samples:

@@ -3,10 +3,10 @@
 The protocol (arms, endpoints, statistics, success rules) was written in docs/testbed.md before the runs
 ("Pre-registered: group weightings where GCPO and SEED-GRPO can differ"). The runs::
 
-    python bench/testbed.py --seeds 5 --first-seed 0 --steps 300 --eval-every 25 --workers 2 \\
+    python -m studies.testbed --seeds 5 --first-seed 0 --steps 300 --eval-every 25 --workers 2 \\
         --methods forms/grpo,forms/dr_grpo,forms/gcpo,forms/gcpo_std,forms/seed_grpo,forms/seed_grpo_paper \\
         --out runs/forms_study --runs runs/bench_testbed
-    python bench/forms_study.py runs/forms_study/testbed_results.json --plot docs/results/forms_study.png
+    python -m studies.forms_study runs/forms_study/testbed_results.json --plot docs/results/forms_study.png
 
 The first command takes about 10 minutes on 2 cores; this one prints the markdown tables of
 docs/results/forms.md and, with ``--plot``, draws the accuracy curves.

@@ -14,10 +14,10 @@ samples, ``final_samples.npz``, which hold each sample's answer since the select
 
 Usage (the runs first; about 10 minutes on 2 cores)::
 
-    python bench/testbed.py --seeds 3 --first-seed 0 --steps 200 --workers 2 \\
+    python -m studies.testbed --seeds 3 --first-seed 0 --steps 200 --workers 2 \\
         --methods stochastic_reasoning/grpo,stochastic_reasoning/capo,stochastic_reasoning/capo_frozen_mask,\\
 stochastic_reasoning/capo_tau0.2 --out runs/downstream --runs runs/bench_testbed
-    python bench/downstream.py runs/downstream/testbed_results.json
+    python -m studies.downstream runs/downstream/testbed_results.json
 
 Prints markdown: per method mean ± std over seeds, and each method minus GRPO paired by seed. With ``--save FILE``
 (``docs/results/downstream_results.json.gz``) also writes the runs' final samples, from which :func:`metrics_of`
@@ -35,6 +35,7 @@ import numpy as np
 from calibrl import metrics as M
 from calibrl.selection import METHODS, select
 from calibrl.testbed.report import final_samples_path
+from studies.data_files import load_data, save_data  # noqa: F401  (load_data: the rebuild reads through this module)
 
 REFERENCE = "grpo"
 
@@ -67,6 +68,8 @@ def collect(results_path: Path, methods: list[str] | None = None) -> dict:
     """The raw data the tables are read from: every run's final evaluation samples (the fields
     ``run_metrics`` uses), ``{"labels": {method: label}, "samples": {method: {seed: {field: list}}}}``, for every
     run whose final samples hold answers (only ``methods``, in that order, when given)."""
+    from calibrl.testbed.runner import run_times
+
     results = json.loads(results_path.read_text())
     out: dict = {"labels": {}, "samples": {}}
     runs = results["results"]
@@ -82,6 +85,7 @@ def collect(results_path: Path, methods: list[str] | None = None) -> dict:
             raise SystemExit(f"{path}: no answer_id (a run from before answers were kept): rerun it")
         record = {k: data[k].tolist() for k in SAMPLE_FIELDS}
         record["dtypes"] = {k: data[k].dtype.str for k in SAMPLE_FIELDS}  # read back exactly as written
+        record.update(run_times(run))  # the run's UTC start and end
         out["samples"].setdefault(run["method"], {})[str(run["seed"])] = record
         out["labels"][run["method"]] = run["label"]
     return out
@@ -146,29 +150,9 @@ def tables(runs: dict, labels: dict) -> str:
     return "\n".join(lines + gain + paired)
 
 
-def save_data(data: dict, path: Path) -> None:
-    """Write :func:`collect`'s data as JSON (gzip-compressed, reproducible bytes, when ``path`` ends in .gz)."""
-    import gzip
-
-    text = json.dumps(data, separators=(",", ":"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".gz":
-        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as f:
-            f.write(text.encode())
-    else:
-        path.write_text(text)
-
-
-def load_data(path: Path) -> dict:
-    """Read a file written by :func:`save_data`."""
-    import gzip
-
-    return json.loads(gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("results", type=Path, help="testbed_results.json of the bench/testbed.py run above")
+    parser.add_argument("results", type=Path, help="testbed_results.json of the studies/testbed.py run above")
     parser.add_argument("--save", type=Path, default=None,
                         help="also write the runs' final samples (the tables' raw data; .json.gz compressed)")
     parser.add_argument("--methods", default=None, help="comma-separated methods to read, in this order (default: all)")

@@ -1,7 +1,7 @@
 """RLCR on the testbed: does a Brier reward teach the tiny model to state a calibrated confidence?
 
-    python bench/rlcr.py                                # 3 seeds x 3 arms, 800 steps each (about 2 min per run)
-    python bench/rlcr.py --seeds 1 --steps 100          # a quick look
+    python -m studies.rlcr                                # 3 seeds x 3 arms, 800 steps each (about 2 min per run)
+    python -m studies.rlcr --seeds 1 --steps 100          # a quick look
 
 Task ``testbed/verbalized``: completions ``ss;A:k`` (digit sum, answer digit, stated confidence k/10); the answer
 is right with the task's known probability, so every stated confidence can be compared with the truth. The warm
@@ -160,18 +160,22 @@ def main() -> None:
 
     torch.set_num_threads(1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from calibrl.testbed.runner import utc_now
+
     results: dict[str, dict[int, list[dict]]] = {}
+    times: dict[str, dict[int, dict[str, str]]] = {}  # arm -> seed -> UTC start and end of its run
     for arm in args.arms.split(","):
         if arm not in ARMS:
             parser.error(f"--arms: unknown arm {arm!r}; known: {', '.join(ARMS)}")
         for seed in range(args.seeds):
-            start = time.perf_counter()
+            start, started_utc = time.perf_counter(), utc_now()
             results.setdefault(arm, {})[seed] = run_arm(arm, seed=seed, steps=args.steps,
                                                         eval_every=args.eval_every, lr=args.lr)
+            times.setdefault(arm, {})[seed] = {"started_utc": started_utc, "finished_utc": utc_now()}
             print(f"{arm} seed {seed}: {time.perf_counter() - start:.0f} s", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+    out.write_text(json.dumps({"args": vars(args), "results": results, "times": times}, indent=1))
     print(tables(results))
     print(f"\nwritten {out}")
 

@@ -1,6 +1,6 @@
 """The testbed study: every demo method x N seeds from one warm start per task; mean and spread over seeds.
 
-:func:`run_study` is what ``python bench/testbed.py`` runs. It trains the methods with
+:func:`run_study` is what ``python -m studies.testbed`` runs. It trains the methods with
 :func:`calibrl.testbed.demo.run_demo` (or, with ``report_only``, trains nothing and reloads an earlier
 ``testbed_results.json``), merges the runs of earlier results files (more seeds, more methods), and writes to ``out``:
 
@@ -31,7 +31,7 @@ from calibrl.testbed.report import (aggregate, final_samples_path, format_interv
 
 STUDY_TITLE = "Testbed study"
 # the line of every results page naming its raw data (tests/test_reproduce.py)
-DATA_LINE = "Data: `docs/results/testbed_results.json` (rebuilt by `python bench/reproduce.py --only testbed`"
+DATA_LINE = "Data: `docs/results/testbed_results.json` (rebuilt by `python -m studies.reproduce --only testbed`"
 
 TUNING_NOTES = """\
 ### What was tuned, on what
@@ -233,6 +233,19 @@ def run_demo_for_study(config: DemoConfig, *, scratch: Path, runs: Path, command
     return summary
 
 
+def runnable_command(recorded: str) -> str:
+    """A recorded command as it runs today: the studies moved from ``bench/<name>.py`` to the ``studies`` package
+    (2026-11-28), so ``python bench/testbed.py ...`` reads ``python -m studies.testbed ...`` (the results files keep
+    the commands as they were run)."""
+    import re
+
+    def current(match: re.Match) -> str:  # a study that moved; bench/'s cost benchmarks stay where they are
+        moved = (Path(__file__).parent / f"{match.group(2)}.py").exists()
+        return f"python{match.group(1)} -m studies.{match.group(2)}" if moved else match.group(0)
+
+    return re.sub(r"\bpython(3?) bench/(\w+)\.py\b", current, recorded)
+
+
 def run_study(config: DemoConfig, *, out: str | Path, runs: str | Path, merge: Sequence[str | Path] = (),
               report_only: bool = False, command: str) -> dict:
     """Train every method of ``config`` x its seeds (per-run files in ``runs``; nothing trained with
@@ -257,11 +270,11 @@ def run_study(config: DemoConfig, *, out: str | Path, runs: str | Path, merge: S
     summary["command"] = recorded
     backfill(summary)
     warn_missing_samples(summary, scratch)
-    write_study_report(summary, out, scratch=scratch, command=recorded)
+    write_study_report(summary, out, scratch=scratch, command=runnable_command(recorded))
     write_results(summary, out)
-    (out / "headline.md").write_text(headline(summary, recorded))
+    (out / "headline.md").write_text(headline(summary, runnable_command(recorded)))
     return summary
 
 
 __all__ = ["FINDINGS_HEADING", "TUNING_NOTES", "backfill", "headline", "kept_findings", "merge_results", "run_study",
-           "warn_missing_samples", "write_results", "write_study_report"]
+           "runnable_command", "warn_missing_samples", "write_results", "write_study_report"]

@@ -10,8 +10,8 @@ AdamW lr LR constant, T = 1, beta 0, STEPS steps, one torch thread (``--threads`
 
 All settings are fixed before the runs (nothing here is tuned on the evaluation prompts). Usage::
 
-    python bench/realmodel_study.py --out runs/realmodel_study            # all methods, one after the other
-    python bench/realmodel_study.py --out runs/realmodel_study --report-only
+    python -m studies.realmodel_study --out runs/realmodel_study            # all methods, one after the other
+    python -m studies.realmodel_study --out runs/realmodel_study --report-only
 
 Each method takes 30-60 minutes on one core (36 steps of 50-100 s, 7 evaluations) and peaks at 2.4 GB of memory
 (the first runs peaked near 9 GB, before TRL's loss pass was checkpointed): on 2 cores run two methods at a time,
@@ -20,7 +20,7 @@ each in its own process (``--methods grpo`` and ``--methods capo_mask``, ``OMP_N
 Each method's run writes ``<out>/<method>/calibration_eval.json``, ``evaluation_samples.json`` and
 ``trainer_log.json``; a method whose file says it finished is skipped on a rerun. ``--pack`` also writes each
 finished run's records into ``docs/results/realmodel_study/<method>_seed<s>.json.gz`` (the study's committed data:
-settings, every evaluation with its per-sample arrays, the trainer's log), from which ``python bench/reproduce.py
+settings, every evaluation with its per-sample arrays, the trainer's log), from which ``python -m studies.reproduce
 --only realmodel`` rebuilds docs/results/realmodel.md's tables and ``realmodel_study.png``.
 
 Within a method, a checkpoint is saved at every evaluation point (the LoRA adapter, optimizer, scheduler, RNG
@@ -38,9 +38,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from calibrl.testbed.realmodel import (EVALUATION_METRICS, REAL_MODEL_LABELS, REAL_MODEL_METHODS, RealModelRunConfig,
-                                       evaluation_error_bars, matched_accuracy_table, plot_runs, records_table,
-                                       train_real_model, training_table, with_samples, write_json_gz)
+from calibrl.testbed.realmodel import (REAL_MODEL_LABELS, REAL_MODEL_METHODS, RealModelRunConfig, evaluation_error_bars,
+                                       plot_runs, records_table, train_real_model, with_samples, write_json_gz)
+from studies.realmodel_analysis import EVALUATION_METRICS, matched_accuracy_table, training_table
 
 DONE = "finished"
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ def load_run_folders(out: Path, methods: list[str]) -> tuple[dict[str, list[dict
     return runs, logs
 
 
-# the metrics of the paired differences (calibrl.testbed.realmodel.EVALUATION_METRICS) and their column titles
+# the metrics of the paired differences (studies.realmodel_analysis.EVALUATION_METRICS) and their column titles
 CHANGE_METRICS = (("accuracy", "Δ accuracy"), ("auroc", "Δ AUROC of mean log-prob"), ("ece", "Δ ECE"),
                   ("confidence_mean", "Δ mean confidence"), ("decision_ece", "Δ decision-letter ECE"))
 
@@ -129,20 +129,26 @@ def report(out: Path, methods: list[str]) -> str:
 def pack(out: Path, methods: list[str], dest: Path = RECORDS) -> list[Path]:
     """Each finished method's run under ``out`` into ``dest/<method>_seed<s>.json.gz``: its settings
     (``run_config.json``), every held-out evaluation with its per-sample arrays (prompt id, correctness,
-    ``logprob_mean``, decision probability) and the trainer's log. The study's committed data, from which
-    :func:`load_packed` and ``bench/reproduce.py`` rebuild its tables and figure. Returns the files written."""
+    ``logprob_mean``, decision probability), the trainer's log and the UTC start and end of the invocation that
+    finished the run. The study's committed data, from which
+    :func:`load_packed` and ``studies/reproduce.py`` rebuild its tables and figure. Returns the files written."""
     written = []
     for method in methods:
         folder = out / method
         log = folder / "trainer_log.json"
         if not (log.exists() and json.loads(log.read_text()).get(DONE)):
             continue
+        from calibrl.testbed.runner import run_times
+
         config = json.loads((folder / "run_config.json").read_text())
+        finished = json.loads(log.read_text())
         runs, logs = load_run_folders(out, [method])
         label = REAL_MODEL_LABELS[method]
         path = dest / f"{method}_seed{config['seed']}.json.gz"
         doc = {"study": "equal-budget real-model study (docs/results/realmodel.md)", "method": method,
                "seed": config["seed"], "config": config, "records": runs[label], "log_history": logs[label],
+               # UTC start and end of the invocation that finished the run (absent in records packed before them)
+               **run_times(finished),
                "note": "confidence = exp(logprob_mean); decision_prob null where a completion named no letter"}
         if write_json_gz(path, doc):
             written.append(path)
@@ -244,7 +250,7 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--pack", action="store_true",
                         help="also write each finished method's records into docs/results/realmodel_study/ (the "
-                             "study's committed data, rebuilt by bench/reproduce.py --only realmodel)")
+                             "study's committed data, rebuilt by studies/reproduce.py --only realmodel)")
     parser.add_argument("--on-finish", default=None, metavar="COMMAND",
                         help="a shell command run after each method's run finishes (scripts/realmodel_powered_queue.sh "
                              "commits the raw records with it); its failure is reported, not fatal")

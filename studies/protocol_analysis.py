@@ -168,30 +168,34 @@ def _weighted_endpoints(pid: np.ndarray, lpm: np.ndarray, correct: np.ndarray, q
 
 
 def paired_bootstrap(arm: Sequence[dict[str, np.ndarray]], reference: Sequence[dict[str, np.ndarray]], *,
-                     metric: str, n_bootstrap: int = 10_000, seed: int = 0, chunk: int = 500) -> dict[str, float]:
+                     metric: str, n_bootstrap: int = 10_000, seed: int = 0) -> dict[str, float]:
     """Mean over seeds of (arm - reference) ``metric``, with a 95% percentile interval from resampling the test
     prompts within each seed (the same resample for the arm and the reference of that seed: they share prompts).
 
-    ``arm[i]`` and ``reference[i]`` are seed i's test samples (:func:`endpoints`' input) at the stopping step.
-    """
+    ``arm[i]`` and ``reference[i]`` are seed i's test samples (:func:`endpoints`' input) at the stopping step. Each
+    seed's replicates are :func:`calibrl.metrics.paired.paired_bootstrap_difference`'s (seed ``seed + i``), the
+    seeds fixed; replicate r of the mean is the mean of the seeds' replicates r."""
+    from calibrl.metrics.bootstrap import percentile_interval
+    from calibrl.metrics.paired import paired_bootstrap_difference
+
     if len(arm) != len(reference) or not arm:
         raise ValueError("paired_bootstrap needs the same seeds (at least one) for the arm and the reference")
-    rng = np.random.default_rng(seed)
-    point = float(np.mean([endpoints(a)[metric] - endpoints(r)[metric] for a, r in zip(arm, reference)]))
-    total = np.zeros(n_bootstrap)
-    for a, r in zip(arm, reference):
-        n_prompts = int(max(np.max(a["prompt_index"]), np.max(r["prompt_index"]))) + 1
-        for start in range(0, n_bootstrap, chunk):
-            b = min(chunk, n_bootstrap - start)
-            # how often each prompt is drawn in a resample of n_prompts prompts with replacement: [b, n_prompts]
-            weights = rng.multinomial(n_prompts, np.full(n_prompts, 1.0 / n_prompts), size=b).astype(np.float64)
-            ea = _weighted_endpoints(*_arrays(a), weights)[metric]
-            er = _weighted_endpoints(*_arrays(r), weights)[metric]
-            total[start:start + b] += ea - er
-    diffs = total / len(arm)
-    diffs = diffs[np.isfinite(diffs)]
-    low, high = np.percentile(diffs, [2.5, 97.5])
-    return {"difference": point, "low": float(low), "high": float(high), "n_seeds": len(arm)}
+
+    def score(prompt_ids, logprob_mean, correct, q_true) -> float:  # prompt_ids: the replicate's fresh numbering
+        return endpoints({"prompt_index": prompt_ids, "logprob_mean": logprob_mean, "correct": correct,
+                          "q_true": q_true})[metric]
+
+    def arrays(samples: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        pid, lpm, correct, q = _arrays(samples)
+        return {"prompt_ids": pid, "logprob_mean": lpm, "correct": correct, "q_true": q}
+
+    per_seed = [paired_bootstrap_difference(score, arrays(a), arrays(r), prompt_ids_a=a["prompt_index"],
+                                            prompt_ids_b=r["prompt_index"], n_boot=n_bootstrap, seed=seed + i)
+                for i, (a, r) in enumerate(zip(arm, reference))]
+    diffs = np.mean([d.replicates for d in per_seed], axis=0)
+    low, high = percentile_interval(diffs, alpha=0.05)
+    return {"difference": float(np.mean([d.point for d in per_seed])), "low": float(low), "high": float(high),
+            "n_seeds": len(arm)}
 
 
 def _arrays(samples: dict[str, np.ndarray]):

@@ -4,9 +4,9 @@ fixed-sequence testing; as by default, and with the randomized Ville rule of ``r
 where the TRUE precision and coverage of every threshold are known, and an upper bound on what ANY valid
 prompt-level procedure can certify in the ``iid`` case::
 
-    python bench/abstention_power.py                 # the tables of docs/metrics.md (200 repetitions per row)
-    python bench/abstention_power.py --reps 20       # a quick look
-    python bench/abstention_power.py --bound-only    # only the upper bound (about a minute)
+    python -m studies.abstention_power                 # the tables of docs/metrics.md (200 repetitions per row)
+    python -m studies.abstention_power --reps 20       # a quick look
+    python -m studies.abstention_power --bound-only    # only the upper bound (about a minute)
 
 Cases (confidence s, correctness y; target precision P = 0.9, delta = 0.1 unless told):
 

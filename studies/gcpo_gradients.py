@@ -19,7 +19,7 @@ with both outcomes; the others have A = 0 and no update), and on tasks with prom
 ``forms``) the median SNR and the mean signals of each tier. A signal that should damp noisy groups must correlate
 positively with ``noise`` (negatively with ``snr``); GCPO's scale must do the opposite.
 
-Usage: ``python bench/gcpo_gradients.py [--tasks stochastic_reasoning scratchpad forms] [--groups 128] [--seeds 0 1 2]``
+Usage: ``python -m studies.gcpo_gradients [--tasks stochastic_reasoning scratchpad forms] [--groups 128] [--seeds 0 1 2]``
 (warm starts from the cache, trained when missing; about a minute per task and seed once they exist). Writes
 ``--out`` (JSON) if given: the correlations, and under ``"measures"`` every group's noise, SNR, tier, mixed flag
 and signals per task and seed (the raw data :func:`rho_table` rebuilds docs/results/gcpo.md's table from).

@@ -15,7 +15,7 @@ Two jobs:
 
   - per seed the matched pair: the method's final evaluation (step 60) and the reference's evaluation of the same
     seed (any of its six, the start included) of nearest held-out accuracy, ties to the later step (the rule of
-    :func:`calibrl.testbed.realmodel.matched_accuracy_rows`); when the method's final accuracy exceeds every
+    :func:`studies.realmodel_analysis.matched_accuracy_rows`); when the method's final accuracy exceeds every
     reference evaluation by more than 0.03, the reference's final evaluation and the method's evaluation of
     nearest accuracy to it instead (read on its own curve rather than dropped, the rule of commit f731ab5);
   - the primary endpoint Delta = mean over seeds of AUROC(CAPO + mask) - AUROC(GRPO) at those pairs, with the
@@ -29,13 +29,15 @@ Two jobs:
   - the verdict by the protocol's table "What we will conclude", only when every seed's runs are in (seeds left
     out under the protocol's two-attempts rule are named with ``--left-out``); otherwise the report says what is
     missing and gives no verdict;
+  - beside the primary interval, its sensitivity to the matched step (the mean difference with GRPO's every
+    trained step paired instead) and the seed-level t-interval of the per-seed differences (amendment 6);
   - the (accuracy, AUROC) paths of every arm, one panel per seed.
 
 Usage::
 
-    python bench/realmodel_powered.py --gather                 # runs/realmodel_powered -> the records folder
-    python bench/realmodel_powered.py                          # the records folder -> the report and figure
-    python bench/realmodel_powered.py --left-out 3             # seed 3 failed twice (protocol, Commands)
+    python -m studies.realmodel_powered --gather                 # runs/realmodel_powered -> the records folder
+    python -m studies.realmodel_powered                          # the records folder -> the report and figure
+    python -m studies.realmodel_powered --left-out 3             # seed 3 failed twice (protocol, Commands)
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from calibrl.testbed.realmodel import EVALUATION_METRICS
+from studies.realmodel_analysis import EVALUATION_METRICS
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = Path("runs/realmodel_powered")
@@ -68,7 +70,7 @@ N_BOOT, BOOT_SEED, ALPHA = 2000, 0, 0.05
 PLANNED_HALF_WIDTH = 0.05
 DEVICE_WORDS = {"cpu": "the CPU", "cuda": "one GPU, amendment 5"}
 
-# arm -> (bench/realmodel_study.py method, learning rate, label): the protocol's table "Arms"
+# arm -> (studies/realmodel_study.py method, learning rate, label): the protocol's table "Arms"
 ARMS: dict[str, tuple[str, float, str]] = {
     "grpo": ("grpo", 3e-4, "GRPO"),
     "capo_mask": ("capo_mask", 3e-4, "CAPO + frozen mask (tau 0.6)"),
@@ -105,11 +107,11 @@ def match_pair(method: Sequence[dict], reference: Sequence[dict], *,
 
     ``method`` and ``reference``: one run's evaluation records each (``step``, ``accuracy``), in step order. The
     method's final evaluation against the reference evaluation of nearest accuracy, ties to the later step
-    (:func:`calibrl.testbed.realmodel.matched_accuracy_rows` with no tolerance, which picks it). If the final
+    (:func:`studies.realmodel_analysis.matched_accuracy_rows` with no tolerance, which picks it). If the final
     accuracy exceeds EVERY reference evaluation by more than ``tolerance``, the pair is instead the reference's
     final evaluation and the method's evaluation (any step) of nearest accuracy to it, ties to the later step, and
     ``fallback`` is True."""
-    from calibrl.testbed.realmodel import matched_accuracy_rows
+    from studies.realmodel_analysis import matched_accuracy_rows
 
     def nearest(target: dict, curve: Sequence[dict]) -> dict:
         # matched_accuracy_rows reads every evaluation after the start: the target goes in as one of step > 0
@@ -183,6 +185,67 @@ def endpoint(runs: dict[tuple[str, int], dict], *, arm: str, reference: str, met
     return {"seeds": per_seed, "difference": whole.point, "low": whole.low, "high": whole.high,
             "p_value": bootstrap_p_value(whole.replicates), "half_width": (whole.high - whole.low) / 2,
             "between_seed_sd": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else math.nan}
+
+
+def metric_value(metric: str, samples: dict) -> float:
+    """One evaluation's ``metric`` (a key of ``EVALUATION_METRICS``) on its per-sample arrays: the point value
+    the endpoints' bootstraps start from."""
+    arrays, score, _, _ = EVALUATION_METRICS[metric]
+    if score == "auroc":
+        from calibrl.metrics import auroc as score
+    return float(score(**arrays(samples)))
+
+
+def matched_step_sensitivity(runs: dict[tuple[str, int], dict], seeds: Sequence[int], *, arm: str = "capo_mask",
+                             reference: str = "grpo", metric: str = "auroc") -> dict:
+    """How much the primary endpoint's mean hangs on which reference evaluation is paired.
+
+    The matched reference step is chosen on held-out accuracies whose noise (standard error about 0.01-0.02 at
+    500 prompts x 4) is as large as the spread of GRPO's trained evaluations' accuracies within a seed, so each of
+    them is a plausible match. For every trained step k of the reference (EVAL_STEPS after 0): the mean over ``seeds`` of
+    metric(``arm``'s final evaluation) - metric(``reference``'s evaluation at step k of the same seed). And the
+    seed-level Student-t interval (4 degrees of freedom with 5 seeds) of the per-seed differences at the
+    pre-registered pairs (:func:`match_pair`), the seeds as the unit (:func:`calibrl.testbed.report.paired_t_interval`).
+    Returns ``{"by_step": {k: mean difference}, "low", "high" (the least and largest of them), "t_interval": (mean,
+    low, high), "accuracy_se": (least, largest) standard error of the reference's trained evaluations' accuracy
+    (:func:`accuracy_standard_error`), "accuracy_spread": (least, largest) over seeds of the range of those
+    accuracies within a seed}``."""
+    from calibrl.testbed.report import paired_t_interval
+
+    trained = {s: [e for e in runs[(reference, s)]["evaluations"] if e["step"] > 0] for s in seeds}
+    errors = [accuracy_standard_error(e["samples"]) for s in seeds for e in trained[s]]
+    spreads = [max(e["accuracy"] for e in trained[s]) - min(e["accuracy"] for e in trained[s])
+               for s in seeds if trained[s]]
+    finals = {s: metric_value(metric, runs[(arm, s)]["evaluations"][-1]["samples"]) for s in seeds}
+    by_step = {}
+    for k in EVAL_STEPS[1:]:
+        at_k = {s: next((e for e in runs[(reference, s)]["evaluations"] if e["step"] == k), None) for s in seeds}
+        if None in at_k.values():  # a run not evaluated at step k (incomplete data): no such pairing
+            continue
+        by_step[k] = float(np.mean([finals[s] - metric_value(metric, at_k[s]["samples"]) for s in seeds]))
+    paired = []
+    for s in seeds:
+        mine, ref, _ = match_pair(runs[(arm, s)]["evaluations"], runs[(reference, s)]["evaluations"])
+        paired.append(metric_value(metric, mine["samples"]) - metric_value(metric, ref["samples"]))
+    return {"by_step": by_step, "low": min(by_step.values(), default=math.nan),
+            "high": max(by_step.values(), default=math.nan), "accuracy_se": (min(errors, default=math.nan),
+                                                                              max(errors, default=math.nan)),
+            "accuracy_spread": (min(spreads, default=math.nan), max(spreads, default=math.nan)),
+            "t_interval": paired_t_interval(paired)}
+
+
+def accuracy_standard_error(samples: dict) -> float:
+    """Standard error of one evaluation's accuracy with its prompts as the clusters (the unit the bootstraps
+    resample): sd over prompts of each prompt's share correct / sqrt(number of prompts)."""
+    _, prompt, counts = np.unique(samples["prompt_id"], return_inverse=True, return_counts=True)
+    shares = np.bincount(prompt, weights=np.asarray(samples["correct"], float)) / counts
+    return float(shares.std(ddof=1) / math.sqrt(shares.size))
+
+
+def final_range(runs: dict[tuple[str, int], dict], field: str) -> tuple[float, float]:
+    """The least and largest ``field`` (``accuracy``, ``auroc``) over every run's final evaluation."""
+    values = [run["evaluations"][-1][field] for run in runs.values()]
+    return min(values), max(values)
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -259,8 +322,8 @@ def verdict(primary: dict, s2: dict, s2_adjusted: float, *, slower: bool) -> lis
         return [f"CAPO + mask ranks worse than GRPO at matched accuracy here ({interval}): the paper's claim does "
                 "not transfer to this setting."]
     if low > -0.1 and high < 0.1:
-        out = [f"No difference resolved ({interval}); gains of 0.1 or more (the smallest the papers report) are "
-               "excluded here."]
+        out = [f"No difference resolved ({interval}); with the pairs as pre-registered, gains of 0.1 or more (the "
+               "smallest the papers report) are excluded at 95% here."]
         if low > -0.05 and high < 0.05:
             out.append("The interval lies inside (-0.05, +0.05): no difference larger than 0.05 either way.")
         return out
@@ -278,9 +341,11 @@ def _arm_of(method: str, lr: float) -> str | None:
 
 def run_record(folder: Path) -> dict | None:
     """One finished run folder (``trainer_log.json`` with ``finished``, ``calibration_eval.json``,
-    ``evaluation_samples.json``) as a raw record; None when the run has not finished. A run
+    ``evaluation_samples.json``) as a raw record, with the UTC start and end of the invocation that finished it;
+    None when the run has not finished. A run
     whose settings differ from the protocol's raises ValueError naming the file and field."""
     from calibrl.testbed.realmodel import with_samples
+    from calibrl.testbed.runner import run_times
 
     log_path = folder / "trainer_log.json"
     if not log_path.exists():
@@ -308,7 +373,7 @@ def run_record(folder: Path) -> dict | None:
     return {"arm": arm, "method": config["method"], "label": ARMS[arm][2], "seed": int(config["seed"]),
             "lr": float(config["learning_rate"]), "steps": int(config["steps"]),
             "device": config.get("device", "cpu"),
-            "seconds": log.get("seconds"), "resumed_from": log.get("resumed_from"), "evaluations": evaluations}
+            "seconds": log.get("seconds"), **run_times(log), "resumed_from": log.get("resumed_from"), "evaluations": evaluations}
 
 
 def gather(runs_dir: Path, out: Path) -> list[dict]:
@@ -397,6 +462,37 @@ def plot_paths(runs: dict[tuple[str, int], dict], path: Path, seeds: Sequence[in
     return path
 
 
+def sensitivity_sentence(sensitivity: dict) -> str:
+    """The primary endpoint's dependence on the matched step (:func:`matched_step_sensitivity`), in words."""
+    by_step = sensitivity["by_step"]
+    if not by_step:
+        return "Sensitivity to the matching: no step of GRPO is evaluated in every seed yet."
+    low_step = min(by_step, key=by_step.get)
+    high_step = max(by_step, key=by_step.get)
+    mean, low, high = sensitivity["t_interval"]
+    se, spread = sensitivity["accuracy_se"], sensitivity["accuracy_spread"]
+    return ("Sensitivity to the matching (the primary interval holds given the pre-registered pairs only): GRPO's "
+            f"matched step is chosen on held-out accuracies whose standard error (prompts as clusters) is "
+            f"{se[0]:.3f}-{se[1]:.3f}, as large as the spread of GRPO's accuracies over its trained evaluations "
+            f"within a seed ({spread[0]:.3f}-{spread[1]:.3f}), so any of them is a plausible match. Pairing CAPO + mask's final evaluation with GRPO's step "
+            "k in every seed gives a mean difference of "
+            + ", ".join(f"{d:+.3f} (k = {k})" for k, d in by_step.items())
+            + f": from {by_step[low_step]:+.3f} to {by_step[high_step]:+.3f}. The seed-level Student-t interval of "
+            f"the pre-registered pairs' differences (the seed as the unit) is {mean:+.3f} [{low:+.3f}, {high:+.3f}].")
+
+
+def scope_sentence(runs: dict[tuple[str, int], dict]) -> str:
+    """What the study speaks to: the model's level on the task (start and final accuracies, final AUROCs)."""
+    if not runs:
+        return "Scope: one 135M model, one synthetic task, 60 LoRA steps; not the papers' settings."
+    start = next(iter(runs.values()))["evaluations"][0]["accuracy"]
+    acc, auc = final_range(runs, "accuracy"), final_range(runs, "auroc")
+    return (f"Scope: the model is near chance on this task (four options; held-out accuracy {start:.2f} untrained, "
+            f"{acc[0]:.2f}-{acc[1]:.2f} after training) and every final AUROC is {auc[0]:.2f}-{auc[1]:.2f}: there was "
+            "little ranking left to keep. The study speaks to a model at this level, not to one that solves the "
+            "task; and to one 135M model, one synthetic task and 60 LoRA steps, not the papers' settings.")
+
+
 def _interval(d: dict) -> str:
     return f"{d['difference']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
 
@@ -405,7 +501,8 @@ def analyse(runs: dict[tuple[str, int], dict], *, left_out: Sequence[int] = (), 
             progress: Callable[[str], None] | None = None) -> dict:
     """Everything the report states, as numbers: ``missing``, ``seeds`` (those analysed), ``complete`` (every
     run of every seed not left out is in), ``step0`` mismatches, ``grpo_moved``, ``slow``, ``endpoints`` (name ->
-    :func:`endpoint` with ``p_holm`` for S1-S5), ``verdict`` (sentences; None without complete data)."""
+    :func:`endpoint` with ``p_holm`` for S1-S5), ``sensitivity`` (:func:`matched_step_sensitivity` of the primary
+    endpoint), ``verdict`` (sentences; None without complete data)."""
     kept = [s for s in SEEDS if s not in set(left_out)]
     missing = missing_runs(runs, kept)
     seeds = [s for s in kept if all((arm, s) in runs for arm in ARMS)]  # seeds with every arm in
@@ -420,6 +517,7 @@ def analyse(runs: dict[tuple[str, int], dict], *, left_out: Sequence[int] = (), 
             progress(f"{name}: bootstrap over {len(seeds)} seeds")
         out["endpoints"][name] = endpoint(runs, arm=arm, reference=reference, metric=metric, seeds=seeds,
                                           n_boot=n_boot)
+    out["sensitivity"] = matched_step_sensitivity(runs, seeds)
     adjusted = holm_adjust([out["endpoints"][n]["p_value"] for n in SECONDARY])
     for n, p in zip(SECONDARY, adjusted):
         out["endpoints"][n]["p_holm"] = p
@@ -440,7 +538,7 @@ def report(result: dict, runs: dict[tuple[str, int], dict], *, figure: str | Non
 
     lines = ["# Powered real-model study: results", "",
              "Data: `docs/results/realmodel_powered/` (one file per finished run; this page and its figure are "
-             "rebuilt by `python bench/realmodel_powered.py`).", "",
+             "rebuilt by `python -m studies.realmodel_powered`).", "",
              f"Protocol: [{PROTOCOL}](../protocols/realmodel_powered.md), committed before any run.", ""]
     # records gathered before the device was recorded ran on the CPU
     devices = Counter(run.get("device", "cpu") for run in runs.values())
@@ -452,8 +550,13 @@ def report(result: dict, runs: dict[tuple[str, int], dict], *, figure: str | Non
     if resumed:
         lines += [f"Runs interrupted and resumed from their newest checkpoint ({len(resumed)}): "
                   + "; ".join(f"{label} seed {seed} at step {step}" for label, seed, step in resumed)
-                  + ". On the CPU a resumed run's records equal an uninterrupted run's (tests/test_realmodel_resume.py); "
-                  "on the GPU that was not checked.", ""]
+                  + ". The protocol said such runs restart from step 0; its amendment 6 records the deviation. None "
+                  "is a GRPO or CAPO + mask run, so the primary endpoint's runs are not affected. On the CPU a resumed "
+                  "run's records equal an uninterrupted run's (tests/test_realmodel_resume.py); on the GPU that was "
+                  "not checked.", ""]
+    if runs and not any(run.get("started_utc") for run in runs.values()):
+        lines += ["The records carry no UTC start and end (run records keep them from 2026-11-28 on): the order of "
+                  "the runs against the protocol's commits is read from the commits alone.", ""]
     if result["left_out"]:
         lines += [f"Seeds left out (a GRPO or CAPO + mask run could not finish after two attempts): "
                   f"{', '.join(map(str, result['left_out']))}.", ""]
@@ -468,6 +571,8 @@ def report(result: dict, runs: dict[tuple[str, int], dict], *, figure: str | Non
                   f"({', '.join(map(str, seeds)) or 'none'}): interim, no conclusion is drawn from them.", ""]
     else:
         lines += [*result["verdict"], ""]
+    if result.get("sensitivity"):
+        lines += [sensitivity_sentence(result["sensitivity"]), ""]
     moved = result["grpo_moved"]
     if moved["change"]:
         changes = ", ".join(f"seed {s} {c:+.3f}" for s, c in moved["change"].items())
@@ -481,7 +586,7 @@ def report(result: dict, runs: dict[tuple[str, int], dict], *, figure: str | Non
         lines += [f"Slow GRPO's mean accuracy gain {slow['slow_mean']:+.3f} against GRPO's {slow['grpo_mean']:+.3f}: "
                   + ("it moved more slowly, as the control is meant to." if slow["slower"] else
                      "it did NOT move more slowly, so S1 and S2 do not answer their questions."), ""]
-    lines += ["Scope: one 135M model, one synthetic task, 60 LoRA steps; not the papers' settings.", ""]
+    lines += [scope_sentence(runs), ""]
     if not result["endpoints"]:
         return "\n".join(lines + ["No seed has every arm in yet: nothing to compute.", ""])
     lines += ["## Endpoints", "",
@@ -500,7 +605,8 @@ def report(result: dict, runs: dict[tuple[str, int], dict], *, figure: str | Non
                      f"| {e['p_value']:.3f} | {holm} |")
     primary = result["endpoints"]["primary"]
     lines += ["", f"The primary interval's half-width is {primary['half_width']:.3f} against the planned "
-              f"{PLANNED_HALF_WIDTH} (bench/realmodel_power.py: 0.042 per seed, before the between-seed spread).", "",
+              f"{PLANNED_HALF_WIDTH} (studies/realmodel_power.py: 0.042 per seed, before the between-seed spread).",
+              "",
               "## Matched pairs per seed", "",
               "Method's evaluation against the reference's of nearest held-out accuracy (ties: the later step); "
               "\"fallback\": the method's final accuracy exceeded every reference evaluation by more than 0.03, so "

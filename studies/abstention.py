@@ -8,10 +8,10 @@ against GRPO's training curve of the same seed where it reaches the CAPO run's f
 records: AURC (area under the risk-coverage curve of the mean token log-prob, lower is better) and the precision of
 the most confident half and quarter of the answers. Outcomes are the drawn ones, as everywhere in the testbed::
 
-    python bench/testbed.py --seeds 3 --first-seed 0 --steps 200 --workers 2 \\
+    python -m studies.testbed --seeds 3 --first-seed 0 --steps 200 --workers 2 \\
         --methods stochastic_reasoning/grpo,stochastic_reasoning/capo,stochastic_reasoning/capo_mask,\\
 stochastic_reasoning/capo_frozen_mask,stochastic_reasoning/capo_tau0.2 --out runs/abstention --runs runs/bench_testbed
-    python bench/abstention.py runs/abstention/testbed_results.json --plot docs/results/abstention.png
+    python -m studies.abstention runs/abstention/testbed_results.json --plot docs/results/abstention.png
 
 The first command takes about 3 minutes on 2 cores. This one prints the markdown tables of
 docs/results/abstention.md and, with ``--plot``, draws every arm's path in the (accuracy, AURC) and (accuracy,

@@ -23,9 +23,9 @@ one; "1.96 sd" is 1.96 x the spread of the point difference over the REPS pairs 
 Then the same at the chosen size under other assumptions (accuracy 0.16 / 0.30, weaker or stronger clustering,
 rho 0.5 / 1.0). Usage::
 
-    python bench/realmodel_power.py                  # about 5 minutes on a busy 2-core machine
-    python bench/realmodel_power.py --reps 20 --n-boot 300    # quicker, noisier
-    python bench/realmodel_power.py --speed                    # seconds of the vectorised paired bootstrap
+    python -m studies.realmodel_power                  # about 5 minutes on a busy 2-core machine
+    python -m studies.realmodel_power --reps 20 --n-boot 300    # quicker, noisier
+    python -m studies.realmodel_power --speed                    # seconds of the vectorised paired bootstrap
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The pre-registered study of docs/testbed.md on the ``scratchpad`` task (:mod:`calibrl.testbed.protocol`).
+"""The pre-registered study of docs/testbed.md on the ``scratchpad`` task (:mod:`studies.protocol_analysis`).
 
-    python bench/protocol.py pilot --out runs/protocol     # GRPO, 2 seeds, 400 steps; prints the pilot's verdict
-    python bench/protocol.py arms --out runs/protocol      # every arm x 5 seeds (only after a positive pilot)
-    python bench/protocol.py analyze --out runs/protocol   # targets, stopping points, endpoints, intervals, rule
-    python bench/protocol.py pilot --task scratchpad_unfixable --out runs/protocol_unfixable   # the second pilot
+    python -m studies.protocol pilot --out runs/protocol     # GRPO, 2 seeds, 400 steps; prints the pilot's verdict
+    python -m studies.protocol arms --out runs/protocol      # every arm x 5 seeds (only after a positive pilot)
+    python -m studies.protocol analyze --out runs/protocol   # targets, stopping points, endpoints, intervals, rule
+    python -m studies.protocol pilot --task scratchpad_unfixable --out runs/protocol_unfixable   # the second pilot
 
 Runs land in ``<out>/<arm>/seed<k>/`` (history.json with the eval-set curve, eval_set_samples.npz with the test
 samples of every evaluation); a run whose history.json exists is not run again. ``pilot`` writes
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from calibrl.testbed import protocol as P
+from studies import protocol_analysis as P
 
 
 def _warm_path(config: P.ProtocolConfig) -> str:
@@ -60,12 +60,20 @@ def _histories(out: Path, arm: str, seeds) -> list[list[dict]]:
     return [json.loads((out / arm / f"seed{s}" / "history.json").read_text())["history"] for s in seeds]
 
 
+def _times(out: Path, arm: str, seeds) -> list[dict]:
+    """Each seed's UTC start and end of its run (history.json's)."""
+    from calibrl.testbed.runner import run_times
+
+    return [run_times(json.loads((out / arm / f"seed{s}" / "history.json").read_text())) for s in seeds]
+
+
 def pilot(config: P.ProtocolConfig, out: Path) -> dict:
     _run(config, [P.REFERENCE_ARM], config.pilot_seeds, out)
     histories = _histories(out, P.REFERENCE_ARM, config.pilot_seeds)
     verdict = P.pilot_verdict(histories, min_gap_growth=config.min_gap_growth)
     verdict["curves"] = [[{k: r[k] for k in ("step", "expected_accuracy", "auroc", "auroc_ceiling",
                                              "auroc_per_prompt", "entropy")} for r in h] for h in histories]
+    verdict["times"] = _times(out, P.REFERENCE_ARM, config.pilot_seeds)
     verdict["config"] = {"task": config.task, "steps": config.steps, "eval_every": config.eval_every,
                          "eval_prompts": config.eval_prompts, "test_prompts": config.test_prompts,
                          "eval_samples": config.eval_samples, "learning_rate": config.learning_rate,
@@ -237,7 +245,7 @@ def main() -> None:
     verdict_path = options.out / "pilot.json"
     if not verdict_path.exists() or not json.loads(verdict_path.read_text())["reproduced"]:
         sys.exit("the protocol runs its arms only after a pilot that reproduces the premise "
-                 f"(see {verdict_path}; run `python bench/protocol.py pilot` first)")
+                 f"(see {verdict_path}; run `python -m studies.protocol pilot` first)")
     arms = list(config.arms)
     if options.phase == "arms":
         _run(config, arms, config.seeds, options.out)

@@ -8,10 +8,10 @@ the earlier study); 3 seeds x 200 steps, everything else as the testbed study. R
 its unmasked twin, paired by seed (same warm start, same evaluation prompts and outcome stream), at the last
 evaluation and at matched expected accuracy (each arm's own curve, linear between evaluations)::
 
-    python bench/testbed.py --seeds 3 --first-seed 0 --steps 200 --workers 1 \\
+    python -m studies.testbed --seeds 3 --first-seed 0 --steps 200 --workers 1 \\
         --methods stochastic_reasoning/grpo,stochastic_reasoning/grpo_mask,stochastic_reasoning/capo,\\
 stochastic_reasoning/capo_frozen_mask,stochastic_reasoning/capo_mask --out runs/mask_ablation --runs runs/bench_testbed
-    python bench/mask_ablation.py runs/mask_ablation/testbed_results.json
+    python -m studies.mask_ablation runs/mask_ablation/testbed_results.json
 
 The first command takes about 10 minutes on 2 cores; this one prints markdown tables (docs/results/mask.md), and with
 ``--save docs/results/mask_results.json`` writes the ablation's runs (every evaluation), from which
@@ -111,7 +111,7 @@ def save(results: Path, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("results", type=Path, help="testbed_results.json of the bench/testbed.py run above")
+    parser.add_argument("results", type=Path, help="testbed_results.json of the studies/testbed.py run above")
     parser.add_argument("--save", type=Path, default=None,
                         help="also write the ablation's runs (every evaluation; the tables' raw data) to this file")
     options = parser.parse_args()

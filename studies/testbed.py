@@ -1,7 +1,7 @@
 """The testbed study: every demo method x N seeds from one warm start per task; mean and spread over seeds.
 
-    python bench/testbed.py --seeds 3                # the study (writes docs/results/)
-    python bench/testbed.py --seeds 1 --steps 20     # a quick look
+    python -m studies.testbed --seeds 3                # the study (writes docs/results/)
+    python -m studies.testbed --seeds 1 --steps 20     # a quick look
 
 Writes to ``--out`` (default docs/results/): ``testbed.md`` (tables per task with mean ± std over seeds, the
 warm start, curves and reliability diagrams), ``testbed_curves_*.png`` / ``testbed_reliability_*.png``,
@@ -11,7 +11,7 @@ command). Per-run scratch files go to ``runs/bench_testbed``. A hand-written ``#
 
 Every method gets the same budget (steps x 16 prompts x 8 samples), the same warm start, the same seeds and the
 same evaluation prompts and outcome stream. What was tuned, and on what, is written into the report
-(``calibrl.testbed.study.TUNING_NOTES``).
+(``studies.testbed_study.TUNING_NOTES``).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # `python studies/testbed.py` as well as `python -m studies.testbed`
 
 from calibrl.testbed.methods import CONTROL_METHODS, DEFAULT_METHODS, DemoConfig  # noqa: E402
 # TUNING_NOTES and kept_findings stay reachable from the command's module (the report checks use them)
-from calibrl.testbed.study import TUNING_NOTES, kept_findings, run_study  # noqa: E402,F401
+from studies.testbed_study import TUNING_NOTES, kept_findings, run_study  # noqa: E402,F401
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.report_only and not args.merge:
         parser.error("--report-only needs --merge FILE...")
-    invoked = "python bench/testbed.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    invoked = "python -m studies.testbed " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     run_study(config_from_args(args), out=args.out, runs=args.runs, merge=args.merge, report_only=args.report_only,
               command=invoked)
     print((args.out / "headline.md").read_text())

@@ -1,29 +1,29 @@
 """Rebuild the tables and figures of docs/results/*.md and the README's results table from the committed data alone
-(no training): ``python bench/reproduce.py [--check] [--only testbed,forms,...] [--no-figures]``.
+(no training): ``python -m studies.reproduce [--check] [--only testbed,forms,...] [--no-figures]``.
 
 Each study with committed data is rebuilt by the same code that wrote it, from its data file in docs/results/:
 
 - ``testbed``: ``testbed_results.json`` -> the tables of ``testbed.md`` and ``headline.md`` (the README's table is
   ``headline.md``'s first one), ``testbed_curves_*.png``, ``testbed_tradeoff_*.png`` and, from the runs'
-  per-sample files in ``testbed_samples/``, ``testbed_reliability_*.png`` (``bench/testbed.py --report-only``;
+  per-sample files in ``testbed_samples/``, ``testbed_reliability_*.png`` (``studies/testbed.py --report-only``;
   per-sample files a local run left in runs/ are not read);
 - ``abstention``: ``abstention_results.json`` -> ``abstention.md``'s tables and ``abstention.png``;
 - ``forms``: ``forms_results.json`` -> ``forms.md``'s tables and ``forms_study.png``;
 - ``gcpo``: ``gcpo_results.json`` (every prompt group's gradient noise, SNR and signals) -> ``gcpo.md``'s table
-  (``bench/gcpo_gradients.py``'s ``rho_table``);
+  (``studies/gcpo_gradients.py``'s ``rho_table``);
 - ``protocol``: ``protocol_results.json`` (both pilots' curves and tier tables) -> ``protocol.md``'s tables,
-  ``protocol_pilot.png`` and ``protocol_unfixable_pilot.png`` (``bench/protocol.py``);
+  ``protocol_pilot.png`` and ``protocol_unfixable_pilot.png`` (``studies/protocol.py``);
 - ``mask``: ``mask_results.json`` (every evaluation of the ablation's runs) -> ``mask.md``'s tables
-  (``bench/mask_ablation.py``);
+  (``studies/mask_ablation.py``);
 - ``downstream``: ``downstream_results.json.gz`` (the runs' final evaluation samples) -> ``downstream.md``'s
-  tables (``bench/downstream.py``);
+  tables (``studies/downstream.py``);
 - ``decision``: ``decision_results.json.gz`` (every evaluation, and the test samples of the AURC and post-hoc
-  readings) -> ``decision.md``'s tables (``bench/decision_study.py``);
-- ``rlcr``: ``rlcr_results.json`` (every evaluation) -> ``rlcr.md``'s tables (``bench/rlcr.py``);
+  readings) -> ``decision.md``'s tables (``studies/decision_study.py``);
+- ``rlcr``: ``rlcr_results.json`` (every evaluation) -> ``rlcr.md``'s tables (``studies/rlcr.py``);
 - ``realmodel_powered``: the folder ``realmodel_powered/`` (one raw-records file per run) ->
-  ``realmodel_powered.md`` and ``realmodel_powered.png`` (``bench/realmodel_powered.py``, about 15 s);
+  ``realmodel_powered.md`` and ``realmodel_powered.png`` (``studies/realmodel_powered.py``, about 15 s);
 - ``realmodel``: the folder ``realmodel_study/`` (one raw-records file per run of the equal-budget study) ->
-  ``realmodel.md``'s tables of every seed and ``realmodel_study.png`` (``bench/realmodel_study.py``); the untrained
+  ``realmodel.md``'s tables of every seed and ``realmodel_study.png`` (``studies/realmodel_study.py``); the untrained
   baseline's samples ``realmodel_baseline/*.jsonl`` -> its tables (``calibrl eval``'s, about 10 s).
 
 Without ``--check`` the figures are redrawn into docs/results/ and every table row that is not in its document is
@@ -37,7 +37,7 @@ listed with the command that makes it.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import io
 import json
 import shutil
@@ -57,12 +57,8 @@ NOT_COMMITTED: dict[str, str] = {}
 
 
 def _script(name: str):
-    """A bench/ script as a module (they are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The study ``studies.<name>`` as a module."""
+    return importlib.import_module(f"studies.{name}")
 
 
 def table_rows(text: str) -> list[str]:
@@ -193,36 +189,47 @@ DATA_FILES: dict[str, tuple[str, str, str]] = {
     "testbed": ("testbed_results.json", "testbed.md", "see testbed.md's command"),
     "abstention": ("abstention_results.json", "abstention.md", "see abstention.md's command"),
     "forms": ("forms_results.json", "forms.md", "see forms.md's command"),
-    "gcpo": ("gcpo_results.json", "gcpo.md", "python bench/gcpo_gradients.py --out docs/results/gcpo_results.json"),
+    "gcpo": ("gcpo_results.json", "gcpo.md", "python -m studies.gcpo_gradients --out docs/results/gcpo_results.json"),
     "protocol": ("protocol_results.json", "protocol.md",
-                 "python bench/protocol.py pilot --out runs/protocol --save docs/results/protocol_results.json, then "
+                 "python -m studies.protocol pilot --out runs/protocol --save docs/results/protocol_results.json, then "
                  "the same with --task scratchpad_unfixable --out runs/protocol_unfixable"),
-    "mask": ("mask_results.json", "mask.md", "see mask.md's commands (bench/mask_ablation.py --save)"),
+    "mask": ("mask_results.json", "mask.md", "see mask.md's commands (studies/mask_ablation.py --save)"),
     "downstream": ("downstream_results.json.gz", "downstream.md",
-                   "see downstream.md's commands (bench/downstream.py --save)"),
+                   "see downstream.md's commands (studies/downstream.py --save)"),
     "decision": ("decision_results.json.gz", "decision.md",
-                 "python bench/decision_study.py --out runs/decision_study --save docs/results/decision_results.json.gz"
+                 "python -m studies.decision_study --out runs/decision_study --save docs/results/decision_results.json.gz"
                  " (26 training runs, about 25 minutes on one idle core)"),
     "rlcr": ("rlcr_results.json", "rlcr.md",
-             "python bench/rlcr.py --seeds 3 --steps 800 --eval-every 100 --out docs/results/rlcr_results.json "
+             "python -m studies.rlcr --seeds 3 --steps 800 --eval-every 100 --out docs/results/rlcr_results.json "
              "(about 20 minutes on 2 idle cores)"),
     "realmodel_powered": ("realmodel_powered", "realmodel_powered.md",
                           "scripts/realmodel_powered_gpu.sh on one GPU (docs/protocols/realmodel_powered.md)"),
     "realmodel": ("realmodel_study", "realmodel.md",
-                  "see realmodel.md's commands (bench/realmodel_study.py --pack; about an hour per pair of methods per "
+                  "see realmodel.md's commands (studies/realmodel_study.py --pack; about an hour per pair of methods per "
                   "seed on 2 cores)"),
 }
 DATA = {study: data for study, (data, _, _) in DATA_FILES.items()}
 
 
 def _powered_readme_phrases(texts: dict[str, str]) -> list[str]:
-    """The primary endpoint's "difference [interval]" as the rebuilt realmodel_powered.md gives it: the README's
-    real-model sentence quotes it."""
-    for row in table_rows(texts["realmodel_powered.md"]):
+    """The primary endpoint's "difference [interval]" as the rebuilt realmodel_powered.md gives it, and its
+    sensitivity to the matching (the range of the mean over GRPO's matched step, the seed-level t-interval) and
+    the final AUROCs' range: the README's real-model sentence quotes them."""
+    import re
+
+    text = texts["realmodel_powered.md"]
+    out = ["(no primary row in the rebuilt realmodel_powered.md)"]
+    for row in table_rows(text):
         cells = [c.strip() for c in row.strip("|").split("|")]
         if cells[0] == "primary" and "matched accuracy" in cells[1]:
-            return [cells[2]]
-    return ["(no primary row in the rebuilt realmodel_powered.md)"]
+            out = [cells[2]]
+    number = r"[+-]\d\.\d{3}"
+    found = re.search(rf"from ({number}) to ({number})\. The seed-level Student-t interval .*? is {number} "
+                      rf"(\[{number}, {number}\])", text)
+    scope = re.search(r"every final AUROC is (\d\.\d\d-\d\.\d\d)", text)
+    if found is None or scope is None:
+        return out + ["(no sensitivity or scope sentence in the rebuilt realmodel_powered.md)"]
+    return out + [f"from {found.group(1)} to {found.group(2)}", found.group(3), scope.group(1)]
 
 
 # study -> the phrases of its rebuilt documents that README.md quotes (checked like the results table)
@@ -298,11 +305,12 @@ def main(argv: list[str] | None = None) -> int:
             for doc, rows in lacking.items():
                 failures += len(rows)
                 print(f"{name}: docs/results/{doc} lacks {len(rows)} rebuilt row(s), e.g.\n  {rows[0]}")
-            readme_text = (ROOT / "README.md").read_text()
-            for phrase in README_PHRASES.get(name, lambda texts: [])(rebuilt.texts):
-                if phrase not in readme_text:
-                    failures += 1
-                    print(f"{name}: README.md does not quote {phrase!r} from the rebuilt data")
+            for readme in ("README.md", "docs/results/README.md"):
+                readme_text = " ".join((ROOT / readme).read_text().split())  # phrases may wrap across lines
+                for phrase in README_PHRASES.get(name, lambda texts: [])(rebuilt.texts):
+                    if phrase not in readme_text:
+                        failures += 1
+                        print(f"{name}: {readme} does not quote {phrase!r} from the rebuilt data")
             rows = sum(len(table_rows(t)) for t in rebuilt.texts.values())
             print(f"{name}: {rows} table rows rebuilt from docs/results/{DATA[name]}: "
                   f"{'differs' if lacking else 'same as ' + ', '.join(sorted(rebuilt.texts))}")

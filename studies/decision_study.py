@@ -27,8 +27,8 @@ choice) and 256 *test* prompts (read only as below), 8 samples each, common rand
    mean |q(Y) - p(x)| of the recalibrated confidences);
 5. downstream: AURC of each arm's decision confidence on its final test samples (selective prediction).
 
-    python bench/decision_study.py --out runs/decision_study        # 26 training runs, about 25 min on one core
-    python bench/decision_study.py --out runs/decision_study --report-only
+    python -m studies.decision_study --out runs/decision_study        # 26 training runs, about 25 min on one core
+    python -m studies.decision_study --out runs/decision_study --report-only
 
 Writes ``<out>/report.md`` and ``<out>/analysis.json``; a run whose history.json exists is not run again. With
 ``--save FILE`` (``docs/results/decision_results.json.gz``) also the runs' raw records (:func:`collect`: every
@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from calibrl.testbed.methods import DECISION_COPY_TASK, DECISION_LAMBDAS, DECISION_STUDY_ARMS, DECISION_VARIANTS
+from studies.data_files import load_data, save_data  # noqa: F401  (load_data: the rebuild reads through this module)
 
 SEEDS = (0, 1)
 STEPS, EVAL_EVERY, EVAL_PROMPTS, TEST_PROMPTS = 200, 25, 128, 256
@@ -91,15 +92,19 @@ def collect(out: Path) -> dict:
     """Every run's raw records from ``out``: the per-evaluation history of each arm and seed, each run's decision
     confidences and drawn outcomes on the test prompts at its last step (for the AURC), and GRPO's last-step
     eval-set and test-set decision samples (for the post-hoc baselines). The data file of docs/results/decision.md
-    (``--save``); :func:`analyze` reads only this."""
+    (``--save``); :func:`analyze` reads only this. ``times``: each run's UTC start and end."""
+    from calibrl.testbed.runner import run_times
+
     arms = [a.name for a in DECISION_STUDY_ARMS]
     data: dict = {"config": {"seeds": list(SEEDS), "steps": STEPS, "eval_every": EVAL_EVERY,
                              "eval_prompts": EVAL_PROMPTS, "test_prompts": TEST_PROMPTS},
-                  "history": {}, "test_final": {}, "grpo_samples": {}}
+                  "history": {}, "times": {}, "test_final": {}, "grpo_samples": {}}
     for arm in arms:
         for s in SEEDS:
             run_dir = out / arm / f"seed{s}"
-            history = json.loads((run_dir / "history.json").read_text())["history"]
+            record = json.loads((run_dir / "history.json").read_text())
+            history = record["history"]
+            data["times"].setdefault(arm, {})[str(s)] = run_times(record)
             step = history[-1]["step"]
             data["history"].setdefault(arm, {})[str(s)] = history
             with np.load(run_dir / "eval_set_samples.npz") as npz:
@@ -269,26 +274,6 @@ def report(result: dict) -> str:
         scores = ", ".join(f"{lam:g}: {fmt(v)}" for lam, v in c["eval_calib_err_by_lambda"].items())
         lines.append(f"- {c['label']}: lambda {c['lambda']:g} ({scores})")
     return "\n".join(lines) + "\n"
-
-
-def save_data(data: dict, path: Path) -> None:
-    """Write :func:`collect`'s records as JSON (gzip-compressed when ``path`` ends in .gz)."""
-    import gzip
-
-    text = json.dumps(data, separators=(",", ":"), default=float)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".gz":
-        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as f:
-            f.write(text.encode())  # mtime 0 and no name: the same records give the same bytes
-    else:
-        path.write_text(text)
-
-
-def load_data(path: Path) -> dict:
-    """Read a file written by :func:`save_data`."""
-    import gzip
-
-    return json.loads(gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text())
 
 
 def main() -> None:
