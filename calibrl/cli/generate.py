@@ -41,6 +41,7 @@ def generate_command(
     from rich.markup import escape
 
     from calibrl.evaluation.generate import GenerateConfig, GenerateError, generate
+    from calibrl.trl.progress import quiet_transformers_bars
 
     console = Console(stderr=True, soft_wrap=True)  # a message is one line, also when piped
     config = GenerateConfig(
@@ -50,7 +51,8 @@ def generate_command(
         backend=backend, seed=seed, dtype=dtype, device=device, overwrite=overwrite, progress=not quiet,
     )
     try:
-        summary = generate(config)
+        with quiet_transformers_bars():  # calibrl draws its own bar; transformers' "Loading weights" is noise
+            summary = generate(config)
     except (GenerateError, OSError, ValueError, KeyError, RuntimeError) as exc:
         console.print(f"[red]error:[/red] {escape(' '.join(str(exc).split()))}", highlight=False)
         raise typer.Exit(code=2) from None
