@@ -34,8 +34,6 @@ def test_readme_holds_every_row_of_the_generated_matched_accuracy_table():
 
 
 def test_readme_links_resolve():
-
-
     text = (ROOT / "README.md").read_text()
     targets = [t for t in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text) if "://" not in t]
     assert targets
@@ -48,8 +46,6 @@ def test_readme_is_one_page():
 
 
 def test_moved_pages_links_resolve():
-
-
     for page in ("docs/tour.md", "docs/results/README.md", "docs/benchmarks.md", "docs/layout.md"):
         path = ROOT / page
         targets = [t for t in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", path.read_text()) if "://" not in t]
