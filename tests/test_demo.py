@@ -100,8 +100,25 @@ def test_demo_cli_quick_writes_report(decision_warm, tmp_path):
     assert bad.exit_code == 2
 
 
-def _sign(x: float, tol: float) -> int:
-    return 0 if abs(x) <= tol else (1 if x > 0 else -1)
+def _prompt_clustered(values, prompt_index) -> tuple[float, float]:
+    """(mean, standard error) of per-completion ``values`` whose completions come in groups per prompt: the error
+    of the mean over prompts of the per-prompt means (it holds the within-prompt sampling noise too)."""
+    import numpy as np
+
+    values, prompt_index = np.asarray(values, dtype=float), np.asarray(prompt_index)
+    keep = np.isfinite(values)
+    means = np.array([values[keep & (prompt_index == p)].mean() for p in np.unique(prompt_index[keep])])
+    return float(means.mean()), float(means.std(ddof=1) / math.sqrt(len(means)))
+
+
+@pytest.fixture(scope="module")
+def start_samples(decision_warm):
+    """The demo's step-0 evaluation of the decision warm start (the samples every method's curve starts from)."""
+    from calibrl.testbed.evaluate import eval_prompts_for, evaluate
+    from calibrl.testbed.warmstart import load_warm_start
+
+    model, tok = load_warm_start(decision_warm)
+    return evaluate(model, tok, "decision", eval_prompts_for("decision", 64), n=8, seed=10_000)
 
 
 @pytest.mark.parametrize("method,config", [
@@ -110,33 +127,59 @@ def _sign(x: float, tol: float) -> int:
               "decision_zero_advantage": False}),
     ("decision", {"advantage_estimator": "grpo", "decision_classes": ["Y", "N"], "decision_loss_coef": 1.0}),
 ])
-def test_short_run_moves_metric_in_logged_direction(decision_warm, tmp_path, method, config):
-    """The decision confidence measured by the demo's evaluation moves the way the trainer's own telemetry
-    (calibration/decision_prob_mean on its rollouts) says; and GRPO sharpens decisions more than the CE term."""
+def test_short_run_telemetry_agrees_with_the_evaluation(decision_warm, start_samples, tmp_path, method, config):
+    """The trainer's telemetry (calibration/decision_prob_mean: mean probability of the chosen decision class on a
+    step's rollouts) and the demo's evaluation (dec_conf_mean: the same quantity on held-out prompts' samples) agree
+    where they measure one policy, within their sampling noise; the training direction is asserted only where it is
+    resolved.
+
+    The two are NOT comparable after training: a step's rollouts come from the policy BEFORE its update (the
+    evaluation at step k sees the policy after k updates), on 16 training prompts rather than 64 held-out ones, and
+    with ``logging_steps = k`` TRL logs the MEAN of the k batches' values (the policies after 0 .. k-1 updates). At
+    this learning rate one update moves the confidence by up to 0.15, and the step-8 evaluation minus the step-0 one
+    changes sign with the seed (seed 3 on AMD: -0.07 while the logged mean rose 0.09; an Intel machine's rounding
+    gave -0.20 at seed 0), so asserting that they move alike asserted one machine's trajectory."""
+    import numpy as np
+
     from calibrl.testbed.runner import run_method
 
     steps = 8
-    job = dict(key=f"decision/{method}", task="decision", method=method, label=method, config=config, train=True,
-               seed=0, warm_path=str(decision_warm), run_dir=str(tmp_path / method), steps=steps, eval_every=steps,
-               eval_prompts=64, eval_samples=8, prompts_per_step=16, num_generations=8, learning_rate=2e-3)
+    job = dict(key=f"decision/{method}", task="decision", method=method, label=method,
+               config={**config, "logging_steps": 1}, train=True, seed=0, warm_path=str(decision_warm),
+               run_dir=str(tmp_path / method), steps=steps, eval_every=steps, eval_prompts=64, eval_samples=8,
+               prompts_per_step=16, num_generations=8, learning_rate=2e-3)
     rec = run_method(job)
     start, end = rec["history"][0], rec["history"][-1]
-    logs = [log for log in rec["train_logs"] if "calibration/decision_prob_mean" in log]
-    assert logs, "the trainer logged no decision telemetry"
-    logged = [log["calibration/decision_prob_mean"] for log in logs]
-    eval_delta = end["dec_conf_mean"] - start["dec_conf_mean"]
-    log_delta = logged[-1] - start["dec_conf_mean"]
-    assert _sign(eval_delta, 0.01) == _sign(log_delta, 0.01) or abs(eval_delta - log_delta) < 0.03, (eval_delta,
-                                                                                                    log_delta)
-    test_short_run_moves_metric_in_logged_direction.results[method] = end
-    if method == "grpo":
-        assert eval_delta > 0, "GRPO should sharpen the decision token"
-    if {"grpo", "decision"} <= set(test_short_run_moves_metric_in_logged_direction.results):
-        r = test_short_run_moves_metric_in_logged_direction.results
-        assert r["decision"]["dec_conf_mean"] < r["grpo"]["dec_conf_mean"]
+    start_metrics, start_rows = start_samples
+    assert start["dec_conf_mean"] == pytest.approx(start_metrics["dec_conf_mean"])  # the same step-0 evaluation
+    logged = {log["step"]: log["calibration/decision_prob_mean"] for log in rec["train_logs"]
+              if "calibration/decision_prob_mean" in log}
+    assert sorted(logged) == list(range(1, steps + 1)), "one decision telemetry value per step"
+    assert all(0.0 < v < 1.0 for v in logged.values())
+
+    # step 1's rollouts come from the warm start, the policy the step-0 evaluation measured: equal within the noise
+    # of 16 prompts' means (the telemetry) and 64 prompts' (the evaluation), each read off the evaluation's spread
+    mean0, se64 = _prompt_clustered(start_rows["dec_conf"], start_rows["prompt_index"])
+    assert mean0 == pytest.approx(start["dec_conf_mean"], abs=0.02)  # prompts weigh alike up to dropped rows
+    noise = math.hypot(se64, se64 * math.sqrt(64 / 16))
+    assert abs(logged[1] - start["dec_conf_mean"]) < 4 * noise, (logged[1], start["dec_conf_mean"], noise)
+
+    # the direction of training, where the run resolves it: GRPO sharpens the decision (its later batches more
+    # confident than its first); the CE term keeps it below GRPO's at the end (both evaluated on one stream)
+    later = np.mean([logged[s] for s in range(steps // 2 + 1, steps + 1)])
+    rise, rise_noise = later - logged[1], noise * math.sqrt(1 + 1 / (steps // 2))
+    if method == "grpo" and abs(rise) > 3 * rise_noise:
+        assert rise > 0, ("GRPO should sharpen the decision token", rise, rise_noise)
+    final = np.load(tmp_path / method / "final_samples.npz")
+    results = test_short_run_telemetry_agrees_with_the_evaluation.results
+    results[method] = _prompt_clustered(final["dec_conf"], final["prompt_index"])
+    if {"grpo", "decision"} <= set(results):
+        (grpo, grpo_se), (ce, ce_se) = results["grpo"], results["decision"]
+        if abs(grpo - ce) > 3 * math.hypot(grpo_se, ce_se):
+            assert ce < grpo, ("the decision CE term should sharpen less than GRPO", ce, grpo)
 
 
-test_short_run_moves_metric_in_logged_direction.results = {}
+test_short_run_telemetry_agrees_with_the_evaluation.results = {}
 
 
 def test_warmstart_task_settings_leave_other_cache_keys_unchanged():

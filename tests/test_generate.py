@@ -270,7 +270,7 @@ def test_refuses_an_existing_samples_file_it_did_not_write(tiny_dir, tmp_path):
     with pytest.raises(GenerateError, match=r"other\.jsonl.*--overwrite"):
         generate(**kw)
     assert out.read_text() == foreign and not (tmp_path / "other.jsonl.meta.json").exists()
-    with pytest.raises((OSError, ValueError)):  # --overwrite, but the model cannot be loaded: the file stays
+    with pytest.raises((OSError, ValueError, GenerateError)):  # --overwrite, but no such model: the file stays
         generate(**{**kw, "overwrite": True, "model": str(tmp_path / "no-such-model")})
     assert out.read_text() == foreign and not (tmp_path / "other.jsonl.meta.json").exists()
 
@@ -442,3 +442,56 @@ def test_a_stated_confidence_is_never_graded_as_the_answer(monkeypatch, tmp_path
     rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert [r["correct"] for r in rows] == [True, False]
     assert [r["reward"] for r in rows] == pytest.approx([1 - 0.04, -0.09])
+
+
+def test_cli_errors_are_one_line_naming_the_bad_input(tmp_path):
+    """A missing local model folder is named as such (not the hub client's "Repo id must use alphanumeric chars"),
+    a malformed dataset row names its file and row, and no message is wrapped at 80 columns when piped."""
+    from typer.testing import CliRunner
+
+    from calibrl.cli import app
+
+    bad_rows = tmp_path / "bad_choices.jsonl"
+    bad_rows.write_text(json.dumps({"question": "2+2?", "choices": "four", "answerKey": "A"}) + "\n")
+    out = str(tmp_path / "deep" / ("x" * 60) / "s.jsonl")
+    cases = {
+        ("-m", str(tmp_path / "nomodel"), "-d", "arithmetic"): ("no such local folder", str(tmp_path / "nomodel")),
+        ("-m", "builtin:tiny", "-d", str(bad_rows)): (f"{bad_rows}: row 1:", "'choices' is str"),
+    }
+    for args, expected in cases.items():
+        result = CliRunner().invoke(app, ["generate", *args, "--out", out, "--limit", "1", "--n", "1"])
+        assert result.exit_code == 2, result.output
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+        assert all(part in lines[0] for part in expected), result.output
+        assert "Repo id" not in lines[0]
+    assert not (tmp_path / "deep").exists()  # nothing written
+
+
+def test_max_new_tokens_defaults_to_the_dataset_budget_and_a_resume_keeps_the_run_s(tiny_dir, tmp_path):
+    """arithmetic registers 64 new tokens (a number answers it), the reasoning benchmarks keep 1,024; a resume
+    without the flag keeps the budget the run was started with instead of refusing it as a changed setting."""
+    from calibrl.evaluation.generate import DEFAULT_MAX_NEW_TOKENS, GenerateConfig, _resolve_max_new_tokens
+
+    assert _resolve_max_new_tokens(GenerateConfig(model="m", dataset="arithmetic", out=tmp_path / "a")).max_new_tokens == 64
+    assert _resolve_max_new_tokens(GenerateConfig(model="m", dataset="multiple_choice", out=tmp_path / "a")).max_new_tokens == 64
+    assert _resolve_max_new_tokens(GenerateConfig(model="m", dataset="math500", out=tmp_path / "a")).max_new_tokens \
+        == DEFAULT_MAX_NEW_TOKENS == 1024
+    out = tmp_path / "s.jsonl"
+    kw = {**_fast(tiny_dir, out, dataset="arithmetic", limit=2), "template": "text"}
+    generate(**{**kw, "max_new_tokens": 3})
+    assert json.loads((tmp_path / "s.jsonl.meta.json").read_text())["max_new_tokens"] == 3
+    resumed = generate(**{**kw, "limit": 3, "max_new_tokens": None})  # no flag: the run's 3, one more problem
+    assert resumed["samples_written"] == 2 and resumed["problems_skipped"] == 2
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(r["n_tokens"] <= 3 for r in rows)
+
+
+def test_progress_moves_at_every_token_step(tiny):
+    """The transformers backend reports each token step of a batch, so a long batch's bar still moves."""
+    model, tok = tiny
+    backend = _TransformersBackend(model, tok, temperature=1.0, max_new_tokens=5, class_ids=None)
+    steps = []
+    groups = backend.generate(["1+1="], 2, seed=0, on_token=steps.append)
+    longest = max(len(s.ids) for g in groups for s in g)
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= longest >= 1

@@ -18,7 +18,7 @@ def generate_command(
     n: int = typer.Option(16, "--n", help="Completions per problem."),
     path: Optional[str] = typer.Option(None, "--path", help="Local JSON/JSONL/Parquet file in the hub dataset's format."),
     split: Optional[str] = typer.Option(None, "--split", help="Dataset split (default: the dataset's usual eval split)."),
-    max_new_tokens: int = typer.Option(1024, "--max-new-tokens", help="Maximum completion length in tokens."),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Maximum completion length in tokens (default: the dataset's, 64 for arithmetic and multiple_choice, 1024 for the others; on resume the run's)."),
     temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature (0 = greedy). Log-probs are the sampling distribution's."),
     batch_size: int = typer.Option(8, "--batch-size", help="Problems per batch (each batch samples batch-size x n completions)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first LIMIT problems (may be raised on resume: more problems are appended)."),
@@ -45,12 +45,14 @@ def generate_command(
     class_probs, label, classes for multiple-choice datasets). A rerun resumes: finished problems are skipped.
     """
     from rich.console import Console
+    from rich.markup import escape
 
     require_extra("generate", "generate")
     from calibrl.evaluation.deepconf_online import OnlineSettings
     from calibrl.evaluation.generate import GenerateConfig, GenerateError, generate
+    from calibrl.trl.progress import quiet_transformers_bars
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # a message is one line, also when piped
     config = GenerateConfig(
         model=model, dataset=dataset, out=out, n=n, path=path, split=split, max_new_tokens=max_new_tokens,
         temperature=temperature, batch_size=batch_size, limit=limit, template=template, reward=reward,
@@ -61,9 +63,10 @@ def generate_command(
         backend=backend, seed=seed, dtype=dtype, device=device, overwrite=overwrite, progress=not quiet,
     )
     try:
-        summary = generate(config)
+        with quiet_transformers_bars():  # calibrl draws its own bar; transformers' "Loading weights" is noise
+            summary = generate(config)
     except (GenerateError, OSError, ValueError, KeyError, RuntimeError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(' '.join(str(exc).split()))}", highlight=False)
         raise typer.Exit(code=2) from None
     if summary["samples_written"]:
         console.print(

@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
     from calibrl.evaluation.generate import GenerateConfig
@@ -176,7 +176,8 @@ class _TransformersBackend:
         class Recorder(LogitsProcessor):
             """Records log p_T(sampled token) one step late (the token is visible in input_ids at the next call)."""
 
-            def __init__(self):
+            def __init__(self, on_token=None):
+                self.on_token = on_token
                 self.prev = None
                 self.token_logps: list = []
                 self.class_logps: list = []
@@ -189,6 +190,8 @@ class _TransformersBackend:
                     self.confidences.append(chunked_token_confidence(
                         scores, project=lambda z: z, k=confidence_k, temperature=scale,
                         chunk=positions_per_chunk(vocab_size=scores.size(-1))))
+                if self.on_token is not None:
+                    self.on_token(len(self.token_logps) + 1)
                 logp = torch.log_softmax(scores.float() / scale, dim=-1)
                 if class_ids:
                     self.class_logps.append(logp[:, class_ids])
@@ -225,16 +228,17 @@ class _TransformersBackend:
         return WindowStop()
 
     def generate(self, prompts: Sequence[Any], n: int, seed: int, *, stop_below: Sequence[float] | None = None,
-                 window: int = 2048) -> list[list[_Sample]]:
+                 window: int = 2048, on_token: Callable[[int], None] | None = None) -> list[list[_Sample]]:
         """``n`` samples of each prompt; ``stop_below`` (one threshold per prompt, needs ``confidence_k``): DeepConf's
-        online early stop of a sample whose ``window``-token confidence falls below its prompt's threshold."""
+        online early stop of a sample whose ``window``-token confidence falls below its prompt's threshold;
+        ``on_token(k)`` is called at every token step k (progress)."""
         torch = self.torch
         texts = _render_prompts(self.tokenizer, prompts)
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
         device = next(self.model.parameters()).device
         input_ids = enc["input_ids"].to(device).repeat_interleave(n, dim=0)
         attention_mask = enc["attention_mask"].to(device).repeat_interleave(n, dim=0)
-        recorder = self.Recorder()
+        recorder = self.Recorder(on_token)
         criteria = []
         if stop_below is not None:
             if not self.confidence_k:
@@ -322,7 +326,9 @@ class _VLLMBackend:
         self.class_ids = class_ids
         self.confidence_k = int(confidence_k)
 
-    def generate(self, prompts: Sequence[Any], n: int, seed: int) -> list[list[_Sample]]:
+    def generate(self, prompts: Sequence[Any], n: int, seed: int,
+                 on_token: Callable[[int], None] | None = None) -> list[list[_Sample]]:
+        """``n`` samples of each prompt (``on_token``: accepted for the common signature, not called)."""
         texts = _render_prompts(self.tokenizer, prompts)
         params = self.SamplingParams(
             n=n, temperature=max(self.temperature, 0.0), top_p=1.0, top_k=-1, max_tokens=self.max_new_tokens,

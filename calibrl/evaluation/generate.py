@@ -71,6 +71,7 @@ JSON / JSONL / Parquet file whose task is told by its fields (:func:`calibrl.tas
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -103,7 +104,7 @@ class GenerateConfig:
     n: int = 16
     path: str | None = None
     split: str | None = None
-    max_new_tokens: int = 1024
+    max_new_tokens: int | None = None  # None: the dataset's registered budget (resume: the run's), else 1024
     temperature: float = 1.0
     batch_size: int = 8  # problems per batch; each batch samples batch_size * n completions
     limit: int | None = None
@@ -224,6 +225,46 @@ def _seed_for(seed: int, prompt_ids: Sequence[str]) -> int:
     return (seed * 1_000_003 + zlib.crc32(",".join(prompt_ids).encode())) % (2**31 - 1)
 
 
+DEFAULT_MAX_NEW_TOKENS = 1024  # a reasoning benchmark's budget, for datasets that register none
+
+
+def _resolve_max_new_tokens(config: GenerateConfig) -> GenerateConfig:
+    """``config`` with ``max_new_tokens`` filled when it is None: the budget of the run being resumed (its
+    ``.meta.json``, so a resume never needs the flag repeated), else the dataset's registered one
+    (:func:`calibrl.tasks.registry.dataset_max_new_tokens`: 64 for ``arithmetic`` / ``multiple_choice``), else
+    :data:`DEFAULT_MAX_NEW_TOKENS`."""
+    import dataclasses
+
+    from calibrl.tasks.registry import dataset_max_new_tokens
+
+    if config.max_new_tokens is not None:
+        return config
+    value = None
+    meta_file = _meta_path(Path(config.out))
+    if not config.overwrite and meta_file.is_file():
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            value = json.loads(meta_file.read_text()).get("max_new_tokens")
+    if not isinstance(value, int) or isinstance(value, bool):
+        value = dataset_max_new_tokens(config.dataset) or DEFAULT_MAX_NEW_TOKENS
+    return dataclasses.replace(config, max_new_tokens=value)
+
+
+def _check_model(name: str) -> None:
+    """A ``--model`` that is neither an existing local folder or file nor a valid hub id (``./nomodel``,
+    ``~/models/x``) is a missing local path: say so instead of the hub client's "Repo id must use alphanumeric
+    chars"."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if name.startswith("builtin:") or Path(name).expanduser().exists():
+        return
+    if name.lower().endswith(".gguf"):
+        raise GenerateError(f"--model {name}: the file does not exist")
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise GenerateError(f"--model {name}: no such local folder (nor a hub id such as Qwen/Qwen2.5-0.5B)") from None
+
+
 def _check_config(config: GenerateConfig) -> None:
     """Refuse settings that cannot run (or would silently run something else) before anything is loaded or
     written."""
@@ -259,6 +300,7 @@ def _check_config(config: GenerateConfig) -> None:
     out = Path(config.out)
     if out.is_dir():
         raise GenerateError(f"--out {out} is a folder; give the samples file to write, e.g. {out / 'samples.jsonl'}")
+    _check_model(str(config.model))
 
 
 _FILE_SUFFIXES = (".json", ".jsonl", ".parquet")
@@ -405,6 +447,11 @@ def _append_batches(out: Path, pending: list[dict], backend, reward_fn, config: 
     n_correct = 0
     bar = tqdm(total=total, initial=done, unit="sample", dynamic_ncols=True, disable=not config.progress,
                desc=f"generate {config.dataset}")
+
+    def on_token(step: int) -> None:
+        """Between batches the bar counts samples; within one it shows the batch's token step (it moves)."""
+        bar.set_postfix_str(f"batch token {step}/{config.max_new_tokens}", refresh=False)
+        bar.update(0)
     with contextlib.ExitStack() as stack:
         handle = None
         for batch in _batches(pending, config.batch_size):
@@ -418,7 +465,8 @@ def _append_batches(out: Path, pending: list[dict], backend, reward_fn, config: 
                 batch_rows = sample_online(backend, batch, n=config.n, seed=_seed_for(config.seed, pids),
                                            settings=config.deepconf_online, rows_of=rows_of)
             else:
-                groups = backend.generate([p["prompt"] for p in batch], config.n, _seed_for(config.seed, pids))
+                groups = backend.generate([p["prompt"] for p in batch], config.n, _seed_for(config.seed, pids),
+                                          **({"on_token": on_token} if config.progress else {}))
                 batch_rows = [rows_of(problem, group) for problem, group in zip(batch, groups)]
             lines = []
             for problem_rows in batch_rows:
@@ -444,8 +492,11 @@ def generate(config: GenerateConfig | None = None, *, hf_model=None, hf_tokenize
     backend; ``config.model`` then only labels the run). Keyword arguments build a :class:`GenerateConfig` when
     ``config`` is None.
     """
-    config = config or GenerateConfig(**kwargs)
-    _check_config(config)
+    config = _resolve_max_new_tokens(config or GenerateConfig(**kwargs))
+    if hf_model is None:
+        _check_config(config)
+    else:  # the model is passed in: config.model only labels the run
+        _check_config(dataclasses.replace(config, model="builtin:passed-in"))
     out = Path(config.out)
     problems, decision_task, reward_fn, correctness_fn = _load_problems(config)
     if not config.overwrite:

@@ -320,7 +320,9 @@ def _choices(row: dict) -> tuple[list[str], list[str]]:
         if choices and isinstance(choices[0], dict):
             return [str(c["label"]) for c in choices], [str(c["text"]) for c in choices]
         return [chr(ord("A") + i) for i in range(len(choices))], [str(c) for c in choices]
-    raise ValueError(f"row {row.get('id')!r} has no 'choices' column")
+    where = f"row {row['id']!r}: " if row.get("id") is not None else ""
+    raise ValueError(f"{where}'choices' is {type(choices).__name__}, not a list of options or a {{label, text}} "
+                     "record")
 
 
 def _decision_row(name: str, question_columns: tuple[str, ...]) -> Callable:
@@ -408,7 +410,14 @@ def load_file(path: str | Path, *, limit: int | None = None, template: str | Non
         raise ValueError(
             f"{path}: cannot tell the task from the fields ({', '.join(sorted(fields)) or 'none'}): expected "
             "problem/question/prompt with answer/solution (math) or choices with label/answerKey (decisions)")
-    rows = [r for r in (make_row(row, i, template) for i, row in enumerate(rows_in)) if r is not None]
+    rows = []
+    for index, row in enumerate(rows_in):
+        try:
+            made = make_row(row, index, template)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # a malformed field: say where it is
+            raise ValueError(f"{path}: row {index + 1}: {exc}") from None
+        if made is not None:
+            rows.append(made)
     return _finish(rows, name, len(rows_in), len(rows_in) - len(rows), limit)
 
 

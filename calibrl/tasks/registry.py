@@ -15,23 +15,28 @@ from calibrl._registry import registering_decorator
 _DATASETS: dict[str, Callable[..., Any]] = {}
 _REWARDS: dict[str, Callable[..., list[float]]] = {}
 _DATASET_REWARDS: dict[str, str] = {}  # dataset name -> the reward that grades it when none is named
+_DATASET_MAX_NEW_TOKENS: dict[str, int] = {}  # dataset name -> completion budget when none is named
 
 
-def register_dataset(name: str, *, overwrite: bool = False, reward: str | None = None):
+def register_dataset(name: str, *, overwrite: bool = False, reward: str | None = None,
+                     max_new_tokens: int | None = None):
     """Decorator registering ``loader(split: str = ..., **kwargs) -> datasets.Dataset`` under ``name``.
 
     ``reward``: the registered reward that grades this dataset's completions when the caller names none
     (``calibrl generate`` without ``--reward``); None keeps the default by row format (``"decision"`` for rows
-    with ``classes``, else ``"math"``).
+    with ``classes``, else ``"math"``). ``max_new_tokens``: the completion budget ``calibrl generate`` uses when
+    ``--max-new-tokens`` is not given (short-answer tasks need far fewer than a reasoning benchmark's); None keeps
+    its general default.
     """
     decorate = registering_decorator(_DATASETS, "dataset", name, overwrite)
 
     def decorator(fn):
         fn = decorate(fn)
-        if reward is not None:
-            _DATASET_REWARDS[name] = reward
-        else:
-            _DATASET_REWARDS.pop(name, None)
+        for table, value in ((_DATASET_REWARDS, reward), (_DATASET_MAX_NEW_TOKENS, max_new_tokens)):
+            if value is not None:
+                table[name] = value
+            else:
+                table.pop(name, None)
         return fn
 
     return decorator
@@ -79,6 +84,12 @@ def dataset_reward(name: str) -> str | None:
     """The reward registered as ``name``'s grader (:func:`register_dataset`'s ``reward``), or None."""
     _builtins()
     return _DATASET_REWARDS.get(name)
+
+
+def dataset_max_new_tokens(name: str) -> int | None:
+    """The completion budget registered for ``name`` (:func:`register_dataset`'s ``max_new_tokens``), or None."""
+    _builtins()
+    return _DATASET_MAX_NEW_TOKENS.get(name)
 
 
 def available_datasets() -> list[str]:

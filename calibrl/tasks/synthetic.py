@@ -64,6 +64,10 @@ _SPLIT_ALIASES = {"eval": "validation", "valid": "validation", "val": "validatio
 _DEFAULT_SIZE = {"train": 5000, "validation": 400, "test": 400}
 ARITHMETIC_TEMPLATES = ("chat", "text")
 ARITHMETIC_INSTRUCTION = "Answer with just the number."
+# ``calibrl generate``'s completion budget for both generated tasks when --max-new-tokens is not given: an answer is
+# a number or a letter. SmolLM2-135M-Instruct's 4 x 8 arithmetic samples that were right had 11-34 tokens; half
+# of all ran past 64 (rambling, never right). 1,024 (the reasoning benchmarks' default) took 14 minutes for 32.
+ARITHMETIC_MAX_NEW_TOKENS = 64
 _QUESTIONS = ("What is {expr}?", "Compute {expr}.", "Calculate {expr}.", "What is the value of {expr}?")
 _CLASSES = ["A", "B", "C", "D"]
 _MAX_MISSES = 2000  # consecutive draws that find no new problem of a level in the split: the level is used up
@@ -184,7 +188,7 @@ def arithmetic_prompt(question: str, template: str = "chat"):
     raise ValueError(f"unknown arithmetic template {template!r}; choose one of {', '.join(ARITHMETIC_TEMPLATES)}")
 
 
-@register_dataset("arithmetic", reward="number")
+@register_dataset("arithmetic", reward="number", max_new_tokens=ARITHMETIC_MAX_NEW_TOKENS)
 def load_arithmetic(split: str = "test", *, size: int | None = None, limit: int | None = None, seed: int = 0,
                     levels: Sequence[int] | int = LEVELS, template: str = "chat", path: str | None = None):
     """Arithmetic problems of ``split`` (module docstring); columns prompt, answer, level, expression,
@@ -234,7 +238,7 @@ def distractors(tokens: Sequence[Any], value: int, rng: random.Random, *, k: int
     return chosen
 
 
-@register_dataset("multiple_choice")
+@register_dataset("multiple_choice", max_new_tokens=ARITHMETIC_MAX_NEW_TOKENS)
 def load_multiple_choice(split: str = "test", *, size: int | None = None, limit: int | None = None, seed: int = 0,
                          levels: Sequence[int] | int = LEVELS, template: str = "direct", path: str | None = None):
     """Four-option questions on the value of an expression (module docstring); columns prompt, classes, label,

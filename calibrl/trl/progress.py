@@ -239,6 +239,9 @@ def print_summary(console, summary: dict, trainer) -> None:
         if "last_count" in row and row["last_count"] < widest:  # a metric some steps did not log (AUROC)
             last += f" ({row['last_count']})"
         table.add_row(label, fmt(row, "first"), last, *(fmt(row, name) for name in finals))
+    if any(row.get("last_count", widest) < widest for row in summary.values()):
+        table.caption = (f"(k): the metric was defined at only k of those {widest} steps; the cell is the mean of "
+                         "those k")
     console.print(table)
     _print_no_signal_note(console, trainer.state.log_history)
     console.print(f"output: {trainer.args.output_dir}")

@@ -2,7 +2,8 @@
 
 The TRL trainer (:mod:`calibrl.trl`) calls :func:`calibration_metrics` on every generation batch (train and
 eval) and logs each value as ``calibration/<key>`` through TRL's metrics, so TensorBoard / W&B show calibration
-next to the reward. Everything here is framework-free and cheap (numpy on at most a few thousand rows).
+next to the reward. With ``logging_steps = k`` a logged value is TRL's mean of the k batches' values since the last
+log: rollouts of the policies before each of those k updates, on training prompts, not the policy after the last. Everything here is framework-free and cheap (numpy on at most a few thousand rows).
 
 Keys (all floats; ``nan`` when undefined, left out of the logs by ``CalibratedGRPOTrainer.log``):
     accuracy                 fraction of correct completions (``correct``, else reward > threshold)
