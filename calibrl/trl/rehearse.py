@@ -69,6 +69,14 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "use_sliding_window": False, "sliding_window": None, "max_window_layers": 28, "bos_token_id": 151643,
         "eos_token_id": 151645, "torch_dtype": "bfloat16",
     },
+    "Qwen/Qwen3-8B": {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
+        "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960, "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6, "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
+        "use_sliding_window": False, "sliding_window": None, "max_window_layers": 36, "bos_token_id": 151643,
+        "eos_token_id": 151645, "torch_dtype": "bfloat16",
+    },
 }
 
 # hub dataset name -> the sample file in the same format shipped in calibrl/recipes/data/

@@ -373,7 +373,9 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         # Estimators ignore the optional fields they do not read, so the full batch is passed.
         all_adv, info = compute_advantages(rollout.batch, self.args.advantage_estimator, return_info=True, **params)
         # rows without tokens are already 0 (compute_advantages leaves them out by their lengths)
-        all_adv = torch.nan_to_num(all_adv.to(torch.float32), nan=0.0).masked_fill(rollout.unscorable, 0.0)
+        # per-token advantages ([N, T], e.g. dcpo) are masked row by row
+        unscorable = rollout.unscorable if all_adv.dim() == 1 else rollout.unscorable[:, None]
+        all_adv = torch.nan_to_num(all_adv.to(torch.float32), nan=0.0).masked_fill(unscorable, 0.0)
         return all_adv, info, False
 
     def _mark_decisions(self, output: dict, rollout: Rollout, advantages: torch.Tensor):
