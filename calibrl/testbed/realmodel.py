@@ -301,17 +301,17 @@ def records_table(runs: dict[str, list[dict]]) -> str:
 
 def plot_runs(runs: dict[str, list[dict]], path: str | Path, *, title: str | None = None) -> Path:
     """Held-out accuracy over steps, and AUROC against accuracy (each run's trajectory from its start); ``title``
-    names the model and task above both panels."""
-    import matplotlib
+    names the model and task above both panels. Laid out by matplotlib's constrained layout, so no label runs
+    into a title or the legend strip below the panels; every text drawn as written (a model path with ``$``)."""
     import numpy as np
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
+    from calibrl.evaluation.plots import _save
     from calibrl.evaluation.styles import series_style
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4.4), layout="constrained")
+    axes = fig.subplots(1, 2)
     for i, (label, records) in enumerate(runs.items()):
         if not records:
             continue
@@ -334,25 +334,21 @@ def plot_runs(runs: dict[str, list[dict]], path: str | Path, *, title: str | Non
         axes[1].errorbar(acc, auc, xerr=acc_err, yerr=auc_err, marker=marker, capsize=3, label=label, **style)
         if np.isfinite(acc[0]) and np.isfinite(auc[0]):  # an AUROC is undefined when every answer is wrong
             axes[1].annotate("start", (acc[0], auc[0]), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    axes[0].set(xlabel="training step", ylabel="held-out accuracy (higher is better)",
+    # the y labels on two lines: on one, the AUROC's was taller than its panel and ran into the title above
+    axes[0].set(xlabel="training step", ylabel="held-out accuracy\n(higher is better)",
                 title="Accuracy over training (bars: 95% intervals)")
     axes[0].xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     axes[1].set(xlabel="held-out accuracy (higher is better)",
-                ylabel="AUROC of mean token log-prob (higher is better)",
+                ylabel="AUROC of mean token log-prob\n(higher is better)",
                 title="AUROC of sequence confidence against accuracy")
     if title:
         fig.suptitle(title)
     for ax in axes:
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
-    # one legend for both panels, in its own strip below them (inside the axes it hid points; anchored to one
-    # axes it pushed the panels apart)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), frameon=False)
-    path = Path(path)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    # one legend for both panels, in its own strip below them (inside the axes it hid points)
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(4, max(1, len(labels))), frameon=False)
+    return _save(fig, path)
 
 
 def auroc_standard_error(auroc: float, n_pos: int, n_neg: int) -> float:
