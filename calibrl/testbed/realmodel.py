@@ -16,6 +16,7 @@ start and every ``eval_every`` steps with the same sampling seed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -105,6 +106,7 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
     from calibrl.tasks.registry import get_dataset_loader, get_reward
     from calibrl.trl import CalibratedGRPOConfig, CalibratedGRPOTrainer
     from calibrl.trl.callbacks import CALIBRATION_EVAL_FILE, CalibrationEvalConfig, attach_calibration_eval
+    from calibrl.trl.progress import quiet_transformers_bars
 
     if config.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda': torch sees no GPU")
@@ -138,11 +140,15 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
                     on_log(state.global_step, dict(logs))
 
         callbacks.append(Forward())
-    trainer = CalibratedGRPOTrainer(
-        model=config.model, reward_funcs=get_reward("decision"), args=args, train_dataset=train,
-        callbacks=callbacks,
-        peft_config=LoraConfig(r=config.lora_r, lora_alpha=2 * config.lora_r,
-                               target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"))
+    # the caller prints its own lines (on_log): transformers' "Loading weights" / "Writing model shards" bars
+    # would cut through them
+    quiet = quiet_transformers_bars if on_log is not None else contextlib.nullcontext
+    with quiet():
+        trainer = CalibratedGRPOTrainer(
+            model=config.model, reward_funcs=get_reward("decision"), args=args, train_dataset=train,
+            callbacks=callbacks,
+            peft_config=LoraConfig(r=config.lora_r, lora_alpha=2 * config.lora_r,
+                                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"))
     if on_log is not None:  # the caller prints its own lines: drop transformers' raw log dicts
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -159,7 +165,8 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
     start, started_utc = time.perf_counter(), utc_now()
     if checkpoint is not None:
         print_fn(f"{out}: resuming from {checkpoint.name} (the newest complete checkpoint)")
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+    with quiet():
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
     seconds = time.perf_counter() - start
     records = with_samples(json.loads((out / CALIBRATION_EVAL_FILE).read_text())["records"], out)
     result = {"method": config.method, "label": REAL_MODEL_LABELS[config.method], "settings":
