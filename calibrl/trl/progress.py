@@ -99,11 +99,11 @@ _SUMMARY_KEYS = (
     ("masked fraction", "calibration/estimator/mask_fraction"),
     # a decision recipe: the decision term logs decision/* at every step; calibration/decision_* exist only at
     # steps where some completion had a decision token, so the share that had one says why they may be missing
+    # (decision/decision_ce is left out: it reads 0, not undefined, at a step without a decision token)
     ("share with a decision token", "decision/frac_with_decision"),
     ("decision ECE", "calibration/decision_ece"),
     ("decision p>0.99", "calibration/decision_frac_above_099"),
     ("decision prob (chosen)", "calibration/decision_prob_mean"),
-    ("decision CE", "decision/decision_ce"),
     ("entropy", "entropy"),
 )
 
