@@ -134,6 +134,9 @@ def test_demo_prints_each_evaluation_after_its_steps_line(tmp_path, monkeypatch)
                                   print_fn=printed.append)
     order = [line.split(":")[0] for line in printed if line.startswith(("step", "held-out"))]
     assert order == ["held-out evaluation at step 0", "step 1/2", "step 2/2", "held-out evaluation at step 2"]
+    # the figure in the report has its caption under it
+    report = (tmp_path / "demo" / "report.md").read_text()
+    assert "![trajectories](trajectories.png)\n\n*Left: held-out accuracy at each evaluation" in report
 
 
 def test_plot_runs_labels_overlap_no_title(tmp_path, monkeypatch):

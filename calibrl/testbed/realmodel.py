@@ -426,6 +426,13 @@ def demo_sentences(records: list[dict], *, label: str, steps: int) -> list[str]:
     return out
 
 
+# the sentence under trajectories.png (plot_runs) in the demo's report
+TRAJECTORIES_CAPTION = (
+    "*Left: held-out accuracy at each evaluation over the training steps; right: the AUROC of the confidence (exp "
+    "of the mean token log-prob) against that accuracy, one point per evaluation from the one marked 'start'; the "
+    "bars are 95% intervals, so a move that stays inside them is noise.*")
+
+
 def run_real_model_demo(out: str | Path, *, model: str = BUILTIN_REAL_MODEL, method: str = "grpo", steps: int = 6,
                         eval_prompts: int = 32, eval_k: int = 4, dtype: str = "float32",
                         print_fn: Callable[[str], None] = print) -> Path:
@@ -497,6 +504,7 @@ def run_real_model_demo(out: str | Path, *, model: str = BUILTIN_REAL_MODEL, met
         "## What this run shows", "", *[f"- {x}" for x in demo_sentences(result["records"], label=label,
                                                                          steps=steps)], "",
         "## Held-out evaluations", "", records_table(runs), "", f"![trajectories]({figure.name})", "",
+        TRAJECTORIES_CAPTION, "",
         "## Training steps (the trainer's own rollouts)", "", *train_rows, "",
         f"Wall time: {seconds:.0f} s.", ""]
     report = out / "report.md"
@@ -505,6 +513,7 @@ def run_real_model_demo(out: str | Path, *, model: str = BUILTIN_REAL_MODEL, met
 
 
 __all__ = ["BUILTIN_REAL_MODEL", "EVALUATION_SAMPLES_FILE", "REAL_MODEL_LABELS", "REAL_MODEL_METHODS", "RUN_CONFIG_FILE",
+           "TRAJECTORIES_CAPTION",
            "RealModelRunConfig", "auroc_standard_error", "demo_sentences", "evaluation_auroc_standard_error",
            "evaluation_error_bars", "evaluation_samples", "plot_runs", "records_table", "run_real_model_demo",
            "train_real_model", "with_samples", "write_json_gz"]
