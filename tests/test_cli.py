@@ -117,21 +117,6 @@ def test_bad_set_value_is_one_line_exit_2():
 TRANSFORMERS_BAR = re.compile(r"Loading weights|Writing model shards|it/s\]")
 
 
-@pytest.fixture(scope="module")
-def tiny_chat_dir(tmp_path_factory):
-    """The tiny model saved as a folder (so it loads through from_pretrained), with a chat template."""
-    from transformers import AutoTokenizer
-
-    from calibrl.models import save_tiny_model
-
-    path = save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.chat_template = ("{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
-                               "{% if add_generation_prompt %}A: {% endif %}")
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
 def _train_args(model: str, tmp_path) -> list[str]:
     """A one-step recipe on the model folder that saves a checkpoint (where "Writing model shards" appeared)."""
     recipe = {
@@ -147,14 +132,15 @@ def _train_args(model: str, tmp_path) -> list[str]:
     return ["train", str(tmp_path / "recipe.yaml")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["train", "demo", "generate"])
-def test_no_transformers_progress_bar_among_a_commands_own_output(command, tiny_chat_dir, tmp_path):
+def test_no_transformers_progress_bar_among_a_commands_own_output(command, tiny_chat_model, tmp_path):
     """Each command that draws its own progress loads the model from a folder and saves without one of
     transformers' bars in its output."""
     args = {
-        "train": _train_args(tiny_chat_dir, tmp_path),
-        "demo": ["demo", "--model", tiny_chat_dir, "--quick", "--steps", "1", "--out", str(tmp_path / "demo")],
-        "generate": ["generate", "-m", tiny_chat_dir, "-d", "arithmetic", "--limit", "1", "--n", "1",
+        "train": _train_args(tiny_chat_model, tmp_path),
+        "demo": ["demo", "--model", tiny_chat_model, "--quick", "--steps", "1", "--out", str(tmp_path / "demo")],
+        "generate": ["generate", "-m", tiny_chat_model, "-d", "arithmetic", "--limit", "1", "--n", "1",
                      "--max-new-tokens", "4", "--out", str(tmp_path / "s.jsonl")],
     }[command]
     result = CliRunner().invoke(app, args)
