@@ -4,15 +4,20 @@ every option says what it does."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import typer
+import yaml
 from typer.testing import CliRunner
 
 from calibrl.cli import app
 
 HEAVY_MODULES = ("torch", "transformers", "trl", "datasets")
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _modules_loaded_after(code: str) -> dict:
@@ -105,3 +110,39 @@ def test_bad_set_value_is_one_line_exit_2():
     assert result.output.strip().splitlines() == [
         f"error: {__import__('calibrl.trl.recipes', fromlist=['x']).resolve_recipe_path('tiny_cpu')}: "
         "overrides.learning_rate: expected float, got 'abc' (str)"]
+
+
+# transformers' own tqdm bars ("Loading weights: 100%|...| 29/29 [00:00<00:00, 27407.57it/s]", "Writing model
+# shards"): the commands draw their own progress, and these cut through it
+TRANSFORMERS_BAR = re.compile(r"Loading weights|Writing model shards|it/s\]")
+
+
+def _train_args(model: str, tmp_path) -> list[str]:
+    """A one-step recipe on the model folder that saves a checkpoint (where "Writing model shards" appeared)."""
+    recipe = {
+        "model": {"name_or_path": model},
+        "dataset": {"name": "deepscaler", "path": str(FIXTURES / "deepscaler.jsonl"), "template": "none"},
+        "rewards": ["math"],
+        "trainer": {"output_dir": str(tmp_path / "run"), "advantage_estimator": "grpo", "learning_rate": 1e-4,
+                    "per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 4,
+                    "max_steps": 1, "save_strategy": "steps", "save_steps": 1, "use_cpu": True,
+                    "report_to": "none"},
+    }
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    return ["train", str(tmp_path / "recipe.yaml")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["train", "demo", "generate"])
+def test_no_transformers_progress_bar_among_a_commands_own_output(command, tiny_chat_model, tmp_path):
+    """Each command that draws its own progress loads the model from a folder and saves without one of
+    transformers' bars in its output."""
+    args = {
+        "train": _train_args(tiny_chat_model, tmp_path),
+        "demo": ["demo", "--model", tiny_chat_model, "--quick", "--steps", "1", "--out", str(tmp_path / "demo")],
+        "generate": ["generate", "-m", tiny_chat_model, "-d", "arithmetic", "--limit", "1", "--n", "1",
+                     "--max-new-tokens", "4", "--out", str(tmp_path / "s.jsonl")],
+    }[command]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert not TRANSFORMERS_BAR.search(result.stderr), result.stderr

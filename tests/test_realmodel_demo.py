@@ -3,6 +3,7 @@ argument errors. The run itself needs the real model for minutes: `calibrl demo 
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -133,3 +134,34 @@ def test_demo_prints_each_evaluation_after_its_steps_line(tmp_path, monkeypatch)
                                   print_fn=printed.append)
     order = [line.split(":")[0] for line in printed if line.startswith(("step", "held-out"))]
     assert order == ["held-out evaluation at step 0", "step 1/2", "step 2/2", "held-out evaluation at step 2"]
+    # the figure in the report has its caption under it
+    report = (tmp_path / "demo" / "report.md").read_text()
+    assert "![trajectories](trajectories.png)\n\n*Left: held-out accuracy at each evaluation" in report
+
+
+def test_plot_runs_labels_overlap_no_title(tmp_path, monkeypatch):
+    """The AUROC panel's y label once ran up into the figure's title: every title and axis label of the written
+    figure has its own space, and each y label is no taller than its panel."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from calibrl.testbed.realmodel import plot_runs
+
+    saved = []
+    savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), savefig(fig, *a, **k))[1])
+    records = [{"step": 0, "accuracy": 0.31, "auroc": 0.55, "n_samples": 128},
+               {"step": 6, "accuracy": 0.36, "auroc": 0.58, "n_samples": 128}]
+    plot_runs({"GRPO": records}, tmp_path / "t.png",
+              title="builtin:smollm2-135m-instruct: multiple-choice (held-out 32 prompts x 4 samples)")
+    (fig,) = saved
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    texts = {"suptitle": fig._suptitle}  # matplotlib keeps the suptitle Text here (no public getter)
+    for i, ax in enumerate(fig.axes):
+        texts.update({f"title {i}": ax.title, f"ylabel {i}": ax.yaxis.label, f"xlabel {i}": ax.xaxis.label})
+        label, panel = ax.yaxis.label.get_window_extent(renderer), ax.get_window_extent(renderer)
+        assert panel.y0 - 1 <= label.y0 and label.y1 <= panel.y1 + 1, f"axes {i}'s y label is taller than its panel"
+    boxes = {name: text.get_window_extent(renderer) for name, text in texts.items()}
+    for a, b in itertools.combinations(boxes, 2):
+        assert not boxes[a].overlaps(boxes[b]), f"{a} overlaps {b}"

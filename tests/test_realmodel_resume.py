@@ -23,20 +23,6 @@ class Interrupted(Exception):
     pass
 
 
-@pytest.fixture(scope="module")
-def tiny_chat_model(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    from calibrl.models import save_tiny_model
-
-    path = save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.chat_template = ("{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
-                               "{% if add_generation_prompt %}A: {% endif %}")
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
 def _config(model: str, **kw) -> RealModelRunConfig:
     return RealModelRunConfig(model=model, method="capo_mask", steps=4, prompts_per_step=4, num_generations=4,
                               max_completion_length=8, train_prompts=40, eval_prompts=8, eval_k=4, eval_every=2,

@@ -312,3 +312,41 @@ def test_recorded_commands_are_shown_as_they_run_today():
     assert runnable_command(recorded) == ("python -m studies.testbed --seeds 1 --runs runs/bench_testbed\n"
                                           "python -m studies.testbed --report-only --merge a.json\n"
                                           "python bench/advantages.py")
+
+
+def test_every_figure_of_the_demo_report_has_a_caption_that_fits_it(tmp_path):
+    """Under each figure, one sentence in italics saying what it shows and how to read it; the reliability
+    caption follows what was drawn (points for several methods, bars for one) and the spread band is mentioned
+    only where there are several seeds."""
+    import re
+
+    from calibrl.testbed.report import write_demo_report
+
+    final = {"expected_accuracy": 0.48, "auroc": 0.73, "auroc_ceiling": 0.84, "seq_ece": 0.31}
+
+    def report(summary, out):
+        rng = np.random.default_rng(0)
+        for r in summary["results"]:
+            folder = out / "runs" / r["task"] / r["method"] / f"seed{r['seed']}"
+            folder.mkdir(parents=True)
+            np.savez(folder / "final_samples.npz", seq_prob=rng.random(200), correct=rng.random(200) < 0.5)
+        text = write_demo_report(summary, out).read_text()
+        figures = re.findall(r"^!\[(\w+)\]\(\1\.png\)\n\n(.*)$", text, flags=re.MULTILINE)
+        assert len(figures) == text.count("![") == 3
+        assert all(caption.startswith("*") and caption.endswith(".*") for _, caption in figures), figures
+        assert not any(". " in caption for _, caption in figures), figures  # one sentence each
+        return dict(figures)
+
+    two = report(_summary(final, final), tmp_path / "two")
+    assert "one panel per metric over the RL steps" in two["curves_stochastic_reasoning"]
+    assert "band" not in two["curves_stochastic_reasoning"]
+    assert "beside the dashed ideal sampler" in two["tradeoff_stochastic_reasoning"]
+    reliability = two["reliability_stochastic_reasoning"]
+    assert "sequence probability in equal-width bins" in reliability and "each point is a bin's share" in reliability
+    assert "below it over-confident" in reliability
+
+    one = _summary(final, final, seeds=(0, 1))
+    one["results"] = [r for r in one["results"] if r["method"] == "grpo"]
+    captions = report(one, tmp_path / "one")
+    assert "the bars are the share right in each bin" in captions["reliability_stochastic_reasoning"]
+    assert "the band their range" in captions["curves_stochastic_reasoning"]

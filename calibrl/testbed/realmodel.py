@@ -16,6 +16,7 @@ start and every ``eval_every`` steps with the same sampling seed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -105,6 +106,7 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
     from calibrl.tasks.registry import get_dataset_loader, get_reward
     from calibrl.trl import CalibratedGRPOConfig, CalibratedGRPOTrainer
     from calibrl.trl.callbacks import CALIBRATION_EVAL_FILE, CalibrationEvalConfig, attach_calibration_eval
+    from calibrl.trl.progress import quiet_transformers_bars
 
     if config.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda': torch sees no GPU")
@@ -138,11 +140,15 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
                     on_log(state.global_step, dict(logs))
 
         callbacks.append(Forward())
-    trainer = CalibratedGRPOTrainer(
-        model=config.model, reward_funcs=get_reward("decision"), args=args, train_dataset=train,
-        callbacks=callbacks,
-        peft_config=LoraConfig(r=config.lora_r, lora_alpha=2 * config.lora_r,
-                               target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"))
+    # the caller prints its own lines (on_log): transformers' "Loading weights" / "Writing model shards" bars
+    # would cut through them
+    quiet = quiet_transformers_bars if on_log is not None else contextlib.nullcontext
+    with quiet():
+        trainer = CalibratedGRPOTrainer(
+            model=config.model, reward_funcs=get_reward("decision"), args=args, train_dataset=train,
+            callbacks=callbacks,
+            peft_config=LoraConfig(r=config.lora_r, lora_alpha=2 * config.lora_r,
+                                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"))
     if on_log is not None:  # the caller prints its own lines: drop transformers' raw log dicts
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -159,7 +165,8 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
     start, started_utc = time.perf_counter(), utc_now()
     if checkpoint is not None:
         print_fn(f"{out}: resuming from {checkpoint.name} (the newest complete checkpoint)")
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+    with quiet():
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
     seconds = time.perf_counter() - start
     records = with_samples(json.loads((out / CALIBRATION_EVAL_FILE).read_text())["records"], out)
     result = {"method": config.method, "label": REAL_MODEL_LABELS[config.method], "settings":
@@ -301,17 +308,17 @@ def records_table(runs: dict[str, list[dict]]) -> str:
 
 def plot_runs(runs: dict[str, list[dict]], path: str | Path, *, title: str | None = None) -> Path:
     """Held-out accuracy over steps, and AUROC against accuracy (each run's trajectory from its start); ``title``
-    names the model and task above both panels."""
-    import matplotlib
+    names the model and task above both panels. Laid out by matplotlib's constrained layout, so no label runs
+    into a title or the legend strip below the panels; every text drawn as written (a model path with ``$``)."""
     import numpy as np
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
+    from calibrl.evaluation.plots import _save
     from calibrl.evaluation.styles import series_style
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4.4), layout="constrained")
+    axes = fig.subplots(1, 2)
     for i, (label, records) in enumerate(runs.items()):
         if not records:
             continue
@@ -334,25 +341,21 @@ def plot_runs(runs: dict[str, list[dict]], path: str | Path, *, title: str | Non
         axes[1].errorbar(acc, auc, xerr=acc_err, yerr=auc_err, marker=marker, capsize=3, label=label, **style)
         if np.isfinite(acc[0]) and np.isfinite(auc[0]):  # an AUROC is undefined when every answer is wrong
             axes[1].annotate("start", (acc[0], auc[0]), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    axes[0].set(xlabel="training step", ylabel="held-out accuracy (higher is better)",
+    # the y labels on two lines: on one, the AUROC's was taller than its panel and ran into the title above
+    axes[0].set(xlabel="training step", ylabel="held-out accuracy\n(higher is better)",
                 title="Accuracy over training (bars: 95% intervals)")
     axes[0].xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     axes[1].set(xlabel="held-out accuracy (higher is better)",
-                ylabel="AUROC of mean token log-prob (higher is better)",
+                ylabel="AUROC of mean token log-prob\n(higher is better)",
                 title="AUROC of sequence confidence against accuracy")
     if title:
         fig.suptitle(title)
     for ax in axes:
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
-    # one legend for both panels, in its own strip below them (inside the axes it hid points; anchored to one
-    # axes it pushed the panels apart)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), frameon=False)
-    path = Path(path)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    # one legend for both panels, in its own strip below them (inside the axes it hid points)
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(4, max(1, len(labels))), frameon=False)
+    return _save(fig, path)
 
 
 def auroc_standard_error(auroc: float, n_pos: int, n_neg: int) -> float:
@@ -421,6 +424,13 @@ def demo_sentences(records: list[dict], *, label: str, steps: int) -> list[str]:
                    "little: the equal-budget study of four methods is docs/results/realmodel.md "
                    "(studies/realmodel_study.py in the calibrl repository).")
     return out
+
+
+# the sentence under trajectories.png (plot_runs) in the demo's report
+TRAJECTORIES_CAPTION = (
+    "*Left: held-out accuracy at each evaluation over the training steps; right: the AUROC of the confidence (exp "
+    "of the mean token log-prob) against that accuracy, one point per evaluation from the one marked 'start'; the "
+    "bars are 95% intervals, so a move that stays inside them is noise.*")
 
 
 def run_real_model_demo(out: str | Path, *, model: str = BUILTIN_REAL_MODEL, method: str = "grpo", steps: int = 6,
@@ -494,6 +504,7 @@ def run_real_model_demo(out: str | Path, *, model: str = BUILTIN_REAL_MODEL, met
         "## What this run shows", "", *[f"- {x}" for x in demo_sentences(result["records"], label=label,
                                                                          steps=steps)], "",
         "## Held-out evaluations", "", records_table(runs), "", f"![trajectories]({figure.name})", "",
+        TRAJECTORIES_CAPTION, "",
         "## Training steps (the trainer's own rollouts)", "", *train_rows, "",
         f"Wall time: {seconds:.0f} s.", ""]
     report = out / "report.md"
@@ -502,6 +513,7 @@ def run_real_model_demo(out: str | Path, *, model: str = BUILTIN_REAL_MODEL, met
 
 
 __all__ = ["BUILTIN_REAL_MODEL", "EVALUATION_SAMPLES_FILE", "REAL_MODEL_LABELS", "REAL_MODEL_METHODS", "RUN_CONFIG_FILE",
+           "TRAJECTORIES_CAPTION",
            "RealModelRunConfig", "auroc_standard_error", "demo_sentences", "evaluation_auroc_standard_error",
            "evaluation_error_bars", "evaluation_samples", "plot_runs", "records_table", "run_real_model_demo",
            "train_real_model", "with_samples", "write_json_gz"]

@@ -363,6 +363,39 @@ def write_figures(summary: dict, out: str | Path, task: str) -> list[Path]:
     return paths
 
 
+def figure_caption(summary: dict, task: str, path: Path) -> str:
+    """The sentence under a figure of :func:`write_figures` in the report (known by its file name, ``path`` in the
+    report's folder): what it shows and how to read it."""
+    from calibrl.evaluation.plots import THIN_BIN
+
+    kind = Path(path).stem.split("_", 1)[0]
+    seeds = len({r["seed"] for r in summary["results"] if r["task"] == task})
+    drawn = sum(any(final_samples_path(path.parent, r) for r in runs)  # series in the reliability diagram
+                for runs in _runs_by_method(summary, task).values())
+    if kind == "curves":
+        spread = " (the line is the mean over seeds, the band their range)" if seeds > 1 else ""
+        return ("*Training curves: one panel per metric over the RL steps (its title says whether higher or lower "
+                f"is better), one colour and marker per method{spread}, each curve starting from the shared warm "
+                "start at step 0 and a dotted flat line marking a method evaluated only once.*")
+    if kind == "tradeoff":
+        return ("*Accuracy against AUROC: each method's path from the warm start to its circled last evaluation, "
+                "beside the dashed ideal sampler (the true distribution sharpened or flattened by a temperature T: "
+                "what sharpening alone costs in AUROC); compare methods at equal accuracy, where the higher point "
+                "ranks right above wrong answers better, not by where they stopped.*")
+    if kind == "reliability":
+        confidence = ("the decision token's probability in equal-count bins" if task == "decision" else
+                      "the sequence probability in equal-width bins")
+        if drawn == 1:
+            reading = "the bars are the share right in each bin, the hatched red their gap to the bin's mean confidence"
+        else:
+            reading = (f"each point is a bin's share right against its mean confidence (hollow: fewer than "
+                       f"{THIN_BIN} samples)")
+        return (f"*Reliability of the final models, {confidence}: {reading}, the histogram below shows where the "
+                f"confidences lie and the legend gives {'the' if drawn == 1 else 'each'} method's ECE; on the "
+                "diagonal is calibrated, below it over-confident, above it under-confident.*")
+    return ""
+
+
 def write_demo_report(summary: dict, out: str | Path, *, title: str = "calibrl demo", command: str | None = None,
                       extra: str = "") -> Path:
     """``report.md`` (tables per task, figures, setup) in ``out``; returns its path."""
@@ -401,7 +434,7 @@ def write_demo_report(summary: dict, out: str | Path, *, title: str = "calibrl d
         if warm_start_sentence(summary, task):
             lines += [warm_start_sentence(summary, task), ""]
         for path in write_figures(summary, out, task):
-            lines += [f"![{path.stem}]({path.name})", ""]
+            lines += [f"![{path.stem}]({path.name})", "", figure_caption(summary, task, path), ""]
     if extra:
         lines += [extra, ""]
     lines += [wall_time_sentence(summary), ""]
@@ -558,4 +591,4 @@ __all__ = ["REGIME_NOTE", "aggregate", "at_accuracy", "final_samples_path", "fin
            "holm_sentence", "markdown_table", "matched_accuracy_differences", "matched_note",
            "paired_t_interval", "paired_t_p_value",
            "warm_start_sentence",
-           "summary_table", "write_demo_report", "write_figures"]
+           "summary_table", "write_demo_report", "write_figures", "figure_caption"]

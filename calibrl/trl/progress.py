@@ -97,8 +97,13 @@ _SUMMARY_KEYS = (
     ("confidence right", "calibration/confidence_correct"),
     ("confidence wrong", "calibration/confidence_wrong"),
     ("masked fraction", "calibration/estimator/mask_fraction"),
+    # a decision recipe: the decision term logs decision/* at every step; calibration/decision_* exist only at
+    # steps where some completion had a decision token, so the share that had one says why they may be missing
+    # (decision/decision_ce is left out: it reads 0, not undefined, at a step without a decision token)
+    ("share with a decision token", "decision/frac_with_decision"),
     ("decision ECE", "calibration/decision_ece"),
     ("decision p>0.99", "calibration/decision_frac_above_099"),
+    ("decision prob (chosen)", "calibration/decision_prob_mean"),
     ("entropy", "entropy"),
 )
 
@@ -244,6 +249,7 @@ def print_summary(console, summary: dict, trainer) -> None:
                          "those k")
     console.print(table)
     _print_no_signal_note(console, trainer.state.log_history)
+    _print_no_decision_note(console, trainer.state.log_history, getattr(trainer.args, "decision_classes", None))
     console.print(f"output: {trainer.args.output_dir}")
     console.print(f"log history (one JSON line per logged step): {Path(trainer.args.output_dir) / LOG_HISTORY}")
 
@@ -264,3 +270,15 @@ def _print_no_signal_note(console, log_history: list[dict]) -> None:
         console.print(f"note: in none of the {len(fractions)} logged step(s) did a group's completions score "
                       f"differently{same}: every advantage was zero, so the rewards taught the model nothing",
                       markup=False, highlight=False, soft_wrap=True)
+
+
+def _print_no_decision_note(console, log_history: list[dict], classes: list[str] | None) -> None:
+    """Says so when a decision run's completions never held a decision token: the decision metrics are then
+    undefined at every step (absent from the table) and the decision term had no row to act on."""
+    fractions = [h["decision/frac_with_decision"] for h in log_history
+                 if isinstance(h.get("decision/frac_with_decision"), (int, float))]  # training steps' (eval_: TRL's)
+    if fractions and all(f == 0 for f in fractions):
+        named = f" ({', '.join(map(str, classes))})" if classes else ""
+        console.print(f"note: in none of the {len(fractions)} logged step(s) did a completion hold a decision "
+                      f"token{named}, so the decision ECE and probabilities are undefined and the decision term "
+                      "had nothing to train", markup=False, highlight=False, soft_wrap=True)

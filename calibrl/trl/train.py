@@ -9,6 +9,7 @@ API: :func:`load_recipe` (from :mod:`calibrl.trl.recipes`), :func:`build_trainer
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import inspect
 import json
@@ -483,12 +484,6 @@ def _remove_if_empty(folder: Path, *, existed: bool) -> None:
         pass
 
 
-def _save_quietly(trainer) -> None:
-    """``save_model`` without transformers' "Writing model shards" bar (a second bar under calibrl's own)."""
-    with quiet_transformers_bars():
-        trainer.save_model(trainer.args.output_dir)
-
-
 def _move_aside(output: Path, where: str) -> Path:
     """Renames the folder ``output`` to a sibling ``<name>.replaced-<UTC time>`` and returns it (``--overwrite``)."""
     resolved, here = output.resolve(), Path.cwd().resolve()
@@ -642,22 +637,23 @@ def train(recipe: Recipe, resume: bool = False, *, overwrite: bool = False, over
 
 def _run(recipe, checkpoint, overrides, model, tokenizer, callbacks, progress, output_dir, existed):
     """Builds the trainer, trains (from ``checkpoint`` when given), evaluates, saves; a failure removes the output
-    folder when this run created it and left it empty. Returns (trainer, is_main)."""
+    folder when this run created it and left it empty. Returns (trainer, is_main). With ``progress`` (calibrl's
+    bar) transformers draws none of its own: no "Loading weights" as the model and the reference load, no "Writing
+    model shards" at each checkpoint and at the end."""
     try:
-        trainer = build_trainer(recipe, model=model, tokenizer=tokenizer, overrides=overrides, callbacks=callbacks)
-        if progress:
-            from transformers.trainer_callback import PrinterCallback
+        with quiet_transformers_bars() if progress else contextlib.nullcontext():
+            trainer = build_trainer(recipe, model=model, tokenizer=tokenizer, overrides=overrides,
+                                    callbacks=callbacks)
+            if progress:
+                from transformers.trainer_callback import PrinterCallback
 
-            trainer.remove_callback(PrinterCallback)  # the rich bar replaces the printed log dicts
-        is_main = trainer.accelerator.is_main_process
-        trainer.train(resume_from_checkpoint=checkpoint)
-        final = trainer.state.global_step
-        evaluated = any(h.get("step") == final and "eval_runtime" in h for h in trainer.state.log_history)
-        if trainer.eval_dataset is not None and not evaluated:  # eval_strategy "steps" may have run it already
-            trainer.evaluate()
-        if progress:
-            _save_quietly(trainer)
-        else:
+                trainer.remove_callback(PrinterCallback)  # the rich bar replaces the printed log dicts
+            is_main = trainer.accelerator.is_main_process
+            trainer.train(resume_from_checkpoint=checkpoint)
+            final = trainer.state.global_step
+            evaluated = any(h.get("step") == final and "eval_runtime" in h for h in trainer.state.log_history)
+            if trainer.eval_dataset is not None and not evaluated:  # eval_strategy "steps" may have run it already
+                trainer.evaluate()
             trainer.save_model(trainer.args.output_dir)
     except BaseException:
         _remove_if_empty(output_dir, existed=existed)
