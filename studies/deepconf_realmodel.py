@@ -271,7 +271,11 @@ def report(res: dict, run: dict) -> str:
         f"({best['runner_up']}) is {_ci(best['point'], best['low'], best['high'], signed=True)}, so {best_words}. "
         + chance_words
         + "The pooled AUROC also credits a signal for telling easy problems from hard ones; the within-prompt "
-        "column averages only the problems that have both outcomes, few here.",
+        "column averages only the problems that have both outcomes, few here, and is not an endpoint (no "
+        "interval): there the signals read "
+        + ", ".join(f"{k} {r['within'][0]:.3f}" for k, r in ranking.items() if k != "logprob_mean")
+        + f" against logprob_mean's {ranking['logprob_mean']['within'][0]:.3f}, so part of the pooled gap may "
+        "come from telling problems apart rather than right from wrong completions of one problem.",
         "",
         "## What each selection gains over majority vote",
         "",
