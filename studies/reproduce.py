@@ -24,7 +24,10 @@ Each study with committed data is rebuilt by the same code that wrote it, from i
   ``realmodel_powered.md`` and ``realmodel_powered.png`` (``studies/realmodel_powered.py``, about 15 s);
 - ``realmodel``: the folder ``realmodel_study/`` (one raw-records file per run of the equal-budget study) ->
   ``realmodel.md``'s tables of every seed and ``realmodel_study.png`` (``studies/realmodel_study.py``); the untrained
-  baseline's samples ``realmodel_baseline/*.jsonl`` -> its tables (``calibrl eval``'s, about 10 s).
+  baseline's samples ``realmodel_baseline/*.jsonl`` -> its tables (``calibrl eval``'s, about 10 s);
+- ``deepconf_realmodel``: the folder ``deepconf_realmodel/`` (the ``calibrl generate`` run's rows with their
+  ``token_confidence``, and ``run.json``) -> ``deepconf_realmodel.md``, written whole
+  (``studies/deepconf_realmodel.py``).
 
 Without ``--check`` the figures are redrawn into docs/results/ and every table row that is not in its document is
 printed. With ``--check`` nothing is written and the exit status is 1 when a rebuilt table row is missing from its
@@ -171,6 +174,13 @@ def rebuild_realmodel(scratch: Path) -> Rebuilt:
                    {figure.name: figure})
 
 
+def rebuild_deepconf_realmodel(scratch: Path) -> Rebuilt:
+    study = _script("deepconf_realmodel")
+    samples, answer_ids = study.load(study.SAMPLES)
+    run = json.loads(study.RUN.read_text())
+    return Rebuilt({"deepconf_realmodel.md": study.report(study.analyse(samples, answer_ids), run)}, {})
+
+
 def rebuild_mask(scratch: Path) -> Rebuilt:
     mask = _script("mask_ablation")
     runs, labels = mask.load(RESULTS / "mask_results.json")
@@ -207,6 +217,9 @@ DATA_FILES: dict[str, tuple[str, str, str]] = {
     "realmodel": ("realmodel_study", "realmodel.md",
                   "see realmodel.md's commands (studies/realmodel_study.py --pack; about an hour per pair of methods per "
                   "seed on 2 cores)"),
+    "deepconf_realmodel": ("deepconf_realmodel", "deepconf_realmodel.md",
+                           "the calibrl generate command of docs/protocols/deepconf_realmodel.md, then "
+                           "python -m studies.deepconf_realmodel --pack (about 8 minutes on 2 cores)"),
 }
 DATA = {study: data for study, (data, _, _) in DATA_FILES.items()}
 
@@ -238,12 +251,12 @@ STUDIES: dict[str, Callable[[Path], Rebuilt]] = {
     "testbed": rebuild_testbed, "abstention": rebuild_abstention, "forms": rebuild_forms, "gcpo": rebuild_gcpo,
     "protocol": rebuild_protocol, "mask": rebuild_mask, "downstream": rebuild_downstream,
     "decision": rebuild_decision, "rlcr": rebuild_rlcr, "realmodel_powered": rebuild_realmodel_powered,
-    "realmodel": rebuild_realmodel,
+    "realmodel": rebuild_realmodel, "deepconf_realmodel": rebuild_deepconf_realmodel,
 }
 
 
 # documents written whole by their script (no hand-written text): every line is checked, not only the tables
-WHOLE_PAGES = {"realmodel_powered.md"}
+WHOLE_PAGES = {"realmodel_powered.md", "deepconf_realmodel.md"}
 
 
 def missing_rows(rebuilt: Rebuilt) -> dict[str, list[str]]:
