@@ -165,21 +165,21 @@ def measure_steps(path: str, root: Path, *, setup: str, prompts: int, generation
 def sample_completions(model, tokenizer, *, dataset: str, prompts: int, samples: int, tokens: int, **options):
     """[(prompt ids, completion ids, recorded log-probs, correct)] of ``prompts`` x ``samples`` completions that
     ``calibrl generate``'s transformers backend samples from ``model`` (T = 1), graded by the dataset's reward."""
-    from calibrl.evaluation.backends import _render_prompts, open_backend
-    from calibrl.evaluation.generate import GenerateConfig, _load_problems, _problem_rows
+    from calibrl.evaluation.backends import render_prompts, open_backend
+    from calibrl.evaluation.generate import GenerateConfig, load_problems, problem_rows
 
     config = GenerateConfig(model=BUILTIN, dataset=dataset, out="unused.jsonl", n=samples, limit=prompts,
                             max_new_tokens=tokens, progress=False, **options)
-    problems, _, reward_fn, correctness_fn = _load_problems(config)
+    problems, _, reward_fn, correctness_fn = load_problems(config)
     backend, variants = open_backend(config, model=model, tokenizer=tokenizer,
                                      classes=list(problems[0]["classes"]) if "classes" in problems[0] else None)
     groups = backend.generate([p["prompt"] for p in problems], samples, 0)
     out = []
     for problem, group in zip(problems, groups):
         texts = [backend.decode(s.ids) for s in group]
-        rows = _problem_rows(problem, group, texts, reward_fn, dataset=dataset, variants=variants,
+        rows = problem_rows(problem, group, texts, reward_fn, dataset=dataset, variants=variants,
                              correctness_fn=correctness_fn)
-        rendered = _render_prompts(tokenizer, [problem["prompt"]])
+        rendered = render_prompts(tokenizer, [problem["prompt"]])
         prompt_ids = tokenizer(rendered, add_special_tokens=False)["input_ids"][0]
         out += [(prompt_ids, s.ids, s.logps, row["correct"]) for s, row in zip(group, rows) if s.ids]
     return out

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from calibrl.evaluation.backends import _decision_fields, _Sample, _TransformersBackend
+from calibrl.evaluation.backends import decision_fields, _Sample, _TransformersBackend
 from calibrl.evaluation.generate import GenerateError, generate, scan_existing
 from calibrl.models import TinyModelConfig, build_tiny_model, save_tiny_model
 from calibrl.tasks.registry import get_dataset_loader
@@ -140,19 +140,19 @@ def test_decision_fields_rules():
     variants = ([10, 11, 12], [0, 1, 2])
     table = {0: [0.0, -1.0, -2.0], 2: [-3.0, -0.1, -3.0]}
     sample = _Sample(ids=[10, 5, 11], logps=[0.0, 0.0, 0.0], ended=False, class_logps=lambda p: table.get(p, [0.0] * 3))
-    decision, probs, prob, mass = _decision_fields(sample, "A x B", classes, variants)
+    decision, probs, prob, mass = decision_fields(sample, "A x B", classes, variants)
     assert decision == "B" and probs.index(max(probs)) == 1 and prob == probs[1]  # the LAST class token (pos 2)
     # text "B" but spelt inside another token: the last class token is used
-    decision, probs, prob, mass = _decision_fields(sample, "xB", classes, variants)
+    decision, probs, prob, mass = decision_fields(sample, "xB", classes, variants)
     assert decision is None and probs.index(max(probs)) == 1 and prob == max(probs)
     # no class token at all: the position with the most class probability (here position 0, mass ~1.5)
     plain = _Sample(ids=[5, 6, 7], logps=[0.0] * 3, ended=False, class_logps=lambda p: table.get(p, [-9.0] * 3))
-    decision, probs, prob, mass = _decision_fields(plain, "nothing", classes, variants)
+    decision, probs, prob, mass = decision_fields(plain, "nothing", classes, variants)
     assert decision is None and probs.index(max(probs)) == 0 and prob == max(probs)
     assert mass == pytest.approx(sum(math.exp(x) for x in table[0]))
     # no class probability anywhere (vLLM top-k without the classes): uniform
     empty = _Sample(ids=[5], logps=[0.0], ended=False, class_logps=lambda p: [float("-inf")] * 3)
-    assert _decision_fields(empty, "nothing", classes, variants)[1:] == ([1 / 3] * 3, 1 / 3, 0.0)
+    assert decision_fields(empty, "nothing", classes, variants)[1:] == ([1 / 3] * 3, 1 / 3, 0.0)
 
 
 def test_cli_generate_and_bad_dataset(tiny_dir, tmp_path):

@@ -131,16 +131,16 @@ def test_generate_grades_arithmetic_with_the_number_reward(tmp_path):
     """calibrl generate's problem loading picks the "number" reward for arithmetic (none named) and its rows
     record the final number as the answer: hand-written completions, graded against the recomputed gold."""
     from calibrl.evaluation.backends import _Sample
-    from calibrl.evaluation.generate import GenerateConfig, _load_problems, _problem_rows
+    from calibrl.evaluation.generate import GenerateConfig, load_problems, problem_rows
 
     config = GenerateConfig(model="unused", dataset="arithmetic", out=tmp_path / "s.jsonl", limit=2)
-    problems, decision_task, reward_fn, _ = _load_problems(config)
+    problems, decision_task, reward_fn, _ = load_problems(config)
     assert not decision_task and reward_fn is get_reward("number")
     problem = problems[0]
     gold = python_value(problem["expression"])
     texts = [f"{problem['expression']} = {gold}", f"The answer is {gold + 1}.", "No idea."]
     group = [_Sample(ids=[1, 2], logps=[-0.5, -1.5], ended=True) for _ in texts]
-    rows = _problem_rows(problem, group, texts, reward_fn, dataset="arithmetic", variants=None)
+    rows = problem_rows(problem, group, texts, reward_fn, dataset="arithmetic", variants=None)
     assert [r["answer"] for r in rows] == [str(gold), str(gold + 1), None]
     assert [r["correct"] for r in rows] == [True, False, False]
     assert rows[0]["logprob_mean"] == pytest.approx(-1.0)

@@ -2,7 +2,7 @@
 
 A backend turns a batch of prompts into ``n`` :class:`_Sample` records per prompt (token ids up to and including
 EOS, the log-probability of each sampled token, and for decision tasks a reader of the class tokens' log-probs at
-any position); :func:`_decision_fields` reads a decision task's class distribution off such a record.
+any position); :func:`decision_fields` reads a decision task's class distribution off such a record.
 :func:`open_backend` picks and builds the backend for a run. The row format these records end up in is described
 in :mod:`calibrl.evaluation.generate`.
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DECISION_TOP_LOGPROBS", "GenerateError", "open_backend"]
+__all__ = ["DECISION_TOP_LOGPROBS", "GenerateError", "decision_fields", "open_backend", "render_prompts"]
 
 DECISION_TOP_LOGPROBS = 20
 
@@ -71,7 +71,7 @@ def _class_mass(sample: _Sample, position: int, owner: list[int], n_classes: int
     return mass
 
 
-def _decision_fields(sample: _Sample, text: str, classes: Sequence[str], variants: tuple[list[int], list[int]]):
+def decision_fields(sample: _Sample, text: str, classes: Sequence[str], variants: tuple[list[int], list[int]]):
     """(decision, class_probs, decision_prob, class_mass) of one completion.
 
     The decision is the text's last standalone class letter (the ``"decision"`` reward's rule). The class
@@ -110,7 +110,7 @@ def _decision_fields(sample: _Sample, text: str, classes: Sequence[str], variant
 # --------------------------------------------------------------------------------------------------- backends
 
 
-def _render_prompts(tokenizer, prompts: Sequence[Any]) -> list[str]:
+def render_prompts(tokenizer, prompts: Sequence[Any]) -> list[str]:
     texts = []
     for p in prompts:
         if isinstance(p, str):
@@ -233,7 +233,7 @@ class _TransformersBackend:
         online early stop of a sample whose ``window``-token confidence falls below its prompt's threshold;
         ``on_token(k)`` is called at every token step k (progress)."""
         torch = self.torch
-        texts = _render_prompts(self.tokenizer, prompts)
+        texts = render_prompts(self.tokenizer, prompts)
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
         device = next(self.model.parameters()).device
         input_ids = enc["input_ids"].to(device).repeat_interleave(n, dim=0)
@@ -329,7 +329,7 @@ class _VLLMBackend:
     def generate(self, prompts: Sequence[Any], n: int, seed: int,
                  on_token: Callable[[int], None] | None = None) -> list[list[_Sample]]:
         """``n`` samples of each prompt (``on_token``: accepted for the common signature, not called)."""
-        texts = _render_prompts(self.tokenizer, prompts)
+        texts = render_prompts(self.tokenizer, prompts)
         params = self.SamplingParams(
             n=n, temperature=max(self.temperature, 0.0), top_p=1.0, top_k=-1, max_tokens=self.max_new_tokens,
             logprobs=max(DECISION_TOP_LOGPROBS if self.class_ids else 1, self.confidence_k), seed=seed,

@@ -81,12 +81,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from calibrl.evaluation.backends import DECISION_TOP_LOGPROBS, GenerateError, _decision_fields, open_backend
+from calibrl._files import write_then_rename
+from calibrl.evaluation.backends import DECISION_TOP_LOGPROBS, GenerateError, decision_fields, open_backend
 from calibrl.evaluation.deepconf_online import OnlineSettings, sample_online
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GenerateConfig", "GenerateError", "call_reward", "generate", "scan_existing", "DECISION_TOP_LOGPROBS"]
+__all__ = ["DECISION_TOP_LOGPROBS", "GenerateConfig", "GenerateError", "batches", "call_reward", "generate",
+           "load_problems", "problem_rows", "scan_existing", "seed_for"]
 
 _META_KEYS = ("model", "dataset", "path", "split", "n", "temperature", "max_new_tokens", "template", "reward", "limit",
               "confidence_prompt", "dtype", "token_confidence_k", "deepconf_online")
@@ -162,9 +164,7 @@ def scan_existing(out: Path, n: int) -> tuple[set[str], int]:
     complete = {pid for pid, c in counts.items() if c >= needed.get(pid, n)}
     kept = [line for pid, line in rows if pid in complete]
     if torn or len(kept) != len(rows) or any(not line.endswith("\n") for line in lines[-1:]):
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        os.replace(tmp, out)
+        write_then_rename(out, "".join(kept))
         dropped = len(rows) - len(kept)
         if dropped or torn:
             logger.warning("%s: dropped %d rows of unfinished problems%s", out, dropped, " and a torn last line" if torn else "")
@@ -208,20 +208,18 @@ def _check_resume(config: GenerateConfig, out: Path) -> None:
 def _write_meta(config: GenerateConfig, out: Path) -> None:
     """Record the run's settings next to ``out``; called just before the first rows are appended, so a run that
     fails before writing any row leaves no ``.meta.json`` behind."""
-    tmp = out.with_name(out.name + ".meta.json.tmp")
-    tmp.write_text(json.dumps(config.meta(), indent=2) + "\n")
-    os.replace(tmp, _meta_path(out))
+    write_then_rename(_meta_path(out), json.dumps(config.meta(), indent=2) + "\n")
 
 
 # --------------------------------------------------------------------------------------------------- main loop
 
 
-def _batches(items: list, size: int) -> Iterable[list]:
+def batches(items: list, size: int) -> Iterable[list]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
 
 
-def _seed_for(seed: int, prompt_ids: Sequence[str]) -> int:
+def seed_for(seed: int, prompt_ids: Sequence[str]) -> int:
     return (seed * 1_000_003 + zlib.crc32(",".join(prompt_ids).encode())) % (2**31 - 1)
 
 
@@ -332,7 +330,7 @@ def _dataset_loader(config: GenerateConfig):
         "--dataset FILE.jsonl (its task told by its fields) or --dataset NAME --path FILE (in NAME's hub format)")
 
 
-def _load_problems(config: GenerateConfig):
+def load_problems(config: GenerateConfig):
     """(the problems as dicts, each with a prompt_id; whether they are a decision task; the reward function; the
     function whose value > 0.5 makes a completion correct: the reward itself, or for ``rlcr`` the task's grading
     reward)."""
@@ -378,7 +376,7 @@ def call_reward(fn, *, prompt: Any, completions: list[str], completion_ids: list
               log_extra=lambda *_args, **_kw: None, log_metric=lambda *_args, **_kw: None, **kwargs)
 
 
-def _problem_rows(problem: dict, group: list, texts: list[str], reward_fn, *, dataset: str, variants,
+def problem_rows(problem: dict, group: list, texts: list[str], reward_fn, *, dataset: str, variants,
                   correctness_fn=None, trainer_state=None) -> list[dict]:
     """The output rows (module docstring) of one problem's sampled completions ``group`` and their decoded
     ``texts``; ``variants``: the class token variants of a decision task, None otherwise; ``correctness_fn``: the
@@ -425,7 +423,7 @@ def _problem_rows(problem: dict, group: list, texts: list[str], reward_fn, *, da
             row["token_confidence"] = [round(c, 4) for c in sample.token_confidence]
         if variants is not None:
             classes = list(problem["classes"])
-            decision, probs, decision_prob, mass = _decision_fields(sample, completion_text(text), classes, variants)
+            decision, probs, decision_prob, mass = decision_fields(sample, completion_text(text), classes, variants)
             row.update(answer=decision, gold=problem.get("label"), decision_prob=decision_prob, class_probs=probs,
                        class_mass=mass, label=problem.get("label"), classes=classes)
         else:
@@ -454,23 +452,23 @@ def _append_batches(out: Path, pending: list[dict], backend, reward_fn, config: 
         bar.update(0)
     with contextlib.ExitStack() as stack:
         handle = None
-        for batch in _batches(pending, config.batch_size):
+        for batch in batches(pending, config.batch_size):
             pids = [str(p["prompt_id"]) for p in batch]
 
             def rows_of(problem, group):
-                return _problem_rows(problem, group, [backend.decode(s.ids) for s in group], reward_fn,
+                return problem_rows(problem, group, [backend.decode(s.ids) for s in group], reward_fn,
                                      dataset=config.dataset, variants=variants, correctness_fn=correctness_fn)
 
             if config.deepconf_online is not None:
-                batch_rows = sample_online(backend, batch, n=config.n, seed=_seed_for(config.seed, pids),
+                batch_rows = sample_online(backend, batch, n=config.n, seed=seed_for(config.seed, pids),
                                            settings=config.deepconf_online, rows_of=rows_of)
             else:
-                groups = backend.generate([p["prompt"] for p in batch], config.n, _seed_for(config.seed, pids),
+                groups = backend.generate([p["prompt"] for p in batch], config.n, seed_for(config.seed, pids),
                                           **({"on_token": on_token} if config.progress else {}))
                 batch_rows = [rows_of(problem, group) for problem, group in zip(batch, groups)]
             lines = []
-            for problem_rows in batch_rows:
-                for row in problem_rows:
+            for rows_of_problem in batch_rows:
+                for row in rows_of_problem:
                     n_correct += row["correct"]
                     lines.append(json.dumps(row, ensure_ascii=False) + "\n")
             if handle is None:
@@ -498,7 +496,7 @@ def generate(config: GenerateConfig | None = None, *, hf_model=None, hf_tokenize
     else:  # the model is passed in: config.model only labels the run
         _check_config(dataclasses.replace(config, model="builtin:passed-in"))
     out = Path(config.out)
-    problems, decision_task, reward_fn, correctness_fn = _load_problems(config)
+    problems, decision_task, reward_fn, correctness_fn = load_problems(config)
     if not config.overwrite:
         _check_resume(config, out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from calibrl._files import write_then_rename
 BUILTIN_REAL_MODEL = "builtin:smollm2-135m-instruct"
 # CalibratedGRPOConfig fields of each method (CAPO tau 0.6 as the paper; decision-token CE lambda 1 as the testbed)
 REAL_MODEL_METHODS: dict[str, dict] = {
@@ -174,19 +175,8 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
               "finished_utc": utc_now(), "records": records,
               "log_history": trainer.state.log_history, "finished": True,
               "resumed_from": int(checkpoint.name.rsplit("-", 1)[1]) if checkpoint is not None else None}
-    _write_then_rename(out / "trainer_log.json", json.dumps(result, indent=1, default=str))
+    write_then_rename(out / "trainer_log.json", json.dumps(result, indent=1, default=str))
     return result
-
-
-def _write_then_rename(path: Path, content: str | bytes) -> None:
-    """``content`` into ``path`` through a temporary file renamed over it: a kill leaves the old file or the new
-    one."""
-    tmp = path.with_name(path.name + ".tmp")
-    if isinstance(content, bytes):
-        tmp.write_bytes(content)
-    else:
-        tmp.write_text(content)
-    tmp.replace(path)
 
 
 def write_json_gz(path: str | Path, doc: dict) -> bool:
@@ -202,7 +192,7 @@ def write_json_gz(path: str | Path, doc: dict) -> bool:
     if path.exists() and path.read_bytes() == data:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_then_rename(path, data)
+    write_then_rename(path, data)
     return True
 
 
@@ -226,7 +216,7 @@ def _resume_point(config: RealModelRunConfig, out: Path) -> Path | None:
     elif found is not None:
         raise ValueError(f"{out}: checkpoints without {RUN_CONFIG_FILE}: not made by this function; use another "
                          "folder")
-    _write_then_rename(saved_path, json.dumps(mine, indent=1))
+    write_then_rename(saved_path, json.dumps(mine, indent=1))
     return Path(found) if found is not None else None
 
 
@@ -261,7 +251,7 @@ def _keep_samples_callback():
             if not records or not rows or int(records[-1]["step"]) in self.kept:
                 return  # no new evaluation (a fresh run starts with none kept: a stale file is overwritten)
             self.kept[int(records[-1]["step"])] = evaluation_samples(rows)
-            _write_then_rename(self.path, json.dumps({"evaluations": [{"step": s, **v}
+            write_then_rename(self.path, json.dumps({"evaluations": [{"step": s, **v}
                                                                      for s, v in sorted(self.kept.items())]}))
 
         def on_train_begin(self, args, state, control, **kwargs):

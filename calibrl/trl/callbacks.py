@@ -51,6 +51,7 @@ import numpy as np
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import SaveStrategy
 
+from calibrl._files import write_then_rename
 from calibrl.metrics.registry import higher_is_better as _registry_higher_is_better
 from calibrl.trl.calibration_config import _CALIBRATION_KEYS, CalibrationEvalConfig
 
@@ -196,7 +197,7 @@ def _correctness_function(trainer):
 
 def sample_completions(trainer, problems: Sequence[dict], *, config: CalibrationEvalConfig) -> list[dict]:
     """``config.k`` completions of each problem under the trainer's current weights, as ``calibrl generate`` rows
-    (:func:`calibrl.evaluation.generate._problem_rows`: ``prompt_id``, ``correct``, ``logprob_mean``, ...).
+    (:func:`calibrl.evaluation.generate.problem_rows`: ``prompt_id``, ``correct``, ``logprob_mean``, ...).
 
     Sampling is the transformers backend of ``calibrl generate`` (plain temperature sampling, log-probs read during
     ``generate``) on the model TRL unwraps for its own generation (``trl.models.utils.unwrap_model_for_generation``);
@@ -211,7 +212,7 @@ def sample_completions(trainer, problems: Sequence[dict], *, config: Calibration
     from trl.models.utils import unwrap_model_for_generation
 
     from calibrl.evaluation.backends import open_backend
-    from calibrl.evaluation.generate import GenerateConfig, _batches, _problem_rows, _seed_for
+    from calibrl.evaluation.generate import GenerateConfig, batches, problem_rows, seed_for
 
     args = trainer.args
     reward_fn = _correctness_function(trainer)
@@ -237,12 +238,12 @@ def sample_completions(trainer, problems: Sequence[dict], *, config: Calibration
         try:
             backend, variants = open_backend(generate_config, model=model, tokenizer=trainer.processing_class,
                                              classes=classes)
-            for batch in _batches(mine, config.batch_size):
+            for batch in batches(mine, config.batch_size):
                 prompt_ids = [str(p["prompt_id"]) for p in batch]
-                groups = backend.generate([p["prompt"] for p in batch], config.k, _seed_for(config.seed, prompt_ids))
+                groups = backend.generate([p["prompt"] for p in batch], config.k, seed_for(config.seed, prompt_ids))
                 for problem, group in zip(batch, groups):
                     texts = [backend.decode(sample.ids) for sample in group]
-                    rows.extend(_problem_rows(problem, group, texts, reward_fn, dataset="calibration_eval",
+                    rows.extend(problem_rows(problem, group, texts, reward_fn, dataset="calibration_eval",
                                               variants=variants, trainer_state=trainer.state))
         finally:
             model.train(was_training)
@@ -433,9 +434,7 @@ class CalibrationEvalCallback(TrainerCallback):
                    "early_stop": self.stopped}
         path = self._path(args)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(_jsonable(content), indent=2) + "\n")
-        os.replace(tmp, path)
+        write_then_rename(path, json.dumps(_jsonable(content), indent=2) + "\n")
 
 
 def attach_calibration_eval(trainer, *, config: CalibrationEvalConfig, dataset) -> CalibrationEvalCallback:
