@@ -471,11 +471,11 @@ def test_cli_errors_are_one_line_naming_the_bad_input(tmp_path):
 def test_max_new_tokens_defaults_to_the_dataset_budget_and_a_resume_keeps_the_run_s(tiny_dir, tmp_path):
     """arithmetic registers 64 new tokens (a number answers it), the reasoning benchmarks keep 1,024; a resume
     without the flag keeps the budget the run was started with instead of refusing it as a changed setting."""
-    from calibrl.evaluation.generate import DEFAULT_MAX_NEW_TOKENS, GenerateConfig, _resolve_max_new_tokens
+    from calibrl.evaluation.generate import DEFAULT_MAX_NEW_TOKENS, GenerateConfig, resolve_max_new_tokens
 
-    assert _resolve_max_new_tokens(GenerateConfig(model="m", dataset="arithmetic", out=tmp_path / "a")).max_new_tokens == 64
-    assert _resolve_max_new_tokens(GenerateConfig(model="m", dataset="multiple_choice", out=tmp_path / "a")).max_new_tokens == 64
-    assert _resolve_max_new_tokens(GenerateConfig(model="m", dataset="math500", out=tmp_path / "a")).max_new_tokens \
+    assert resolve_max_new_tokens(GenerateConfig(model="m", dataset="arithmetic", out=tmp_path / "a")).max_new_tokens == 64
+    assert resolve_max_new_tokens(GenerateConfig(model="m", dataset="multiple_choice", out=tmp_path / "a")).max_new_tokens == 64
+    assert resolve_max_new_tokens(GenerateConfig(model="m", dataset="math500", out=tmp_path / "a")).max_new_tokens \
         == DEFAULT_MAX_NEW_TOKENS == 1024
     out = tmp_path / "s.jsonl"
     kw = {**_fast(tiny_dir, out, dataset="arithmetic", limit=2), "template": "text"}

@@ -406,8 +406,13 @@ def open_backend(config: GenerateConfig, *, model=None, tokenizer=None, classes:
     vLLM when ``config.backend`` says so, or on ``auto`` when vLLM is usable, no model was passed in and the model
     is not a builtin; else transformers, with ``model`` / ``tokenizer`` when given (loaded from ``config.model``
     otherwise). A GGUF file or ``builtin:smollm2-135m-instruct`` is loaded from its converted folder
-    (:func:`calibrl.models.resolve_model`); the run keeps the name it was given.
+    (:func:`calibrl.models.resolve_model`); the run keeps the name it was given. A config without
+    ``max_new_tokens`` gets the budget :func:`calibrl.evaluation.generate.generate` would give it.
     """
+    if config.max_new_tokens is None:
+        from calibrl.evaluation.generate import resolve_max_new_tokens
+
+        config = resolve_max_new_tokens(config)
     if model is None:
         from calibrl.models import resolve_model
 

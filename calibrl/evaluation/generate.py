@@ -88,7 +88,7 @@ from calibrl.evaluation.deepconf_online import OnlineSettings, sample_online
 logger = logging.getLogger(__name__)
 
 __all__ = ["DECISION_TOP_LOGPROBS", "GenerateConfig", "GenerateError", "batches", "call_reward", "generate",
-           "load_problems", "problem_rows", "scan_existing", "seed_for"]
+           "load_problems", "problem_rows", "resolve_max_new_tokens", "scan_existing", "seed_for"]
 
 _META_KEYS = ("model", "dataset", "path", "split", "n", "temperature", "max_new_tokens", "template", "reward", "limit",
               "confidence_prompt", "dtype", "token_confidence_k", "deepconf_online")
@@ -226,7 +226,7 @@ def seed_for(seed: int, prompt_ids: Sequence[str]) -> int:
 DEFAULT_MAX_NEW_TOKENS = 1024  # a reasoning benchmark's budget, for datasets that register none
 
 
-def _resolve_max_new_tokens(config: GenerateConfig) -> GenerateConfig:
+def resolve_max_new_tokens(config: GenerateConfig) -> GenerateConfig:
     """``config`` with ``max_new_tokens`` filled when it is None: the budget of the run being resumed (its
     ``.meta.json``, so a resume never needs the flag repeated), else the dataset's registered one
     (:func:`calibrl.tasks.registry.dataset_max_new_tokens`: 64 for ``arithmetic`` / ``multiple_choice``), else
@@ -490,7 +490,7 @@ def generate(config: GenerateConfig | None = None, *, hf_model=None, hf_tokenize
     backend; ``config.model`` then only labels the run). Keyword arguments build a :class:`GenerateConfig` when
     ``config`` is None.
     """
-    config = _resolve_max_new_tokens(config or GenerateConfig(**kwargs))
+    config = resolve_max_new_tokens(config or GenerateConfig(**kwargs))
     if hf_model is None:
         _check_config(config)
     else:  # the model is passed in: config.model only labels the run
