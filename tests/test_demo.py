@@ -149,7 +149,7 @@ def test_short_run_telemetry_agrees_with_the_evaluation(decision_warm, start_sam
                run_dir=str(tmp_path / method), steps=steps, eval_every=steps, eval_prompts=64, eval_samples=8,
                prompts_per_step=16, num_generations=8, learning_rate=2e-3)
     rec = run_method(job)
-    start, end = rec["history"][0], rec["history"][-1]
+    start = rec["history"][0]
     start_metrics, start_rows = start_samples
     assert start["dec_conf_mean"] == pytest.approx(start_metrics["dec_conf_mean"])  # the same step-0 evaluation
     logged = {log["step"]: log["calibration/decision_prob_mean"] for log in rec["train_logs"]
