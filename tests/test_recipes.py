@@ -189,3 +189,20 @@ def test_the_final_evaluation_runs_once(tmp_path, monkeypatch, strategy):
     assert result["global_step"] == 2
     lines = [json.loads(line) for line in (tmp_path / "run" / "log_history.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines if "eval_runtime" in line] == [2]
+
+
+def test_authors_settings_in_the_clip_cov_and_kl_cov_recipes():
+    """recipe/dapo/7b_clip_cov.sh and 7b_kl_cov.sh (PRIME-RL/Entropy-Mechanism-of-RL): 256 prompts x 8 per generation,
+    updates of 32 prompts on 8 GPUs, lr 5e-7; Clip-Cov with the PPO clip opened to [0, 2]; KL-Cov's k_percent 0.2 read
+    as the percentage it is in their code (int(n * k / 100)), i.e. verl's kl_cov_ratio 2e-3."""
+    clip = training.load_recipe(CONFIGS / "clipcov_qwen2.5-7b_deepscaler.yaml").trainer
+    kl = training.load_recipe(CONFIGS / "klcov_qwen2.5-7b_deepscaler.yaml").trainer
+    for t in (clip, kl):
+        assert t["learning_rate"] == 5e-7 and t["num_generations"] == 8 and t["beta"] == 0.0
+        assert t["per_device_train_batch_size"] * 8 * t["steps_per_generation"] == 256 * 8
+        assert t["per_device_train_batch_size"] * 8 * t["gradient_accumulation_steps"] == 32 * 8
+        assert t["max_completion_length"] == 8192 and t["cov_loss_aggregation"] == "token-mean"
+    assert (clip["loss_type"], clip["epsilon"], clip["epsilon_high"]) == ("clip_cov", 1.0, 1.0)
+    assert (clip["clip_cov_ratio"], clip["clip_cov_lb"], clip["clip_cov_ub"]) == (2e-4, 1.0, 5.0)
+    k_percent = 0.2
+    assert (kl["loss_type"], kl["kl_cov_ratio"], kl["ppo_kl_coef"]) == ("kl_cov", k_percent / 100, 1.0)
