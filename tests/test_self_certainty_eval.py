@@ -205,3 +205,23 @@ def test_asking_for_self_certainty_as_the_main_confidence_says_it_only_ranks(tmp
 
     with pytest.raises(SamplesError, match="self_certainty only ranks"):
         load_samples(_write_jsonl(tmp_path / "s.jsonl", _rows(n_prompts=1, n=2)), confidence="self_certainty")
+
+
+def test_eval_report_lists_self_certainty_in_the_which_confidence_table(tmp_path):
+    from typer.testing import CliRunner
+
+    from calibrl.cli import app
+
+    rows = _rows(n_prompts=5, n=4)
+    for r in rows:
+        r["answer"] = "1" if r["correct"] else "2"
+    result = CliRunner().invoke(app, ["eval", str(_write_jsonl(tmp_path / "s.jsonl", rows)), "--out",
+                                      str(tmp_path / "report"), "--methods", ""])
+    assert result.exit_code == 0, result.output
+    lines = (tmp_path / "report" / "report.md").read_text().splitlines()
+    table = lines[next(i for i, line in enumerate(lines) if line.startswith("Which confidence to trust")):]
+    row = next(line for line in table if line.startswith("| `self_certainty` |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] and cells[2] and cells[3:6] == ["", "", ""]  # AUROC and PRR; no smooth ECE, ECE, Brier
+    metrics = json.loads((tmp_path / "report" / "metrics.json").read_text())
+    assert "self_certainty" in json.dumps(metrics)
