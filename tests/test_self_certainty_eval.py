@@ -171,7 +171,8 @@ def test_eval_reads_self_certainty_from_parquet_and_trl_and_verl_logs(tmp_path):
     assert s.reward.tolist() == [1.0, 0.0, 1.0]  # the new column does not pass for a reward column
     verl = [{"input": "q", "output": "\\boxed{1}", "score": 1.0, "self_certainty": 1.5, "step": 2},
             {"input": "q", "output": "\\boxed{3}", "score": 0.0, "self_certainty": 0.25, "step": 2}]
-    s = load_samples(_write_jsonl(tmp_path / "v.jsonl", verl), format="verl")
+    with pytest.warns(UserWarning, match="accuracy and answer selection only, and the ranking sources self_certainty"):
+        s = load_samples(_write_jsonl(tmp_path / "v.jsonl", verl), format="verl")
     assert s.self_certainty.tolist() == [1.5, 0.25] and s.confidence_sources() == ["self_certainty"]
 
 

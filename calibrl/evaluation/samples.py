@@ -423,8 +423,10 @@ def load_samples(path: str | Path, *, confidence: str | None = None, format: str
     samples.skipped = {**skips.counts, **samples.skipped}
     samples.grading = grading
     if samples.confidence_kind is None:
+        ranking = [k for k in samples.confidence_sources() if k in RANKING_SOURCES + DEEPCONF_SOURCES]
         notes.append(f"{path.name}: no confidence input ({', '.join(CONFIDENCE_KINDS)}) in this {fmt} file: "
-                     "accuracy and answer selection only")
+                     "accuracy and answer selection only" + (f", and the ranking sources {', '.join(ranking)}"
+                                                             if ranking else ""))
     samples.format, samples.notes, samples.path = fmt, notes + samples.notes, path
     for note in notes:
         warnings.warn(note, stacklevel=2)
