@@ -27,8 +27,8 @@ completions and writes one row per completion::
   off each step's logits a chunk of rows at a time (:func:`calibrl.self_certainty.chunked_token_self_certainty`).
   At the sampling temperature ``T`` (1 when greedy), as ``logprob_mean`` and ``token_confidence``, and as the
   authors' verl trainer reads it (it divides the logits by the rollout temperature before every quantity, so the
-  reward INTUITOR trains on is this number up to ``log V``); their open-r1 trainer reads raw logits, which is the
-  same at ``T = 1``, the default here and in both of their setups. ``- log V`` is kept (their code drops it, a
+  reward INTUITOR trains on is this number up to ``log V``); their open-r1 trainer reads raw logits, the same at
+  ``T = 1`` (verl-intuitor's rollout temperature and the default here). ``- log V`` is kept (their code drops it, a
   constant that cancels in a group normalisation): values then mean the same for any vocabulary. vLLM returns only
   top-k log-probs, which do not give ``mean_j z_j``: ``self_certainty=True`` is refused there, ``None`` (the
   default) records it wherever the backend can.
