@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DECISION_TOP_LOGPROBS", "VLLM_NO_SELF_CERTAINTY", "GenerateError", "decision_fields", "open_backend", "render_prompts"]
+__all__ = ["DECISION_TOP_LOGPROBS", "VLLM_NO_SELF_CERTAINTY", "GenerateError", "decision_fields", "open_backend",
+           "render_prompts"]
 
 DECISION_TOP_LOGPROBS = 20
 # vLLM hands back the top-k log-probs of each step; self-certainty reads the whole next-token distribution

@@ -59,7 +59,8 @@ from calibrl.selection.deepconf import DEFAULT_TAIL, DEFAULT_WINDOW, trace_signa
 from calibrl.selection.voting import _NO_DIGEST, digest_ids, text_digest
 from calibrl.tasks.verbalized import parse_verbalized_confidence
 
-__all__ = ["CONFIDENCE_KINDS", "DEEPCONF_SOURCES", "FORMATS", "RANKING_SOURCES", "Samples", "SamplesError", "load_answers", "load_samples"]
+__all__ = ["CONFIDENCE_KINDS", "DEEPCONF_SOURCES", "FORMATS", "RANKING_SOURCES", "Samples", "SamplesError",
+           "load_answers", "load_samples"]
 
 # detection order: the first present is the main confidence; verbalized_confidence last, so files that have one of
 # the others keep the meaning their reports had before it existed
