@@ -74,6 +74,24 @@ def test_paper_settings_in_the_capo_and_grpo_twins():
     assert decision.trainer["decision_loss_coef"] == 1e-3 and decision.dataset.limit == 500
 
 
+def test_intuitor_recipe_has_the_authors_settings_and_reaches_the_estimator():
+    """sunblaze-ucb/Intuitor's verl-intuitor/math_intuitor.sh: Qwen2.5-3B, lr 3e-6 cosine with 10% warm-up, n = 8,
+    k3 KL 0.005, temperature 1, 3072-token responses, 128 prompts per step and one update each, 1 epoch."""
+    from calibrl.advantages import available_estimators
+
+    recipe = training.load_recipe(CONFIGS / "intuitor_qwen2.5-3b_deepscaler.yaml")
+    t = recipe.trainer
+    assert recipe.model.name_or_path == "Qwen/Qwen2.5-3B" and recipe.dataset.limit == 7500
+    assert (t["advantage_estimator"], t["learning_rate"], t["lr_scheduler_type"], t["warmup_steps"]) == (
+        "intuitor", 3e-6, "cosine", 0.1)
+    assert (t["num_generations"], t["beta"], t["temperature"], t["max_completion_length"], t["num_train_epochs"]) == (
+        8, 0.005, 1.0, 3072, 1)
+    assert t["advantage_params"] == {"eps": 1e-4, "add_reward_advantage": False}
+    per_update = t["per_device_train_batch_size"] * 8 * t["gradient_accumulation_steps"]
+    assert per_update == t["per_device_train_batch_size"] * 8 * t["steps_per_generation"] == 128 * 8
+    assert "intuitor" in available_estimators()
+
+
 def test_configs_folder_still_names_the_shipped_recipes():
     assert {p.name for p in (ROOT / "configs").glob("*.yaml")} == set(RECIPES)
     assert training.load_recipe(ROOT / "configs" / "tiny_cpu.yaml").dataset.path == str(

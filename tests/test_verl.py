@@ -524,6 +524,19 @@ def test_gcpo_without_embeddings_names_the_alternatives():
         ray_trainer.compute_advantage(make_data(13), adv_estimator="gcpo", config=algo_config())
 
 
+def test_intuitor_is_refused_in_verl_naming_the_trl_recipe():
+    """verl computes no self-certainty: the legacy path stops at the advantage step, the V1 trainer before any
+    rollout, both naming calibrl's TRL trainer."""
+    from verl.trainer.ppo.v1 import PPOTrainerSync
+
+    assert "calibrl_intuitor" in core_algos.ADV_ESTIMATOR_REGISTRY
+    with pytest.raises(RolloutBatchError, match=r"self_certainty.*computes no self-certainty.*calibrl train"):
+        ray_trainer.compute_advantage(make_data(13), adv_estimator="intuitor", config=algo_config())
+    for name in ("intuitor", "calibrl_intuitor"):
+        with pytest.raises(ValueError, match=r"self-certainty.*calibrl train intuitor_qwen2\.5-3b_deepscaler"):
+            PPOTrainerSync(config=v1_config(name))
+
+
 def test_capo_quantile_mask_freezes_first_batch_thresholds_in_verl():
     import math
 

@@ -31,6 +31,7 @@ def generate_command(
     device: Optional[str] = typer.Option(None, "--device", help="transformers backend device (default: cuda if available)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing OUT (and its settings) instead of resuming it."),
     token_confidence_k: int = typer.Option(20, "--token-confidence-k", min=0, help="Record each token's DeepConf confidence (minus the mean of its top-k log-probs) with this k, as token_confidence per row; 0: not recorded."),
+    self_certainty: Optional[bool] = typer.Option(None, "--self-certainty/--no-self-certainty", help="Record INTUITOR's self-certainty (mean over the completion's tokens of KL(uniform || next-token distribution) at the sampling temperature) as self_certainty per row. Default: on with the transformers backend; vLLM cannot (it returns only top-k log-probs), so --self-certainty is refused there."),
     deepconf_online: bool = typer.Option(False, "--deepconf-online", help="DeepConf's online sampling (transformers backend): warm-up traces set a threshold, a trace whose window confidence falls below it stops, a problem stops once its confidence-weighted vote reaches --deepconf-consensus; --n is the budget."),
     deepconf_warmup: int = typer.Option(16, "--deepconf-warmup", min=1, help="--deepconf-online: warm-up traces per problem."),
     deepconf_keep: float = typer.Option(0.1, "--deepconf-keep", help="--deepconf-online: the threshold is the warm-up's (1 - KEEP) quantile of lowest window confidence (0.1: DeepConf-low, 0.9: DeepConf-high)."),
@@ -41,7 +42,7 @@ def generate_command(
 ) -> None:
     """Sample N completions per problem and record each one's answer, correctness and confidence.
 
-    Output rows: prompt_id, benchmark, completion, answer, correct, reward, logprob_mean, n_tokens, token_confidence (+ decision_prob,
+    Output rows: prompt_id, benchmark, completion, answer, correct, reward, logprob_mean, n_tokens, self_certainty, token_confidence (+ decision_prob,
     class_probs, label, classes for multiple-choice datasets). A rerun resumes: finished problems are skipped.
     """
     from rich.console import Console
@@ -56,7 +57,7 @@ def generate_command(
     config = GenerateConfig(
         model=model, dataset=dataset, out=out, n=n, path=path, split=split, max_new_tokens=max_new_tokens,
         temperature=temperature, batch_size=batch_size, limit=limit, template=template, reward=reward,
-        confidence_prompt=confidence_prompt, token_confidence_k=token_confidence_k,
+        confidence_prompt=confidence_prompt, token_confidence_k=token_confidence_k, self_certainty=self_certainty,
         deepconf_online=OnlineSettings(warmup=deepconf_warmup, keep_fraction=deepconf_keep,
                                        consensus=deepconf_consensus, window=deepconf_window,
                                        round_size=deepconf_round) if deepconf_online else None,

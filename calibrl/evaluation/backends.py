@@ -28,9 +28,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DECISION_TOP_LOGPROBS", "GenerateError", "decision_fields", "open_backend", "render_prompts"]
+__all__ = ["DECISION_TOP_LOGPROBS", "VLLM_NO_SELF_CERTAINTY", "GenerateError", "decision_fields", "open_backend",
+           "render_prompts"]
 
 DECISION_TOP_LOGPROBS = 20
+# vLLM hands back the top-k log-probs of each step; self-certainty reads the whole next-token distribution
+VLLM_NO_SELF_CERTAINTY = ("--self-certainty needs each step's whole next-token distribution and vLLM returns only "
+                          "its top-k log-probs: use --backend transformers, or --no-self-certainty")
 
 
 class GenerateError(RuntimeError):
@@ -50,6 +54,8 @@ class _Sample:
     class_logps: Any = None  # callable pos -> list[float] (log-prob of each class variant), decision tasks only
     # DeepConf's C_i per token (minus the mean of the top-k log-probs at each step); None when not recorded
     token_confidence: list[float] | None = None
+    # INTUITOR's self-certainty: the mean over the completion's tokens of KL(U || p_T); None when not recorded
+    self_certainty: float | None = None
     stopped_early: bool = False  # stopped by DeepConf's online rule (its window confidence fell below the threshold)
 
 
@@ -135,11 +141,12 @@ class _TransformersBackend:
     name = "transformers"
 
     def __init__(self, model, tokenizer, *, temperature: float, max_new_tokens: int, class_ids: list[int] | None,
-                 confidence_k: int = 0):
+                 confidence_k: int = 0, self_certainty: bool = False):
         import torch
         from transformers import GenerationConfig, LogitsProcessor
 
         from calibrl.logprobs import chunked_token_confidence, positions_per_chunk
+        from calibrl.self_certainty import chunked_token_self_certainty
 
         self.torch = torch
         self.model = model.eval()
@@ -182,6 +189,7 @@ class _TransformersBackend:
                 self.token_logps: list = []
                 self.class_logps: list = []
                 self.confidences: list = []  # [B] C_i of this step's token, per step (confidence_k > 0)
+                self.certainties: list = []  # [B] KL(U || p_T) of this step, per step (self_certainty)
 
             def __call__(self, input_ids, scores):
                 if self.prev is not None:
@@ -189,6 +197,10 @@ class _TransformersBackend:
                 if confidence_k:  # DeepConf's token confidence of the same sampling distribution, rows in chunks
                     self.confidences.append(chunked_token_confidence(
                         scores, project=lambda z: z, k=confidence_k, temperature=scale,
+                        chunk=positions_per_chunk(vocab_size=scores.size(-1))))
+                if self_certainty:  # INTUITOR's self-certainty of the same sampling distribution, rows in chunks
+                    self.certainties.append(chunked_token_self_certainty(
+                        scores, project=lambda z: z, temperature=scale,
                         chunk=positions_per_chunk(vocab_size=scores.size(-1))))
                 if self.on_token is not None:
                     self.on_token(len(self.token_logps) + 1)
@@ -200,6 +212,7 @@ class _TransformersBackend:
 
         self.Recorder = Recorder
         self.confidence_k = confidence_k
+        self.self_certainty = self_certainty
 
     def _window_stop(self, recorder, thresholds, window: int):
         """A stopping criterion for DeepConf's online rule: a row stops once its last ``window`` token confidences
@@ -264,7 +277,9 @@ class _TransformersBackend:
         token_logps = torch.stack(recorder.token_logps, dim=1).cpu() if steps else torch.zeros(len(completion), 0)
         class_logps = torch.stack(recorder.class_logps, dim=1).cpu() if (self.class_ids and steps) else None
         confidences = torch.stack(recorder.confidences, dim=1).cpu() if recorder.confidences else None
+        certainties = torch.stack(recorder.certainties, dim=1).cpu() if recorder.certainties else None  # [B, T]
         completion = completion.cpu()
+        lengths = []
         out: list[list[_Sample]] = []
         for i in range(len(prompts)):
             group = []
@@ -279,6 +294,7 @@ class _TransformersBackend:
                 stopped = bool(criteria) and 0 <= int(criteria[0].stop_step[r]) < length
                 if stopped:  # stopped by the window rule before any EOS: its tokens up to the stopping one
                     length, ended = int(criteria[0].stop_step[r]) + 1, False
+                lengths.append(length)
                 rows_class = class_logps[r] if class_logps is not None else None
                 group.append(_Sample(
                     ids=ids[:length], logps=token_logps[r, :length].tolist(), ended=ended,
@@ -287,6 +303,13 @@ class _TransformersBackend:
                     stopped_early=stopped,
                 ))
             out.append(group)
+        if certainties is not None:  # each completion's mean over its own tokens (EOS included, as logprob_mean)
+            from calibrl.self_certainty import completion_self_certainty
+
+            mask = torch.arange(steps).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)  # [B, T]
+            for sample, value in zip((s for group in out for s in group),
+                                     completion_self_certainty(certainties, mask).tolist()):
+                sample.self_certainty = value
         return out
 
     def decode(self, ids: list[int]) -> str:
@@ -419,9 +442,12 @@ def open_backend(config: GenerateConfig, *, model=None, tokenizer=None, classes:
         config = dataclasses.replace(config, model=resolve_model(config.model))
     use_vllm = config.backend == "vllm" or (config.backend == "auto" and model is None and _vllm_usable()
                                             and not config.model.startswith("builtin:")
-                                            and config.deepconf_online is None)  # online stop: transformers only
+                                            and config.deepconf_online is None  # online stop: transformers only
+                                            and config.self_certainty is not True)  # so is self-certainty
     decision_task = classes is not None
     if use_vllm:
+        if config.self_certainty:
+            raise GenerateError(VLLM_NO_SELF_CERTAINTY)
         from transformers import AutoTokenizer
 
         variants = _decision_variants(AutoTokenizer.from_pretrained(config.model), classes) if decision_task else None
@@ -437,5 +463,6 @@ def open_backend(config: GenerateConfig, *, model=None, tokenizer=None, classes:
         backend = _TransformersBackend(model, tokenizer, temperature=config.temperature,
                                        max_new_tokens=config.max_new_tokens,
                                        class_ids=variants[0] if variants else None,
-                                       confidence_k=config.token_confidence_k)
+                                       confidence_k=config.token_confidence_k,
+                                       self_certainty=config.self_certainty is not False)  # None: on here
     return backend, variants

@@ -6,7 +6,7 @@ completions and writes one row per completion::
 
     prompt_id, benchmark, sample_index, completion, answer (the extracted final answer: last \boxed{} content or the
     decision letter; null if none), gold, correct, reward, logprob_mean, verbalized_confidence, n_tokens, truncated,
-    token_confidence
+    self_certainty, token_confidence
     + for decision tasks: decision_prob, class_probs, class_mass, label, classes
 
 * ``logprob_mean``: mean over the completion's tokens (EOS included when the completion ended) of the token's
@@ -21,6 +21,17 @@ completions and writes one row per completion::
   ``logprob_mean`` (:func:`calibrl.logprobs.chunked_token_confidence` on each step's logits; vLLM: the k largest
   of ``SamplingParams(logprobs=k)``), written rounded to 4 decimals (at most 5e-5 off; about 7 bytes a token).
   ``calibrl eval`` reduces it to DeepConf's trace signals (:mod:`calibrl.selection.deepconf`).
+* ``self_certainty`` (transformers backend; ``self_certainty=False`` / ``--no-self-certainty`` leaves it out):
+  INTUITOR's self-certainty (arXiv 2505.19590, :mod:`calibrl.self_certainty`), the mean over the completion's
+  tokens (the same tokens as ``logprob_mean``) of ``KL(U || p_T) = logsumexp(z/T) - mean(z/T) - log V`` >= 0, read
+  off each step's logits a chunk of rows at a time (:func:`calibrl.self_certainty.chunked_token_self_certainty`).
+  At the sampling temperature ``T`` (1 when greedy), as ``logprob_mean`` and ``token_confidence``, and as the
+  authors' verl trainer reads it (it divides the logits by the rollout temperature before every quantity, so the
+  reward INTUITOR trains on is this number up to ``log V``); their open-r1 trainer reads raw logits, the same at
+  ``T = 1`` (verl-intuitor's rollout temperature and the default here). ``- log V`` is kept (their code drops it, a
+  constant that cancels in a group normalisation): values then mean the same for any vocabulary. vLLM returns only
+  top-k log-probs, which do not give ``mean_j z_j``: ``self_certainty=True`` is refused there, ``None`` (the
+  default) records it wherever the backend can.
 * ``deepconf_online`` (``--deepconf-online``): DeepConf's early-stopped sampling on the transformers backend
   (:mod:`calibrl.evaluation.deepconf_online`); ``n`` is then each problem's budget, and rows add
   ``deepconf_phase``, ``stop_reason``, ``deepconf_voted``, ``deepconf_threshold``, ``deepconf_traces`` and
@@ -91,9 +102,10 @@ __all__ = ["DECISION_TOP_LOGPROBS", "GenerateConfig", "GenerateError", "batches"
            "load_problems", "problem_rows", "resolve_max_new_tokens", "scan_existing", "seed_for"]
 
 _META_KEYS = ("model", "dataset", "path", "split", "n", "temperature", "max_new_tokens", "template", "reward", "limit",
-              "confidence_prompt", "dtype", "token_confidence_k", "deepconf_online")
+              "confidence_prompt", "dtype", "token_confidence_k", "deepconf_online", "self_certainty")
 # settings added after the first release: a .meta.json without them was written with these values
-_META_DEFAULTS = {"confidence_prompt": False, "dtype": "auto", "token_confidence_k": 0, "deepconf_online": None}
+_META_DEFAULTS = {"confidence_prompt": False, "dtype": "auto", "token_confidence_k": 0, "deepconf_online": None,
+                  "self_certainty": False}
 
 
 @dataclass
@@ -118,6 +130,9 @@ class GenerateConfig:
     reward: str | None = None  # default: "decision" for datasets with classes, else "math"
     confidence_prompt: bool = False  # ask for a stated confidence, <confidence>x</confidence>, after the answer
     token_confidence_k: int = 20  # top-k of DeepConf's token_confidence per row (0: not recorded)
+    # INTUITOR's self_certainty per row: None records it where the backend can (transformers), True insists
+    # (refused on vLLM, which returns only top-k log-probs), False never
+    self_certainty: bool | None = None
     # DeepConf's online early stopping (calibrl.evaluation.deepconf_online); None: every problem gets n full samples
     deepconf_online: OnlineSettings | None = None
     overwrite: bool = False
@@ -281,6 +296,10 @@ def _check_config(config: GenerateConfig) -> None:
             config.deepconf_online.check(config.n)
         except ValueError as exc:
             raise GenerateError(str(exc)) from None
+    if config.self_certainty and config.backend == "vllm":
+        from calibrl.evaluation.backends import VLLM_NO_SELF_CERTAINTY
+
+        raise GenerateError(VLLM_NO_SELF_CERTAINTY)
     if config.token_confidence_k < 0:
         raise GenerateError(f"token_confidence_k must be >= 0 (0: no token_confidence); got {config.token_confidence_k}")
     if config.limit is not None and config.limit < 1:
@@ -419,6 +438,8 @@ def problem_rows(problem: dict, group: list, texts: list[str], reward_fn, *, dat
             "n_tokens": len(sample.ids),
             "truncated": not sample.ended,
         }
+        if sample.self_certainty is not None:
+            row["self_certainty"] = sample.self_certainty
         if sample.token_confidence is not None:
             row["token_confidence"] = [round(c, 4) for c in sample.token_confidence]
         if variants is not None:

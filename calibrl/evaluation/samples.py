@@ -18,6 +18,10 @@ One row per sampled completion. Fields (see docs/eval.md for the full table):
   rows, not with their lengths; the signals are the confidence sources ``deepconf_mean``, ``deepconf_tail``,
   ``deepconf_bottom10`` and ``deepconf_min`` (:data:`DEEPCONF_SOURCES`: rankings, never the main confidence).
   ``deepconf_voted`` (bool, ``calibrl generate --deepconf-online``): the row counted in the online vote.
+- ``self_certainty`` (optional; number >= 0, null where absent): INTUITOR's self-certainty, the mean over the
+  completion's tokens of KL(uniform || next-token distribution) (``calibrl generate``,
+  :mod:`calibrl.self_certainty`). A confidence source that only ranks (:data:`RANKING_SOURCES`: AUROC, PRR, AURC;
+  no ECE or Brier: it is no probability), never the main confidence.
 - optional: ``answer`` (str, or a number stored as its string; null = no answer extracted), ``benchmark`` (str;
   on every row or on none: a row without one among rows that name one is refused), ``completion`` (str),
   ``n_tokens`` (int >= 0), ``truncated`` (bool: the completion hit the token limit), ``classes`` (list of
@@ -55,7 +59,8 @@ from calibrl.selection.deepconf import DEFAULT_TAIL, DEFAULT_WINDOW, trace_signa
 from calibrl.selection.voting import _NO_DIGEST, digest_ids, text_digest
 from calibrl.tasks.verbalized import parse_verbalized_confidence
 
-__all__ = ["CONFIDENCE_KINDS", "DEEPCONF_SOURCES", "FORMATS", "Samples", "SamplesError", "load_answers", "load_samples"]
+__all__ = ["CONFIDENCE_KINDS", "DEEPCONF_SOURCES", "FORMATS", "RANKING_SOURCES", "Samples", "SamplesError",
+           "load_answers", "load_samples"]
 
 # detection order: the first present is the main confidence; verbalized_confidence last, so files that have one of
 # the others keep the meaning their reports had before it existed
@@ -63,6 +68,8 @@ CONFIDENCE_KINDS = ("logprob_mean", "decision_prob", "class_probs", "verbalized_
 # DeepConf's trace signals of the token_confidence arrays, in calibrl.selection.deepconf.SIGNALS order: confidence
 # sources that rank paths (AUROC, AURC) but are no probabilities (no ECE / Brier), so never the main confidence
 DEEPCONF_SOURCES = ("deepconf_mean", "deepconf_tail", "deepconf_bottom10", "deepconf_min")
+# per-row scores a file carries that rank paths but are no probabilities: confidence sources, never the main one
+RANKING_SOURCES = ("self_certainty",)
 _CLASS_PROBS_TOL = 1e-3
 _LOGPROB_TOL = 1e-6  # float noise above 0 is clipped to 0
 
@@ -108,6 +115,7 @@ class Samples:
     decision_prob: np.ndarray | None = None  # [N] float
     class_probs: np.ndarray | None = None  # [N, C] float
     verbalized_confidence: np.ndarray | None = None  # [N] float in [0, 1], NaN where the completion states none
+    self_certainty: np.ndarray | None = None  # [N] float >= 0 (INTUITOR's self-certainty), NaN where absent
     labels: np.ndarray | None = None  # [N] int
     classes: list[str] | None = None
     answers: np.ndarray | None = None  # [N] object: str or None
@@ -187,9 +195,9 @@ class Samples:
         return self.correct
 
     def confidence_sources(self) -> list[str]:
-        """The confidence kinds present on at least one row, in :data:`CONFIDENCE_KINDS` then
-        :data:`DEEPCONF_SOURCES` order."""
-        return [kind for kind in CONFIDENCE_KINDS + DEEPCONF_SOURCES if self.source_mask(kind).any()]
+        """The confidence kinds present on at least one row, in :data:`CONFIDENCE_KINDS`, :data:`RANKING_SOURCES`
+        then :data:`DEEPCONF_SOURCES` order."""
+        return [kind for kind in CONFIDENCE_KINDS + RANKING_SOURCES + DEEPCONF_SOURCES if self.source_mask(kind).any()]
 
     def deepconf_signal(self, kind: str) -> np.ndarray | None:
         """[N] DeepConf signal ``kind`` (one of :data:`DEEPCONF_SOURCES`; NaN where a row has no token_confidence),
@@ -203,8 +211,9 @@ class Samples:
         if kind in DEEPCONF_SOURCES:
             value = self.deepconf_signal(kind)
             return np.zeros(len(self), dtype=bool) if value is None else ~np.isnan(value)
-        if kind not in CONFIDENCE_KINDS:
-            raise ValueError(f"unknown confidence kind {kind!r}; choose one of {', '.join(CONFIDENCE_KINDS)}")
+        if kind not in CONFIDENCE_KINDS + RANKING_SOURCES:
+            raise ValueError(f"unknown confidence kind {kind!r}; choose one of "
+                             f"{', '.join(CONFIDENCE_KINDS + RANKING_SOURCES + DEEPCONF_SOURCES)}")
         value = getattr(self, kind)
         if value is None:
             return np.zeros(len(self), dtype=bool)
@@ -242,7 +251,7 @@ class Samples:
         mask = np.asarray(mask)
         kwargs = {}
         for name in ("prompt_ids", "correct", "reward", "logprob_mean", "decision_prob", "class_probs",
-                     "verbalized_confidence", "labels", "answers", "benchmarks", "completion_ids", "n_tokens",
+                     "verbalized_confidence", "self_certainty", "labels", "answers", "benchmarks", "completion_ids", "n_tokens",
                      "truncated", "rows", "deepconf_signals", "deepconf_voted"):
             value = getattr(self, name)
             kwargs[name] = None if value is None else value[mask]
@@ -295,7 +304,9 @@ def _detect_kind(where: str, row: dict, requested: str | None, *, optional: bool
     """The confidence field: ``requested``, else the first of CONFIDENCE_KINDS in the first row."""
     if requested is not None:
         if requested not in CONFIDENCE_KINDS:
-            raise SamplesError(f"unknown confidence {requested!r}; choose one of {', '.join(CONFIDENCE_KINDS)}")
+            why = (f" ({requested} only ranks: it is scored as a confidence source wherever rows carry it)"
+                   if requested in RANKING_SOURCES + DEEPCONF_SOURCES else "")
+            raise SamplesError(f"unknown confidence {requested!r}; choose one of {', '.join(CONFIDENCE_KINDS)}{why}")
         return requested
     for kind in CONFIDENCE_KINDS:
         if row.get(kind) is not None:
@@ -413,8 +424,10 @@ def load_samples(path: str | Path, *, confidence: str | None = None, format: str
     samples.skipped = {**skips.counts, **samples.skipped}
     samples.grading = grading
     if samples.confidence_kind is None:
+        ranking = [k for k in samples.confidence_sources() if k in RANKING_SOURCES + DEEPCONF_SOURCES]
         notes.append(f"{path.name}: no confidence input ({', '.join(CONFIDENCE_KINDS)}) in this {fmt} file: "
-                     "accuracy and answer selection only")
+                     "accuracy and answer selection only" + (f", and the ranking sources {', '.join(ranking)}"
+                                                             if ranking else ""))
     samples.format, samples.notes, samples.path = fmt, notes + samples.notes, path
     for note in notes:
         warnings.warn(note, stacklevel=2)
@@ -429,8 +442,8 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
     correct: list[bool] = []
     # floats in compact arrays (8 bytes a row, not a Python float each)
     cols: dict[str, array] = {k: array("d") for k in ("reward", "logprob_mean", "decision_prob",
-                                                      "verbalized_confidence", "n_tokens", "truncated",
-                                                      "deepconf_voted")}
+                                                      "verbalized_confidence", "self_certainty", "n_tokens",
+                                                      "truncated", "deepconf_voted")}
     n_parsed = 0  # rows whose verbalized confidence was read from the completion text
     class_probs: list[list[float] | None] = []
     labels: list[int] = []
@@ -501,6 +514,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
             r.number("decision_prob", low=0.0, high=1.0)
             if raw.get("decision_prob") is not None or kind == "decision_prob" else math.nan
         )
+        cols["self_certainty"].append(_self_certainty(r) if raw.get("self_certainty") is not None else math.nan)
         if "verbalized_confidence" in raw:  # null: the completion stated none
             stated = (r.number("verbalized_confidence", low=0.0, high=1.0)
                       if raw["verbalized_confidence"] is not None else None)
@@ -604,7 +618,8 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
             content_digests += _row_digest(raw)
         else:  # the completion and every value read from the row that a figure uses
             scored = (correct[-1], labels[-1], texts["answer"][-1], class_probs[-1],
-                      *(cols[k][-1] for k in ("reward", "logprob_mean", "decision_prob", "verbalized_confidence")),
+                      *(cols[k][-1] for k in ("reward", "logprob_mean", "decision_prob", "verbalized_confidence",
+                                              "self_certainty")),
                       *signals[-len(DEEPCONF_SOURCES):])
             content_digests += hashlib.blake2b(digests[-16:] + repr(scored).encode("utf-8", "surrogatepass"),
                                                digest_size=16).digest()
@@ -646,6 +661,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         logprob_mean=opt_float(cols["logprob_mean"]),
         decision_prob=opt_float(cols["decision_prob"]),
         verbalized_confidence=opt_float(cols["verbalized_confidence"]),
+        self_certainty=opt_float(cols["self_certainty"]),
         class_probs=probs_arr,
         labels=labels_arr if any_label else None,
         classes=classes,
@@ -683,6 +699,16 @@ def _row_digest(raw: dict) -> bytes:
     except (TypeError, ValueError):  # nulls or bad entries: validated (and refused) later
         values = json.dumps(confs, default=str).encode()
     return hashlib.blake2b(rest.encode("utf-8", "surrogatepass") + b"\0" + values, digest_size=16).digest()
+
+
+def _self_certainty(r: _Row) -> float:
+    """The row's ``self_certainty``: a finite number >= 0 (a mean of KL divergences from the uniform distribution;
+    the authors' values without ``- log V`` are >= 0 too)."""
+    value = r.number("self_certainty")
+    if value < 0:
+        raise r.fail("self_certainty", f"out of range: {value} < 0 (self-certainty is a mean of KL divergences "
+                                       "KL(uniform || p), never negative)")
+    return value
 
 
 _NO_SIGNALS = (math.nan,) * len(DEEPCONF_SOURCES)
@@ -731,7 +757,7 @@ class _RepeatedSample(SamplesError):
 
 # the fields of a repeated row compared by value, in the order an error names them
 _COMPARED = ("completion", "correct", "reward", "answer", "label", "class_probs", "logprob_mean", "decision_prob",
-             "verbalized_confidence")
+             "verbalized_confidence", "self_certainty")
 
 
 def _difference(first: dict, second: dict) -> str:

@@ -127,6 +127,8 @@ for _name, _label, _prob in [
     ("verbalized_confidence", "verbalized confidence", True),
     ("answer_consistency", "share of the prompt's samples giving the same answer", True),
     ("semantic_entropy", "minus the semantic entropy of the prompt's answers (ranks only)", False),
+    # INTUITOR's mean KL(uniform || next-token distribution) (calibrl.self_certainty): >= 0, unbounded, ranks only
+    ("self_certainty", "self-certainty, mean KL(uniform || next-token distribution) (ranks only)", False),
     # DeepConf's trace signals of token_confidence (calibrl.selection.deepconf): rankings, no probabilities
     ("deepconf_mean", "DeepConf mean token confidence (ranks only)", False),
     ("deepconf_tail", "DeepConf tail confidence (ranks only)", False),

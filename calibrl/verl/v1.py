@@ -5,7 +5,7 @@ so inputs that the legacy trainer carries in ``data.non_tensor_batch`` never rea
 wrappers on ``PPOTrainer`` methods (each calls verl's own method; nothing of verl's is copied):
 
 - ``__init__``: refuses, before any rollout, estimators whose inputs verl cannot provide (gcpo: per-completion
-  embeddings; verl computes no hidden states).
+  embeddings; verl computes no hidden states; intuitor: self-certainty, read from whole next-token distributions).
 - ``_compute_advantage``: for calibrl's estimators, also reads each row's ``extra_fields["reward_extra_info"]
   ["answer"]`` (what the reward function returned) from the queue, for seed_grpo's semantic clusters
   (:func:`queue_answers`).
@@ -59,6 +59,12 @@ def check_v1_config(*, config: Any) -> None:
     the V1 trainer cannot feed (one reading ``embeddings``: :func:`calibrl.advantages.estimator_inputs`)."""
     verl_name = config.algorithm.adv_estimator
     name = _calibrl_estimator(verl_name)
+    if name is not None and "self_certainty" in estimator_inputs(name, {}):
+        raise ValueError(
+            f"calibrl estimator {name!r} (algorithm.adv_estimator={verl_name}) needs each completion's self-certainty, "
+            "read from the policy's whole next-token distributions; verl 0.9.1 computes none (the authors patch "
+            f"verl's actor for it, verl-intuitor). Train {name} with calibrl's TRL trainer (`calibrl train "
+            "intuitor_qwen2.5-3b_deepscaler`).")
     if name is not None and "embeddings" in estimator_inputs(name, {}):
         raise ValueError(
             f"calibrl estimator {name!r} (algorithm.adv_estimator={verl_name}) needs embeddings, one per completion "

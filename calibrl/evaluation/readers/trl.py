@@ -4,7 +4,8 @@
 Columns, in order: ``step``, ``prompt`` (text, or a conversation: list of ``{"role", "content"}``),
 ``completion``, one float column per reward function (named after it), the extra columns, ``advantage``.
 calibrl's trainer adds the extra columns ``logprob_mean`` (float; NaN where unknown), ``correct`` (bool, by the
-correctness reward) and, on decision tasks, ``decision_prob`` (float or null).
+correctness reward) and, on decision tasks, ``decision_prob`` (float or null); a ``self_certainty`` column (float;
+NaN where unknown: INTUITOR's self-certainty) is read as well where a log has one.
 
 Completions of one prompt at one step form a group: the prompt id is ``<step>:<hash of the prompt's text>``.
 ``correct`` comes from the ``correct`` column, else from the first reward column (> 0.5), which is noted.
@@ -19,7 +20,7 @@ from typing import Any, Iterator
 from calibrl.evaluation.readers.base import Skips, as_float, fail, need_fields, prompt_key, rows_parquet
 
 REQUIRED = ("step", "prompt", "completion")
-_CALIBRL_EXTRAS = ("logprob_mean", "correct", "decision_prob")
+_CALIBRL_EXTRAS = ("logprob_mean", "correct", "decision_prob", "self_certainty")
 
 
 def files(path: Path) -> list[Path]:
@@ -66,7 +67,7 @@ def read(path: Path, notes: list[str], skips: Skips | None = None) -> Iterator[t
             need_fields(raw, REQUIRED, where, what="a TRL completions log")
             text = completion_text(raw["completion"])
             row: dict[str, Any] = {"prompt_id": prompt_key(raw["step"], raw["prompt"]), "completion": text}
-            for name in ("logprob_mean", "decision_prob"):
+            for name in ("logprob_mean", "decision_prob", "self_certainty"):
                 if name in raw:
                     row[name] = _nan_to_none(raw[name])
             if raw.get("correct") is not None:

@@ -3,7 +3,8 @@
 
 One line per sampled response: ``input`` (the decoded prompt), ``output`` (the decoded response), ``gts`` (the
 ground truth), ``score`` (the summed reward), ``step``, and every reward extra-info key with one value per row
-(verl adds ``reward``; math_dapo-style scorers add ``acc`` and ``pred``; calibrl.verl adds ``logprob_mean``).
+(verl adds ``reward``; math_dapo-style scorers add ``acc`` and ``pred``; calibrl.verl adds ``logprob_mean``; a
+``self_certainty`` key, where a worker adds one, is read as INTUITOR's self-certainty).
 
 Responses of one input at one step form a group: the prompt id is ``<step>:<hash of input>``. ``correct`` is
 ``acc`` when present, else ``score > 0.5``; ``answer`` is ``pred`` when present, else the last ``\\boxed{}``.
@@ -64,7 +65,8 @@ def read(path: Path, notes: list[str]) -> Iterator[tuple[str, dict]]:
                 "correct": _correct(raw, where, score),
                 "answer": pred if isinstance(pred, str) and pred else last_boxed(output),
             }
-            if "logprob_mean" in raw:
-                row["logprob_mean"] = raw["logprob_mean"]
+            for name in ("logprob_mean", "self_certainty"):
+                if name in raw:
+                    row[name] = raw[name]
             yield where, row
 
