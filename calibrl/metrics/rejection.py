@@ -25,13 +25,19 @@ tied copies) the same per replicate with no gathering (:func:`prr_replicates`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 
-from calibrl.metrics.abstention import _threshold_steps
+from calibrl.metrics.abstention import (
+    DEFAULT_COVERAGES,
+    _aurc_from_steps,
+    _check_coverages,
+    _precision_at_coverage_from_steps,
+    _threshold_steps,
+)
 
-__all__ = ["PRRReplicates", "prr", "prr_replicates"]
+__all__ = ["PRRReplicates", "RankingFigures", "prr", "prr_replicates", "ranking_figures"]
 
 _BLOCK = 1 << 21  # replicate x tie-run entries per block (16 MB per float64 array)
 
@@ -107,9 +113,53 @@ def prr(confidence: Any, correct: Any, *, max_rejection: float = 1.0) -> float:
     # the tie runs highest first, with the samples and correct samples at or above each (as the precision-coverage
     # curve counts them: two value sorts, no argsort)
     kept, right, _, n = _threshold_steps(confidence, correct)
+    return _prr_from_steps(kept, right, n, mr)
+
+
+def _prr_from_steps(kept: np.ndarray, right: np.ndarray, n: int, max_rejection: float) -> float:
+    """:func:`prr` from :func:`_threshold_steps`' cumulative counts [R] (highest confidence first)."""
     harmonic = _harmonic_at if kept.size < n // 64 else _table_lookup(_harmonic(n))
-    return float(_areas(np.diff(kept, prepend=0.0)[None, :], np.diff(right, prepend=0.0)[None, :], mr,
+    return float(_areas(np.diff(kept, prepend=0.0)[None, :], np.diff(right, prepend=0.0)[None, :], max_rejection,
                         harmonic)[0])
+
+
+def _auroc_from_steps(kept: np.ndarray, right: np.ndarray) -> float:
+    """Pooled AUROC from :func:`_threshold_steps`' cumulative counts [R]: sum over tie runs t of right_t x (wrong
+    samples in lower runs + wrong_t / 2), over right x wrong. Integer-valued sums, so exactly the value of
+    :func:`calibrl.metrics.auroc` (below 2^52 pairs)."""
+    run_right = np.diff(right, prepend=0.0)
+    run_wrong = np.diff(kept, prepend=0.0) - run_right
+    n_right, n_wrong = right[-1], kept[-1] - right[-1]
+    if n_right == 0 or n_wrong == 0:
+        return float("nan")
+    wrong_lower = n_wrong - np.cumsum(run_wrong)
+    u = np.sum(run_right * wrong_lower) + 0.5 * np.sum(run_right * run_wrong)
+    return float(u / (float(n_right) * float(n_wrong)))
+
+
+class RankingFigures(NamedTuple):
+    """The figures of one ranking of the samples (:func:`ranking_figures`), and its ``levels`` [R]: the distinct
+    confidences, highest first (the figures depend only on how these split and order the samples)."""
+
+    auroc: float
+    aurc: float
+    prr: float
+    precision_at_coverage: dict[float, float]
+    levels: np.ndarray
+
+
+def ranking_figures(confidence: Any, correct: Any, *, coverages: Iterable[float] = DEFAULT_COVERAGES,
+                    max_rejection: float = 1.0) -> RankingFigures:
+    """AUROC, AURC, PRR and precision at ``coverages`` of ``confidence`` [N] (any real score) for ``correct`` [N]
+    from one pass over the sorted scores: the values of :func:`calibrl.metrics.auroc`, :func:`~calibrl.metrics.aurc`,
+    :func:`prr` and :func:`~calibrl.metrics.precision_at_coverage` called one by one (the same counts and the same
+    arithmetic), at the cost of one of them."""
+    mr = _check_max_rejection(max_rejection)
+    cov = _check_coverages(coverages)
+    kept, right, levels, n = _threshold_steps(confidence, correct)
+    return RankingFigures(_auroc_from_steps(kept, right), _aurc_from_steps(kept, right, n),
+                          _prr_from_steps(kept, right, n, mr), _precision_at_coverage_from_steps(kept, right, n, cov),
+                          levels)
 
 
 class PRRReplicates:
