@@ -75,12 +75,13 @@ def _harmonic_at(k: np.ndarray) -> np.ndarray:
     return digamma(k + 1.0) + np.euler_gamma
 
 
-def _areas(run_kept: np.ndarray, run_right: np.ndarray, max_rejection: float, harmonic) -> np.ndarray:
+def _areas(run_kept: np.ndarray, run_right: np.ndarray, max_rejection: float, harmonic, *,
+           kept: np.ndarray | None = None, right: np.ndarray | None = None) -> np.ndarray:
     """PRR per row from the samples ``run_kept`` [b, T] and correct samples ``run_right`` [b, T] of each tie run,
-    highest confidence first (integer-valued); ``harmonic(k)`` H at integer-valued k. Returns [b] (nan where
-    undefined)."""
-    kept = np.cumsum(run_kept, axis=1)
-    right = np.cumsum(run_right, axis=1)
+    highest confidence first (integer-valued); ``harmonic(k)`` H at integer-valued k; ``kept`` / ``right`` their
+    cumulative sums along the runs when the caller has them. Returns [b] (nan where undefined)."""
+    kept = np.cumsum(run_kept, axis=1) if kept is None else kept
+    right = np.cumsum(run_right, axis=1) if right is None else right
     n, p = kept[:, -1], right[:, -1]
     n_rej = np.floor(max_rejection * n)
     prev_k = kept - run_kept
@@ -91,10 +92,12 @@ def _areas(run_kept: np.ndarray, run_right: np.ndarray, max_rejection: float, ha
         h_start = harmonic(start)
     else:  # every level: a run's sum starts where the previous run ended
         start = prev_k
-        h_start = np.concatenate([np.zeros((len(kept), 1)), h_kept[:, :-1]], axis=1)
+        h_start = None
     # sum_{k=start+1}^{kept} C(k) / k with C(k) = C(prev_k) + (k - prev_k) m; zero when start = kept
-    gain = (right - run_right - prev_k * m) * (h_kept - h_start) + m * (kept - start)
-    area = gain.sum(axis=1) / np.maximum(n_rej, 1)
+    h_gap = np.diff(h_kept, axis=1, prepend=0.0) if h_start is None else h_kept - h_start
+    gain = (right - run_right - prev_k * m) * h_gap + m * (kept - start)
+    # summed column by column (Fortran order), the order the replicates were first summed in: the same values
+    area = np.asfortranarray(gain).sum(axis=1) / np.maximum(n_rej, 1)
     # oracle: C(k) = min(k, P); sum_{k=lo+1}^{n} min(k, P) / k = #{k <= P} + P (H_n - H_max(P, lo))
     lo = n - n_rej
     oracle = (np.clip(p - lo, 0, None) + p * (harmonic(n) - harmonic(np.maximum(p, lo)))) / np.maximum(n_rej, 1)
@@ -200,10 +203,13 @@ class PRRReplicates:
         step = max(1, _BLOCK // max(1, self.samples.shape[0]))
         for a in range(0, len(counts), step):
             c = counts[a:a + step].T
-            run_kept, run_right = np.asarray(self.samples @ c).T, np.asarray(self.right @ c).T
-            prr_out[a:a + step] = _areas(run_kept, run_right, self.max_rejection, harmonic)
+            # [b, T] in row order: the sums and cumulative sums below then run along contiguous memory
+            run_kept = np.ascontiguousarray(np.asarray(self.samples @ c).T)
+            run_right = np.ascontiguousarray(np.asarray(self.right @ c).T)
+            kept, right = np.cumsum(run_kept, axis=1), np.cumsum(run_right, axis=1)
+            prr_out[a:a + step] = _areas(run_kept, run_right, self.max_rejection, harmonic, kept=kept, right=right)
             run_wrong = run_kept - run_right
-            wrong_lower = run_wrong.sum(axis=1, keepdims=True) - np.cumsum(run_wrong, axis=1)
+            wrong_lower = run_wrong.sum(axis=1, keepdims=True) - (kept - right)  # integers: exact either way
             u = (run_right * (wrong_lower + 0.5 * run_wrong)).sum(axis=1)
             den = run_right.sum(axis=1) * run_wrong.sum(axis=1)
             with np.errstate(invalid="ignore", divide="ignore"):
