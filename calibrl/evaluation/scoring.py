@@ -67,20 +67,33 @@ def _f(x: Any) -> float | None:
 
 def _confidence_metrics(conf: np.ndarray, target: np.ndarray, score: np.ndarray, pidx: np.ndarray, n_bins: int):
     ppa = M.per_prompt_auroc(score, target, pidx)
+    ranked = M.ranking_figures(score, target, coverages=_COVERAGES)  # AUROC and PRR rank the score
+    # AURC and precision at coverage rank the confidence: the score's figures when the confidence splits and orders
+    # the samples as the score does (exp of distinct log-probabilities can round to one value), else its own sort
+    by_conf = ranked if _orders_like(score, conf, ranked.levels) else M.ranking_figures(conf, target,
+                                                                                        coverages=_COVERAGES)
     return {
-        "auroc": _f(M.auroc(score, target)),
+        "auroc": _f(ranked.auroc),
         "per_prompt_auroc": {"mean": _f(ppa.mean), "n_prompts": int(ppa.n_prompts)},
         "ece": _f(M.ece(conf, target, n_bins=n_bins, strategy="uniform")),
         "ece_quantile": _f(M.ece(conf, target, n_bins=n_bins, strategy="quantile")),
         "smooth_ece": _f(M.smooth_ece(conf, target)),
-        "prr": _f(M.prr(score, target)),
+        "prr": _f(ranked.prr),
         "mce": _f(M.mce(conf, target, n_bins=n_bins, strategy="uniform")),
         "brier": _f(M.brier(conf, target)),
         "nll": _f(M.nll(conf, target)),
-        "aurc": _f(M.aurc(conf, target)),
+        "aurc": _f(by_conf.aurc),
         "mean_confidence": _f(np.mean(conf)),
-        "precision_at_coverage": {str(k): _f(v) for k, v in M.precision_at_coverage(conf, target, _COVERAGES).items()},
+        "precision_at_coverage": {str(k): _f(v) for k, v in by_conf.precision_at_coverage.items()},
     }
+
+
+def _orders_like(score: np.ndarray, conf: np.ndarray, levels: np.ndarray) -> bool:
+    """Whether ``conf`` [N] splits and orders the samples exactly as ``score`` [N] (distinct values ``levels``,
+    highest first) does: it equals the score, or is exp(score) with every level still distinct."""
+    if np.array_equal(conf, score):
+        return True
+    return np.array_equal(conf, np.exp(score)) and bool(np.all(np.diff(np.exp(levels)) < 0))
 
 
 def source_arrays(samples: Samples, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -126,8 +139,8 @@ def _source_metrics(conf: np.ndarray, score: np.ndarray, target: np.ndarray, n_r
     keys = ("auroc", "prr", "ece", "smooth_ece", "brier", "aurc", "mean_confidence")
     if n == 0:
         return {**figures, **dict.fromkeys(keys)}
-    figures.update({"auroc": _f(M.auroc(score, target)), "prr": _f(M.prr(score, target)),
-                    "aurc": _f(M.aurc(score, target))})
+    ranked = M.ranking_figures(score, target, coverages=())  # AUROC, PRR and AURC from one sort of the score
+    figures.update({"auroc": _f(ranked.auroc), "prr": _f(ranked.prr), "aurc": _f(ranked.aurc)})
     if probability:
         figures.update({"ece": _f(M.ece(conf, target, n_bins=n_bins, strategy="uniform")),
                         "smooth_ece": _f(M.smooth_ece(conf, target)), "brier": _f(M.brier(conf, target)),
@@ -240,7 +253,8 @@ def _weighted_auroc_numerators(counts: np.ndarray, neg_g: np.ndarray, pos_g: np.
 
 def prompt_bootstrap(correct: np.ndarray, pidx: np.ndarray, score: np.ndarray | None, conf: np.ndarray | None,
                      target: np.ndarray | None, *, n_bins: int, n_boot: int, alpha: float, seed: int,
-                     progress: Callable[[str], Any] | None = None) -> dict[str, tuple[float, float]]:
+                     progress: Callable[[str], Any] | None = None,
+                     auroc_replicates: np.ndarray | None = None) -> dict[str, tuple[float, float]]:
     """Prompt-bootstrap intervals of accuracy (mean@k) and, with a confidence, AUROC, ECE (uniform bins) and Brier:
     those of :func:`calibrl.metrics.bootstrap_ci` with the same ``seed`` (the same prompt draws), computed from
     each replicate's prompt counts instead of its gathered rows.
@@ -251,7 +265,9 @@ def prompt_bootstrap(correct: np.ndarray, pidx: np.ndarray, score: np.ndarray | 
     once (:func:`_weighted_auroc_numerators`; integer counts: the same value exactly); ECE and Brier sums of
     per-(prompt, bin) and per-prompt totals (equal up to float rounding, ~1e-16 relative). Replicates where a
     metric is nan are ignored, as in :func:`~calibrl.metrics.bootstrap_ci`.
-    ``progress(description)`` is called before each chunk of replicates.
+    ``progress(description)`` is called before each chunk of replicates. ``auroc_replicates`` [n_boot]: the
+    AUROC of these very replicates already computed (:func:`source_bootstrap` of the same score, target and seed
+    gives the same values exactly); its interval is then taken from them instead of counted again.
     """
     from calibrl.metrics.bootstrap import percentile_interval, resampled_prompt_counts
 
@@ -262,7 +278,8 @@ def prompt_bootstrap(correct: np.ndarray, pidx: np.ndarray, score: np.ndarray | 
     stats: dict[str, list[np.ndarray]] = {"accuracy": []}
     if conf is not None:
         t = np.asarray(target, dtype=bool)
-        neg_g, pos_g, lo, hi = _ranked_negatives(np.asarray(score), t, pidx)
+        if auroc_replicates is None:
+            neg_g, pos_g, lo, hi = _ranked_negatives(np.asarray(score), t, pidx)
         pos_p = np.bincount(pidx[t], minlength=n_groups).astype(np.float64)  # [G] positives per prompt
         neg_p = n_p - pos_p
         edges = M.bin_edges(conf, n_bins=n_bins, strategy="uniform")
@@ -281,11 +298,14 @@ def prompt_bootstrap(correct: np.ndarray, pidx: np.ndarray, score: np.ndarray | 
         stats["accuracy"].append(acc_p[drawn].mean(axis=1))
         if conf is None:
             continue
-        twice_u = _weighted_auroc_numerators(counts, neg_g, pos_g, lo, hi)  # [b]
-        den = (counts @ pos_p) * (counts @ neg_p)  # [b] weighted positives x negatives (integer-valued sums)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            auc = np.where(den > 0, (twice_u.astype(np.float64) / 2.0) / den, np.nan)
-        stats["auroc"].append(auc)
+        if auroc_replicates is not None:
+            stats["auroc"].append(np.asarray(auroc_replicates)[done - len(counts):done])
+        else:
+            twice_u = _weighted_auroc_numerators(counts, neg_g, pos_g, lo, hi)  # [b]
+            den = (counts @ pos_p) * (counts @ neg_p)  # [b] weighted positives x negatives (integer-valued sums)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                auc = np.where(den > 0, (twice_u.astype(np.float64) / 2.0) / den, np.nan)
+            stats["auroc"].append(auc)
         cnt, cs, acs = counts @ cnt_pb, counts @ conf_pb, counts @ acc_pb  # [b, n_bins]
         with np.errstate(invalid="ignore", divide="ignore"):
             gaps = np.abs(acs / cnt - cs / cnt)
@@ -408,11 +428,6 @@ def evaluate_samples(
                                  "grid_size": len(M.DEFAULT_THRESHOLD_GRID), "method_name": abstain_method,
                                  "note": "no confidence in the input"}
 
-    if n_boot > 0:
-        step(f"{label}/{scope}: bootstrap ({n_boot} prompt resamples)")
-        boot = prompt_bootstrap(samples.correct, pidx, score, conf, target, n_bins=n_bins, n_boot=n_boot,
-                                 alpha=alpha, seed=seed, progress=lambda d: step(f"{label}/{scope}: bootstrap, {d}"))
-        out["bootstrap"] = {"n_boot": n_boot, "alpha": alpha, **{k: [_f(lo), _f(hi)] for k, (lo, hi) in boot.items()}}
     ranked_rows = {k: v for k, v in source_rows.items() if len(v[3])}
     replicates = None
     if n_boot > 0 and ranked_rows:
@@ -423,6 +438,16 @@ def evaluate_samples(
         for kind, by_metric in found["intervals"].items():
             sources[kind]["intervals"] = {m: [_f(lo), _f(hi)] for m, (lo, hi) in by_metric.items()
                                           if sources[kind].get(m) is not None}
+    if n_boot > 0:
+        # the main confidence is one of the sources on every row: its AUROC replicates are counted once
+        main = ranked_rows.get(samples.confidence_kind) if replicates is not None else None
+        same = (main is not None and len(main[3]) == len(samples) and int(pidx.max()) + 1 == samples.n_prompts
+                and np.array_equal(main[2], score) and np.array_equal(main[3], target))
+        step(f"{label}/{scope}: bootstrap ({n_boot} prompt resamples)")
+        boot = prompt_bootstrap(samples.correct, pidx, score, conf, target, n_bins=n_bins, n_boot=n_boot,
+                                alpha=alpha, seed=seed, progress=lambda d: step(f"{label}/{scope}: bootstrap, {d}"),
+                                auroc_replicates=replicates[samples.confidence_kind]["auroc"] if same else None)
+        out["bootstrap"] = {"n_boot": n_boot, "alpha": alpha, **{k: [_f(lo), _f(hi)] for k, (lo, hi) in boot.items()}}
     if sources:
         out["confidence_ranking"] = rank_sources(sources, replicates, alpha=alpha)
 

@@ -28,7 +28,7 @@ from calibrl.metrics.accuracy import mean_at_k, pass_at_k, per_prompt_counts
 from calibrl.metrics.bootstrap import BootstrapCI, bootstrap_ci
 from calibrl.metrics.paired import DifferenceCI, hierarchical_bootstrap_difference, paired_bootstrap_difference
 from calibrl.metrics.consistency import answer_consistency, semantic_entropy
-from calibrl.metrics.rejection import prr, prr_replicates
+from calibrl.metrics.rejection import RankingFigures, prr, prr_replicates, ranking_figures
 from calibrl.metrics.smooth import (
     SmoothReliability,
     smooth_ece,
@@ -61,6 +61,7 @@ __all__ = [
     "DEFAULT_THRESHOLD_GRID",
     "DifferenceCI",
     "PerPromptAUROC",
+    "RankingFigures",
     "ReliabilityBins",
     "abstention_threshold",
     "SmoothReliability",
@@ -88,6 +89,7 @@ __all__ = [
     "precision_coverage",
     "prr",
     "prr_replicates",
+    "ranking_figures",
     "prompt_threshold_counts",
     "reliability_bins",
     "roc_curve",

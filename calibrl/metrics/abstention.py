@@ -100,7 +100,14 @@ def aurc(confidence: Any, correct: Any) -> float:
     ``(1/N) sum_{i=1}^{N} risk(top-i samples)``; a tie run contributes its width times the risk once it is
     answered.
     """
-    coverage, precision = precision_coverage(confidence, correct)
+    answered, answered_correct, _, n = _threshold_steps(confidence, correct)
+    return _aurc_from_steps(answered, answered_correct, n)
+
+
+def _aurc_from_steps(answered: np.ndarray, answered_correct: np.ndarray, n: int) -> float:
+    """:func:`aurc` from :func:`_threshold_steps`' counts (shared with :func:`calibrl.metrics.ranking_figures`)."""
+    coverage = answered / n
+    precision = answered_correct / answered
     widths = np.diff(coverage, prepend=0.0)
     return float(np.sum(widths * (1.0 - precision)))
 
@@ -114,12 +121,25 @@ def precision_at_coverage(
     part of the run that is answered counts at the run's mean accuracy (expected precision under random
     tie-breaking). Returns ``{c: precision}``.
     """
-    cov = np.asarray(list(coverages), dtype=np.float64).reshape(-1)
+    cov = _check_coverages(coverages)
     if cov.size == 0:
         return {}
-    if np.isnan(cov).any() or cov.min() <= 0.0 or cov.max() > 1.0:
-        raise ValueError(f"coverages must lie in (0, 1], got {cov.tolist()}")
     answered, answered_correct, _, n = _threshold_steps(confidence, correct)
+    return _precision_at_coverage_from_steps(answered, answered_correct, n, cov)
+
+
+def _check_coverages(coverages: Iterable[float]) -> np.ndarray:
+    cov = np.asarray(list(coverages), dtype=np.float64).reshape(-1)
+    if cov.size and (np.isnan(cov).any() or cov.min() <= 0.0 or cov.max() > 1.0):
+        raise ValueError(f"coverages must lie in (0, 1], got {cov.tolist()}")
+    return cov
+
+
+def _precision_at_coverage_from_steps(answered: np.ndarray, answered_correct: np.ndarray, n: int,
+                                      cov: np.ndarray) -> dict[float, float]:
+    """:func:`precision_at_coverage` from :func:`_threshold_steps`' counts and checked coverages ``cov``."""
+    if cov.size == 0:
+        return {}
     m = np.clip(np.ceil(cov * n - 1e-9), 1, n)  # number of samples answered
     r = np.searchsorted(answered, m, side="left")  # first step answering at least m: its tie run holds the m-th
     before_n = np.where(r > 0, answered[np.maximum(r - 1, 0)], 0.0)

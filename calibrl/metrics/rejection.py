@@ -25,13 +25,19 @@ tied copies) the same per replicate with no gathering (:func:`prr_replicates`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 
-from calibrl.metrics.abstention import _threshold_steps
+from calibrl.metrics.abstention import (
+    DEFAULT_COVERAGES,
+    _aurc_from_steps,
+    _check_coverages,
+    _precision_at_coverage_from_steps,
+    _threshold_steps,
+)
 
-__all__ = ["PRRReplicates", "prr", "prr_replicates"]
+__all__ = ["PRRReplicates", "RankingFigures", "prr", "prr_replicates", "ranking_figures"]
 
 _BLOCK = 1 << 21  # replicate x tie-run entries per block (16 MB per float64 array)
 
@@ -69,12 +75,13 @@ def _harmonic_at(k: np.ndarray) -> np.ndarray:
     return digamma(k + 1.0) + np.euler_gamma
 
 
-def _areas(run_kept: np.ndarray, run_right: np.ndarray, max_rejection: float, harmonic) -> np.ndarray:
+def _areas(run_kept: np.ndarray, run_right: np.ndarray, max_rejection: float, harmonic, *,
+           kept: np.ndarray | None = None, right: np.ndarray | None = None) -> np.ndarray:
     """PRR per row from the samples ``run_kept`` [b, T] and correct samples ``run_right`` [b, T] of each tie run,
-    highest confidence first (integer-valued); ``harmonic(k)`` H at integer-valued k. Returns [b] (nan where
-    undefined)."""
-    kept = np.cumsum(run_kept, axis=1)
-    right = np.cumsum(run_right, axis=1)
+    highest confidence first (integer-valued); ``harmonic(k)`` H at integer-valued k; ``kept`` / ``right`` their
+    cumulative sums along the runs when the caller has them. Returns [b] (nan where undefined)."""
+    kept = np.cumsum(run_kept, axis=1) if kept is None else kept
+    right = np.cumsum(run_right, axis=1) if right is None else right
     n, p = kept[:, -1], right[:, -1]
     n_rej = np.floor(max_rejection * n)
     prev_k = kept - run_kept
@@ -85,10 +92,12 @@ def _areas(run_kept: np.ndarray, run_right: np.ndarray, max_rejection: float, ha
         h_start = harmonic(start)
     else:  # every level: a run's sum starts where the previous run ended
         start = prev_k
-        h_start = np.concatenate([np.zeros((len(kept), 1)), h_kept[:, :-1]], axis=1)
+        h_start = None
     # sum_{k=start+1}^{kept} C(k) / k with C(k) = C(prev_k) + (k - prev_k) m; zero when start = kept
-    gain = (right - run_right - prev_k * m) * (h_kept - h_start) + m * (kept - start)
-    area = gain.sum(axis=1) / np.maximum(n_rej, 1)
+    h_gap = np.diff(h_kept, axis=1, prepend=0.0) if h_start is None else h_kept - h_start
+    gain = (right - run_right - prev_k * m) * h_gap + m * (kept - start)
+    # summed column by column (Fortran order), the order the replicates were first summed in: the same values
+    area = np.asfortranarray(gain).sum(axis=1) / np.maximum(n_rej, 1)
     # oracle: C(k) = min(k, P); sum_{k=lo+1}^{n} min(k, P) / k = #{k <= P} + P (H_n - H_max(P, lo))
     lo = n - n_rej
     oracle = (np.clip(p - lo, 0, None) + p * (harmonic(n) - harmonic(np.maximum(p, lo)))) / np.maximum(n_rej, 1)
@@ -107,9 +116,53 @@ def prr(confidence: Any, correct: Any, *, max_rejection: float = 1.0) -> float:
     # the tie runs highest first, with the samples and correct samples at or above each (as the precision-coverage
     # curve counts them: two value sorts, no argsort)
     kept, right, _, n = _threshold_steps(confidence, correct)
+    return _prr_from_steps(kept, right, n, mr)
+
+
+def _prr_from_steps(kept: np.ndarray, right: np.ndarray, n: int, max_rejection: float) -> float:
+    """:func:`prr` from :func:`_threshold_steps`' cumulative counts [R] (highest confidence first)."""
     harmonic = _harmonic_at if kept.size < n // 64 else _table_lookup(_harmonic(n))
-    return float(_areas(np.diff(kept, prepend=0.0)[None, :], np.diff(right, prepend=0.0)[None, :], mr,
+    return float(_areas(np.diff(kept, prepend=0.0)[None, :], np.diff(right, prepend=0.0)[None, :], max_rejection,
                         harmonic)[0])
+
+
+def _auroc_from_steps(kept: np.ndarray, right: np.ndarray) -> float:
+    """Pooled AUROC from :func:`_threshold_steps`' cumulative counts [R]: sum over tie runs t of right_t x (wrong
+    samples in lower runs + wrong_t / 2), over right x wrong. Integer-valued sums, so exactly the value of
+    :func:`calibrl.metrics.auroc` (below 2^52 pairs)."""
+    run_right = np.diff(right, prepend=0.0)
+    run_wrong = np.diff(kept, prepend=0.0) - run_right
+    n_right, n_wrong = right[-1], kept[-1] - right[-1]
+    if n_right == 0 or n_wrong == 0:
+        return float("nan")
+    wrong_lower = n_wrong - np.cumsum(run_wrong)
+    u = np.sum(run_right * wrong_lower) + 0.5 * np.sum(run_right * run_wrong)
+    return float(u / (float(n_right) * float(n_wrong)))
+
+
+class RankingFigures(NamedTuple):
+    """The figures of one ranking of the samples (:func:`ranking_figures`), and its ``levels`` [R]: the distinct
+    confidences, highest first (the figures depend only on how these split and order the samples)."""
+
+    auroc: float
+    aurc: float
+    prr: float
+    precision_at_coverage: dict[float, float]
+    levels: np.ndarray
+
+
+def ranking_figures(confidence: Any, correct: Any, *, coverages: Iterable[float] = DEFAULT_COVERAGES,
+                    max_rejection: float = 1.0) -> RankingFigures:
+    """AUROC, AURC, PRR and precision at ``coverages`` of ``confidence`` [N] (any real score) for ``correct`` [N]
+    from one pass over the sorted scores: the values of :func:`calibrl.metrics.auroc`, :func:`~calibrl.metrics.aurc`,
+    :func:`prr` and :func:`~calibrl.metrics.precision_at_coverage` called one by one (the same counts and the same
+    arithmetic), at the cost of one of them."""
+    mr = _check_max_rejection(max_rejection)
+    cov = _check_coverages(coverages)
+    kept, right, levels, n = _threshold_steps(confidence, correct)
+    return RankingFigures(_auroc_from_steps(kept, right), _aurc_from_steps(kept, right, n),
+                          _prr_from_steps(kept, right, n, mr), _precision_at_coverage_from_steps(kept, right, n, cov),
+                          levels)
 
 
 class PRRReplicates:
@@ -150,10 +203,13 @@ class PRRReplicates:
         step = max(1, _BLOCK // max(1, self.samples.shape[0]))
         for a in range(0, len(counts), step):
             c = counts[a:a + step].T
-            run_kept, run_right = np.asarray(self.samples @ c).T, np.asarray(self.right @ c).T
-            prr_out[a:a + step] = _areas(run_kept, run_right, self.max_rejection, harmonic)
+            # [b, T] in row order: the sums and cumulative sums below then run along contiguous memory
+            run_kept = np.ascontiguousarray(np.asarray(self.samples @ c).T)
+            run_right = np.ascontiguousarray(np.asarray(self.right @ c).T)
+            kept, right = np.cumsum(run_kept, axis=1), np.cumsum(run_right, axis=1)
+            prr_out[a:a + step] = _areas(run_kept, run_right, self.max_rejection, harmonic, kept=kept, right=right)
             run_wrong = run_kept - run_right
-            wrong_lower = run_wrong.sum(axis=1, keepdims=True) - np.cumsum(run_wrong, axis=1)
+            wrong_lower = run_wrong.sum(axis=1, keepdims=True) - (kept - right)  # integers: exact either way
             u = (run_right * (wrong_lower + 0.5 * run_wrong)).sum(axis=1)
             den = run_right.sum(axis=1) * run_wrong.sum(axis=1)
             with np.errstate(invalid="ignore", divide="ignore"):

@@ -217,7 +217,20 @@ class SmoothECEReplicates:
 
     def __call__(self, counts: np.ndarray) -> np.ndarray:
         counts = np.asarray(counts, dtype=np.float64)
-        masses: dict[int, np.ndarray] = {}  # E -> [b, 2E] of this chunk
+        masses: dict[int, np.ndarray] = {}  # E -> [b, 2E] of this chunk, rows filled as replicates need them
+        filled: dict[int, np.ndarray] = {}  # E -> [b] bool
+
+        def masses_of(n_nodes: int, rows: np.ndarray) -> np.ndarray:
+            """Grid masses [len(rows), 2E] of replicates ``rows``: a replicate's product is computed the first time
+            one of its widths needs this grid (each column of the product on its own: the same values)."""
+            if n_nodes not in masses:
+                masses[n_nodes] = np.empty((len(counts), 2 * n_nodes))
+                filled[n_nodes] = np.zeros(len(counts), dtype=bool)
+            todo = rows[~filled[n_nodes][rows]]
+            if todo.size:
+                masses[n_nodes][todo] = np.asarray(self._matrix(n_nodes) @ counts[todo].T).T
+                filled[n_nodes][todo] = True
+            return masses[n_nodes][rows]
 
         def values(widths: np.ndarray) -> np.ndarray:
             """smECE of every replicate at its own width [b]."""
@@ -225,9 +238,7 @@ class SmoothECEReplicates:
             sizes = np.array([_grid_size(w) for w in widths])
             for n_nodes in np.unique(sizes):
                 rows = np.flatnonzero(sizes == n_nodes)
-                if n_nodes not in masses:
-                    masses[n_nodes] = np.asarray(self._matrix(n_nodes) @ counts.T).T
-                m = masses[n_nodes][rows]
+                m = masses_of(n_nodes, rows)
                 both = np.concatenate([m[:, :n_nodes], m[:, n_nodes:]])  # [2g, E]: residuals, then counts
                 ker = np.stack([_kernel(w, n_nodes) for w in widths[rows]])
                 smooth = _reflected_convolve(both, np.concatenate([ker, ker]))
