@@ -191,8 +191,50 @@ def _final_differences(records: list[dict], arm: str, ref: str, key: str) -> lis
     return [final[(arm, s)] - final[(ref, s)] for (a, s) in final if a == arm and (ref, s) in final]
 
 
+def _num(value: float) -> str:
+    return f"{value:.3f}" if np.isfinite(value) else "n/a"
+
+
 def _direction_words(direction: int) -> str:
     return {-1: "below 0", 1: "above 0", 0: "two-sided"}[direction]
+
+
+def findings(result: dict, records: list[dict]) -> list[str]:
+    """The page's sentences: each primary reading with its interval (no stronger than it), accuracy kept or not,
+    and this study's GRPO and RLCR runs beside the RLCR study's (docs/results/rlcr_results.json)."""
+    from calibrl.testbed.report import format_interval
+
+    out = []
+    for e in result["primary"]:
+        if e.get("missing"):
+            continue
+        what = f"`{e['arm']}` minus `{e['ref']}`, {NAMES[e['key']]} at matched accuracy"
+        mean, low, high = e["interval"]
+        if e["reading"].startswith("not resolvable at this scale"):
+            out.append(f"{what}: {format_interval(e['interval'])}, not resolvable at this scale (the data do not "
+                       f"exclude differences from {low:+.3f} to {high:+.3f}).")
+        else:
+            out.append(f"{what}: {format_interval(e['interval'])}, {e['reading']} (protocol's reading, "
+                       f"{e['seeds']} seeds).")
+    for (arm, ref), (interval, _, n) in result["finals"].items():
+        mean, low, high = interval
+        side = ("lower" if high < 0 else "higher" if low > 0 else "not resolved") if np.isfinite(low) else "one seed"
+        out.append(f"Final expected accuracy, `{arm}` minus `{ref}`: {format_interval(interval)} ({n} seeds; "
+                   f"{side}).")
+    rlcr_file = Path(__file__).resolve().parents[1] / "docs" / "results" / "rlcr_results.json"
+    if rlcr_file.exists():
+        earlier = json.loads(rlcr_file.read_text())["results"]
+        parts = []
+        for arm in ("grpo", "rlcr"):
+            here = [r["history"][-1]["stated_auroc"] for r in records if r["arm"] == arm and r["steps"] == 800]
+            before = [h[-1]["stated_auroc"] for h in earlier.get(arm, {}).values()]
+            if here and before:
+                parts.append(f"`{arm}` {np.mean(here):.3f} ± {np.std(here):.3f} here, {np.mean(before):.3f} ± "
+                             f"{np.std(before):.3f} in the RLCR study")
+        if parts:
+            out.append("Consistency with the RLCR study (same arms, seeds and budget, earlier code): final stated "
+                       "AUROC " + "; ".join(parts) + ".")
+    return out
 
 
 def page(records: list[dict]) -> str:
@@ -203,21 +245,21 @@ def page(records: list[dict]) -> str:
     arms_run = [a for a in ARMS if any(r["arm"] == a for r in records)]
     by_arm = {a: {r["seed"]: r["history"] for r in records if r["arm"] == a} for a in arms_run}
     steps = sorted({r["steps"] for r in records})
+    every = sorted({r["eval_every"] for r in records})
     lines = [
         "# DCPO and Clip-Cov against GRPO and RLCR on the testbed's stated-confidence task",
         "",
-        f"Protocol, written and committed before the runs: [../protocols/newer_methods_testbed.md]"
-        f"(../protocols/newer_methods_testbed.md). Data: `docs/results/newer_methods/` (one file per run: every "
-        "evaluation, the arm's settings, its UTC start and end). This page is written whole by `python -m "
-        "studies.newer_methods report` from those files and checked by `python -m studies.reproduce --only "
-        "newer_methods`.",
+        "Data: `docs/results/newer_methods/` (one file per run: every evaluation, the arm's settings, its UTC start "
+        "and end). This page is written whole by `python -m studies.newer_methods report` from those files and "
+        "checked by `python -m studies.reproduce --only newer_methods`. Protocol, written and committed before the "
+        "runs: [../protocols/newer_methods_testbed.md](../protocols/newer_methods_testbed.md).",
         "",
         "Command: `python -m studies.newer_methods run --workers 2` (two runs at a time, one torch thread each, on a "
         "shared 2-core machine), then `python -m studies.newer_methods report`.",
         "",
         f"Task `testbed/verbalized` (completions `ss;A:k`, stated confidence k/10, true success probability known), "
         f"one SFT warm start, {', '.join(map(str, steps))} steps of 16 prompts x 8 samples per run, T = 1, lr 3e-4, "
-        "beta 0; evaluation every 100 steps on 128 held-out `test` prompts x 8 samples, outcomes drawn once with a "
+        f"beta 0; evaluation every {', '.join(map(str, every))} steps on 128 held-out `test` prompts x 8 samples, outcomes drawn once with a "
         "fixed seed. Arms: `grpo` and `rlcr` (the RLCR study's), `dcpo` (the authors' code's assignment, gamma 0.5, "
         "weight 0.5), `clip_cov` (GRPO with verl 0.9.1's Clip-Cov defaults: ratio 2e-4, covariance bounds (1, 5), "
         "clip 0.2), `dcpo_paper` (secondary: the paper's assignment).",
@@ -237,12 +279,12 @@ def page(records: list[dict]) -> str:
         if e.get("missing"):
             lines.append(f"| {i} | {label} | | 0 | n/a | | {_direction_words(e['direction'])} | not run |")
             continue
-        lines.append(f"| {i} | {label} | {e['accuracy']:.3f} | {e['seeds']} | {format_interval(e['interval'])} | "
-                     f"{e['p']:.3f} | {_direction_words(e['direction'])} | {e['reading']} |")
+        lines.append(f"| {i} | {label} | {_num(e['accuracy'])} | {e['seeds']} | {format_interval(e['interval'])} | "
+                     f"{_num(e['p'])} | {_direction_words(e['direction'])} | {e['reading']} |")
     lines += ["", "## Secondary", "", "Final expected accuracy, arm minus reference at the end of training "
               "(paired by seed):", "", "| difference | seeds | mean [95% t-interval] | p |", "|---|---:|---:|---:|"]
     for (arm, ref), (interval, p, n) in result["finals"].items():
-        lines.append(f"| `{arm}` - `{ref}` | {n} | {format_interval(interval)} | {p:.3f} |")
+        lines.append(f"| `{arm}` - `{ref}` | {n} | {format_interval(interval)} | {_num(p)} |")
     lines += ["", "Other stated-confidence differences at matched accuracy (same rule as the primary table):", "",
               "| difference | matched accuracy | " + " | ".join(NAMES[k] for k in
                                                             ("stated_ece", "stated_auroc", "stated_calib_err",
@@ -251,7 +293,7 @@ def page(records: list[dict]) -> str:
     for (arm, ref), entry in result["secondary"].items():
         cells = [format_interval(entry[k]) for k in ("stated_ece", "stated_auroc", "stated_calib_err", "brier",
                                                         "entropy", "seq_auroc")]
-        lines.append(f"| `{arm}` - `{ref}` | {entry['accuracy']:.3f} | " + " | ".join(cells) + " |")
+        lines.append(f"| `{arm}` - `{ref}` | {_num(entry['accuracy'])} | " + " | ".join(cells) + " |")
     metrics = rlcr.METRICS + ("entropy", "auroc_ceiling")
     titles = rlcr.TITLES + ("per-token entropy", "AUROC ceiling")
     matched = rlcr.MATCHED + (("entropy", "per-token entropy"),)
@@ -259,6 +301,7 @@ def page(records: list[dict]) -> str:
               "Mean ± std over seeds (the RLCR study's tables, `studies/rlcr.py`); an arm whose completions almost "
               "never state a confidence has its stated figures in parentheses.", "",
               rlcr.tables(by_arm, metrics=metrics, titles=titles, matched=matched)]
+    lines += ["", "## What this shows", ""] + [f"- {sentence}" for sentence in findings(result, records)]
     lines += ["", "## Runs", "", "| arm | seed | started (UTC) | finished (UTC) | seconds |", "|---|---:|---|---|---:|"]
     for r in records:
         lines.append(f"| {r['arm']} | {r['seed']} | {r['started_utc']} | {r['finished_utc']} | {r['seconds']:.0f} |")
