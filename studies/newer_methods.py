@@ -70,7 +70,7 @@ def run_file(out: Path, arm: str, seed: int) -> Path:
     return out / f"{arm}_seed{seed}.json"
 
 
-def _one_run(arm: str, seed: int, steps: int, eval_every: int, lr: float, out: str) -> str:
+def _one_run(arm: str, seed: int, steps: int, eval_every: int, lr: float, out: str, commit: str) -> str:
     """One run in a worker process (one torch thread); its record written when it ends."""
     import torch
 
@@ -83,7 +83,7 @@ def _one_run(arm: str, seed: int, steps: int, eval_every: int, lr: float, out: s
     history = rlcr.run_arm(arm, seed=seed, steps=steps, eval_every=eval_every, lr=lr, settings=ARMS[arm])
     record = {"arm": arm, "seed": seed, "steps": steps, "eval_every": eval_every, "lr": lr,
               "settings": dataclasses.asdict(ARMS[arm]), "started_utc": started_utc, "finished_utc": utc_now(),
-              "seconds": round(time.perf_counter() - start, 1), "commit": _commit(), "history": history}
+              "seconds": round(time.perf_counter() - start, 1), "commit": commit, "history": history}
     path = run_file(Path(out), arm, seed)
     write_then_rename(path, json.dumps(record, indent=1))
     print(f"{record['finished_utc']} done {arm} seed {seed}: {record['seconds']:.0f} s -> {path}", flush=True)
@@ -112,7 +112,8 @@ def run(args) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ["OMP_NUM_THREADS"] = "1"
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_one_run, arm, seed, args.steps, args.eval_every, args.lr, str(out)): (arm, seed)
+        commit = _commit()  # the checkout the job started from (later commits do not reach the running workers)
+        futures = {pool.submit(_one_run, arm, seed, args.steps, args.eval_every, args.lr, str(out), commit): (arm, seed)
                    for arm, seed in todo}
         for future in as_completed(futures):
             future.result()  # a failed run stops the job; the finished runs' files are kept
@@ -221,6 +222,28 @@ def findings(result: dict, records: list[dict]) -> list[str]:
         side = ("lower" if high < 0 else "higher" if low > 0 else "not resolved") if np.isfinite(low) else "one seed"
         out.append(f"Final expected accuracy, `{arm}` minus `{ref}`: {format_interval(interval)} ({n} seeds; "
                    f"{side}).")
+    final = {(r["arm"], r["seed"]): r["history"][-1] for r in records}
+    start = records[0]["history"][0]["expected_accuracy"]
+
+    def per_seed(arm: str, key: str) -> str:
+        return ", ".join(f"{final[(arm, s)][key]:.3f}" for s in sorted(s for a, s in final if a == arm))
+
+    if any(a == "dcpo" for a, _ in final):
+        out.append(f"`dcpo`'s final stated AUROC per seed: {per_seed('dcpo', 'stated_auroc')} (`grpo`: "
+                   f"{per_seed('grpo', 'stated_auroc')}; `rlcr`: {per_seed('rlcr', 'stated_auroc')}). With the "
+                   "code's assignment the stated digit sits after DCPO's split and is trained by the accuracy "
+                   "advantage on this format, as under GRPO (protocol, worked out before the runs).")
+    if any(a == "dcpo_paper" for a, _ in final):
+        ends = [final[k]["expected_accuracy"] for k in final if k[0] == "dcpo_paper"]
+        if max(ends) < start:
+            out.append(f"`dcpo_paper` (the paper's assignment: the answer digit after the split, trained by the "
+                       f"calibration advantage) ends below the warm start's expected accuracy ({start:.3f}) in "
+                       f"every seed ({per_seed('dcpo_paper', 'expected_accuracy')}; stated AUROC "
+                       f"{per_seed('dcpo_paper', 'stated_auroc')}), so it has no matched reading against any arm.")
+    if any(a == "clip_cov" for a, _ in final):
+        out.append(f"`clip_cov`'s share of completions stating a confidence at the end, per seed: "
+                   f"{per_seed('clip_cov', 'stated_fraction')} (`grpo`: {per_seed('grpo', 'stated_fraction')}); "
+                   f"its per-token entropy {per_seed('clip_cov', 'entropy')} (`grpo`: {per_seed('grpo', 'entropy')}).")
     rlcr_file = Path(__file__).resolve().parents[1] / "docs" / "results" / "rlcr_results.json"
     if rlcr_file.exists():
         earlier = json.loads(rlcr_file.read_text())["results"]
@@ -232,8 +255,8 @@ def findings(result: dict, records: list[dict]) -> list[str]:
                 parts.append(f"`{arm}` {np.mean(here):.3f} ± {np.std(here):.3f} here, {np.mean(before):.3f} ± "
                              f"{np.std(before):.3f} in the RLCR study")
         if parts:
-            out.append("Consistency with the RLCR study (same arms, seeds and budget, earlier code): final stated "
-                       "AUROC " + "; ".join(parts) + ".")
+            out.append("Consistency with the RLCR study (same arms, seeds and budget, run on 2026-11-26): final "
+                       "stated AUROC " + "; ".join(parts) + ".")
     return out
 
 
@@ -299,8 +322,11 @@ def page(records: list[dict]) -> str:
     matched = rlcr.MATCHED + (("entropy", "per-token entropy"),)
     lines += ["", "## Each arm's last evaluation and readings at two accuracy levels", "",
               "Mean ± std over seeds (the RLCR study's tables, `studies/rlcr.py`); an arm whose completions almost "
-              "never state a confidence has its stated figures in parentheses.", "",
-              rlcr.tables(by_arm, metrics=metrics, titles=titles, matched=matched)]
+              "never state a confidence has its stated figures in parentheses. The levels of the second table are "
+              "those every run of the primary arms reaches (`dcpo_paper` is left out of it: see the amendment of "
+              "the protocol).", "",
+              rlcr.tables(by_arm, metrics=metrics, titles=titles, matched=matched,
+                          matched_arms=tuple(a for a in PRIMARY if a in by_arm))]
     lines += ["", "## What this shows", ""] + [f"- {sentence}" for sentence in findings(result, records)]
     lines += ["", "## Runs", "", "| arm | seed | started (UTC) | finished (UTC) | seconds |", "|---|---:|---|---|---:|"]
     for r in records:

@@ -146,11 +146,12 @@ MATCHED = (("stated_ece", "stated ECE ↓"), ("stated_auroc", "stated AUROC ↑"
 
 
 def tables(results: dict, *, metrics: tuple[str, ...] = METRICS, titles: tuple[str, ...] = TITLES,
-           matched: tuple[tuple[str, str], ...] = MATCHED) -> str:
+           matched: tuple[tuple[str, str], ...] = MATCHED, matched_arms: tuple[str, ...] | None = None) -> str:
     """Markdown (docs/results/rlcr.md): the warm start and each arm's last evaluation (mean ± std over seeds; the
     stated-confidence figures of an arm that almost never states one in parentheses, mean only), then each metric
     at matched expected accuracy (each run's curve read where it first reaches the level, mean over seeds).
-    ``metrics`` / ``titles``: the columns of the first table; ``matched``: (key, title) of the second's."""
+    ``metrics`` / ``titles``: the columns of the first table; ``matched``: (key, title) of the second's;
+    ``matched_arms``: the arms of the second table and of its levels (default all)."""
     lines = ["| arm | " + " | ".join(titles) + " |", "|---|" + "---:|" * len(metrics)]
     first = next(iter(next(iter(results.values())).values()))
     lines.append("| warm start | " + " | ".join(f"{first[0][k]:.3f}" for k in metrics) + " |")
@@ -164,6 +165,7 @@ def tables(results: dict, *, metrics: tuple[str, ...] = METRICS, titles: tuple[s
             else:
                 cells.append(f"{np.nanmean(v):.3f} ± {np.nanstd(v):.3f}" if len(v) > 1 else f"{v[0]:.3f}")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    results = {arm: runs for arm, runs in results.items() if matched_arms is None or arm in matched_arms}
     start = min(h[0]["expected_accuracy"] for runs in results.values() for h in runs.values())
     reach = min(max(e["expected_accuracy"] for e in h) for runs in results.values() for h in runs.values())
     lines += ["", f"At matched expected accuracy (every arm and seed reaches {reach:.3f}; start {start:.3f}):", ""]
