@@ -15,7 +15,8 @@ start (SFT) states k at random: it knows nothing of its own chances. Arms, all f
 Every ``--eval-every`` steps each arm samples 8 completions of 128 held-out prompts (seeded, the same for every
 arm) and records expected accuracy (mean true probability), the share of completions that state a confidence, the
 stated confidence's ECE / AUROC / Brier / mean |stated - true probability| over those, and the sequence
-confidence's AUROC. The tables: the last evaluation (mean and spread
+confidence's AUROC, per-token entropy and the AUROC ceiling (the last two read by studies/newer_methods.py, which
+runs further arms through :class:`Arm` settings and :func:`run_arm`). The tables: the last evaluation (mean and spread
 over seeds) and each metric read at matched expected accuracy (linear interpolation along each arm's own curve at
 accuracies every arm reaches). lr 3e-4 was set after a first 100-step run at 1e-4 barely moved the stated
 confidence (see docs/results/rlcr.md on what that run read). Results: ``--out`` (default runs/rlcr/results.json):
