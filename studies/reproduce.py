@@ -25,6 +25,8 @@ Each study with committed data is rebuilt by the same code that wrote it, from i
 - ``realmodel``: the folder ``realmodel_study/`` (one raw-records file per run of the equal-budget study) ->
   ``realmodel.md``'s tables of every seed and ``realmodel_study.png`` (``studies/realmodel_study.py``); the untrained
   baseline's samples ``realmodel_baseline/*.jsonl`` -> its tables (``calibrl eval``'s, about 10 s);
+- ``newer_methods``: the folder ``newer_methods/`` (one record per run: every evaluation) -> ``newer_methods.md``,
+  written whole (``studies/newer_methods.py``: DCPO and Clip-Cov against GRPO and RLCR on ``testbed/verbalized``);
 - ``deepconf_realmodel``: the folder ``deepconf_realmodel/`` (the ``calibrl generate`` run's rows with their
   ``token_confidence``, and ``run.json``) -> ``deepconf_realmodel.md``, written whole
   (``studies/deepconf_realmodel.py``).
@@ -153,6 +155,11 @@ def rebuild_realmodel_powered(scratch: Path) -> Rebuilt:
     return Rebuilt({"realmodel_powered.md": text}, {figure.name: figure})
 
 
+def rebuild_newer_methods(scratch: Path) -> Rebuilt:
+    newer = _script("newer_methods")
+    return Rebuilt({"newer_methods.md": newer.page(newer.load(RESULTS / "newer_methods"))}, {})
+
+
 def _baseline_tables(scratch: Path) -> str:
     """The tables of ``calibrl eval``'s report section "overall" on the untrained baseline's committed samples
     (``realmodel_baseline/*.jsonl``, written by the ``calibrl generate`` commands of realmodel.md)."""
@@ -217,6 +224,9 @@ DATA_FILES: dict[str, tuple[str, str, str]] = {
     "realmodel": ("realmodel_study", "realmodel.md",
                   "see realmodel.md's commands (studies/realmodel_study.py --pack; about an hour per pair of methods per "
                   "seed on 2 cores)"),
+    "newer_methods": ("newer_methods", "newer_methods.md",
+                      "python -m studies.newer_methods run --workers 2 (15 runs of 800 steps, about 2-4 minutes each "
+                      "two at a time on 2 cores; docs/protocols/newer_methods_testbed.md)"),
     "deepconf_realmodel": ("deepconf_realmodel", "deepconf_realmodel.md",
                            "the calibrl generate command of docs/protocols/deepconf_realmodel.md, then "
                            "python -m studies.deepconf_realmodel --pack (about 8 minutes on 2 cores)"),
@@ -252,11 +262,12 @@ STUDIES: dict[str, Callable[[Path], Rebuilt]] = {
     "protocol": rebuild_protocol, "mask": rebuild_mask, "downstream": rebuild_downstream,
     "decision": rebuild_decision, "rlcr": rebuild_rlcr, "realmodel_powered": rebuild_realmodel_powered,
     "realmodel": rebuild_realmodel, "deepconf_realmodel": rebuild_deepconf_realmodel,
+    "newer_methods": rebuild_newer_methods,
 }
 
 
 # documents written whole by their script (no hand-written text): every line is checked, not only the tables
-WHOLE_PAGES = {"realmodel_powered.md", "deepconf_realmodel.md"}
+WHOLE_PAGES = {"realmodel_powered.md", "deepconf_realmodel.md", "newer_methods.md"}
 
 
 def missing_rows(rebuilt: Rebuilt) -> dict[str, list[str]]:

@@ -15,7 +15,8 @@ start (SFT) states k at random: it knows nothing of its own chances. Arms, all f
 Every ``--eval-every`` steps each arm samples 8 completions of 128 held-out prompts (seeded, the same for every
 arm) and records expected accuracy (mean true probability), the share of completions that state a confidence, the
 stated confidence's ECE / AUROC / Brier / mean |stated - true probability| over those, and the sequence
-confidence's AUROC. The tables: the last evaluation (mean and spread
+confidence's AUROC, per-token entropy and the AUROC ceiling (the last two read by studies/newer_methods.py, which
+runs further arms through :class:`Arm` settings and :func:`run_arm`). The tables: the last evaluation (mean and spread
 over seeds) and each metric read at matched expected accuracy (linear interpolation along each arm's own curve at
 accuracies every arm reaches). lr 3e-4 was set after a first 100-step run at 1e-4 barely moved the stated
 confidence (see docs/results/rlcr.md on what that run read). Results: ``--out`` (default runs/rlcr/results.json):
@@ -30,21 +31,40 @@ import math
 import os
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from calibrl.testbed.report import at_accuracy
 
-ARMS = ("grpo", "capo", "rlcr")
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm of a study on ``testbed/verbalized``: its training reward (``"correctness"``: the drawn outcome
+    alone, the confidence digit ignored; ``"rlcr"``: RLCR's reward) and its ``CalibratedGRPOConfig`` fields beyond
+    the shared budget of :func:`run_arm`."""
+
+    reward: str
+    config: dict = field(default_factory=dict)
+
+
+ARM_SETTINGS = {
+    "grpo": Arm("correctness", {"advantage_estimator": "grpo"}),
+    "capo": Arm("correctness", {"advantage_estimator": "capo", "capo_tau": 0.6}),
+    "rlcr": Arm("rlcr", {"advantage_estimator": "grpo"}),
+}
+ARMS = tuple(ARM_SETTINGS)
 TASK = "verbalized"
 METRICS = ("expected_accuracy", "stated_fraction", "stated_ece", "stated_auroc", "stated_calib_err", "brier", "seq_auroc")
 
 
 def evaluate(model, tok, prompts, *, step: int) -> dict:
-    """One evaluation: 8 samples per prompt, fixed sampling seed, the metrics above."""
+    """One evaluation: 8 samples per prompt, fixed sampling seed, the metrics above, plus ``entropy`` (the
+    testbed's per-token entropy estimate) and ``auroc_ceiling`` (the true probability's AUROC on the same draws)."""
     from calibrl import metrics as M
     from calibrl.testbed import tasks as tb
+    from calibrl.testbed.evaluate import token_entropy_estimate
     from calibrl.testbed.methods import stated_confidence_metrics
     from calibrl.testbed.warmstart import sample_completions
 
@@ -55,14 +75,18 @@ def evaluate(model, tok, prompts, *, step: int) -> dict:
                        for p, c in zip(res["prompt"], res["completion"])])
     correct = np.random.default_rng(10_000).random(len(q)) < q  # one fixed draw of the outcomes
     out = stated_confidence_metrics(stated=stated, correct=correct, p_true=q)
-    out["seq_auroc"] = float(M.auroc(np.asarray(res["logprob_mean"]), correct)) if 0 < correct.mean() < 1 else math.nan
+    mixed = 0 < correct.mean() < 1
+    out["seq_auroc"] = float(M.auroc(np.asarray(res["logprob_mean"]), correct)) if mixed else math.nan
+    out["auroc_ceiling"] = float(M.auroc(q, correct)) if mixed else math.nan
+    out["entropy"] = token_entropy_estimate(res["logprob_mean"], res["n_tokens"])
     out.update(step=step, expected_accuracy=float(q.mean()))
     model.train()
     return out
 
 
-def run_arm(arm: str, *, seed: int, steps: int, eval_every: int, lr: float) -> list[dict]:
-    """Warm start, then ``steps`` steps of ``arm``; returns the evaluation history."""
+def run_arm(arm: str, *, seed: int, steps: int, eval_every: int, lr: float, settings: Arm | None = None) -> list[dict]:
+    """Warm start, then ``steps`` steps of ``arm`` (``settings``, default :data:`ARM_SETTINGS`'s); returns the
+    evaluation history."""
     import torch
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -91,8 +115,10 @@ def run_arm(arm: str, *, seed: int, steps: int, eval_every: int, lr: float) -> l
         return [float(rng.random() < tb.true_success_probability(TASK, tb._completion(p), tb._completion(c)))
                 for p, c in zip(prompts, completions)]
 
-    reward = tb.make_reward(TASK, seed=seed) if arm == "rlcr" else correctness
-    estimator = {"advantage_estimator": "capo", "capo_tau": 0.6} if arm == "capo" else {"advantage_estimator": "grpo"}
+    settings = settings or ARM_SETTINGS[arm]
+    if settings.reward not in ("correctness", "rlcr"):
+        raise ValueError(f"arm {arm}: reward must be 'correctness' or 'rlcr', got {settings.reward!r}")
+    reward = tb.make_reward(TASK, seed=seed) if settings.reward == "rlcr" else correctness
     with tempfile.TemporaryDirectory() as tmp:
         cfg = CalibratedGRPOConfig(
             output_dir=tmp, max_steps=steps, per_device_train_batch_size=128, num_generations=8,
@@ -100,7 +126,7 @@ def run_arm(arm: str, *, seed: int, steps: int, eval_every: int, lr: float) -> l
             warmup_steps=0, beta=0.0, temperature=1.0, top_k=0, top_p=1.0, logging_steps=eval_every,
             report_to="none", save_strategy="no", use_cpu=True, seed=seed, data_seed=seed, bf16=False,
             disable_tqdm=True, weight_decay=0.0, max_grad_norm=1.0, dataloader_num_workers=0,
-            calibration_logging=False, **estimator)
+            calibration_logging=False, **settings.config)
         trainer = CalibratedGRPOTrainer(model=model, reward_funcs=[reward], args=cfg, processing_class=tok,
                                         train_dataset=tb.build_dataset(TASK, 2000, split="train", seed=seed),
                                         callbacks=[Evaluate()])
@@ -116,33 +142,40 @@ STATED = ("stated_ece", "stated_auroc", "stated_calib_err", "brier")  # read ove
 RARE = 0.01  # an arm whose mean share stating a confidence is below this: its stated figures in parentheses
 
 
-def tables(results: dict) -> str:
+MATCHED = (("stated_ece", "stated ECE ↓"), ("stated_auroc", "stated AUROC ↑"),
+           ("stated_calib_err", "mean abs(stated - true p) ↓"), ("seq_auroc", "sequence-confidence AUROC ↑"))
+
+
+def tables(results: dict, *, metrics: tuple[str, ...] = METRICS, titles: tuple[str, ...] = TITLES,
+           matched: tuple[tuple[str, str], ...] = MATCHED, matched_arms: tuple[str, ...] | None = None) -> str:
     """Markdown (docs/results/rlcr.md): the warm start and each arm's last evaluation (mean ± std over seeds; the
     stated-confidence figures of an arm that almost never states one in parentheses, mean only), then each metric
-    at matched expected accuracy (each run's curve read where it first reaches the level, mean over seeds)."""
-    lines = ["| arm | " + " | ".join(TITLES) + " |", "|---|" + "---:|" * len(METRICS)]
+    at matched expected accuracy (each run's curve read where it first reaches the level, mean over seeds).
+    ``metrics`` / ``titles``: the columns of the first table; ``matched``: (key, title) of the second's;
+    ``matched_arms``: the arms of the second table and of its levels (default all)."""
+    lines = ["| arm | " + " | ".join(titles) + " |", "|---|" + "---:|" * len(metrics)]
     first = next(iter(next(iter(results.values())).values()))
-    lines.append("| warm start | " + " | ".join(f"{first[0][k]:.3f}" for k in METRICS) + " |")
+    lines.append("| warm start | " + " | ".join(f"{first[0][k]:.3f}" for k in metrics) + " |")
     for arm, runs in results.items():
         rare = np.nanmean([h[-1]["stated_fraction"] for h in runs.values()]) < RARE
         cells = []
-        for key in METRICS:
+        for key in metrics:
             v = np.array([h[-1][key] for h in runs.values()], dtype=float)
             if rare and key in STATED:
                 cells.append(f"({np.nanmean(v):.3f})")
             else:
                 cells.append(f"{np.nanmean(v):.3f} ± {np.nanstd(v):.3f}" if len(v) > 1 else f"{v[0]:.3f}")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    results = {arm: runs for arm, runs in results.items() if matched_arms is None or arm in matched_arms}
     start = min(h[0]["expected_accuracy"] for runs in results.values() for h in runs.values())
     reach = min(max(e["expected_accuracy"] for e in h) for runs in results.values() for h in runs.values())
     lines += ["", f"At matched expected accuracy (every arm and seed reaches {reach:.3f}; start {start:.3f}):", ""]
     levels = [start + (reach - start) * f for f in (0.5, 0.9)] if reach > start else []
-    lines += ["| accuracy | arm | stated ECE ↓ | stated AUROC ↑ | mean abs(stated - true p) ↓ | "
-              "sequence-confidence AUROC ↑ |", "|---:|---|---:|---:|---:|---:|"]
+    lines += ["| accuracy | arm | " + " | ".join(title for _, title in matched) + " |",
+              "|---:|---|" + "---:|" * len(matched)]
     for level in levels:
         for arm, runs in results.items():
-            cells = [np.nanmean([at_accuracy(h, k, level) for h in runs.values()])
-                     for k in ("stated_ece", "stated_auroc", "stated_calib_err", "seq_auroc")]
+            cells = [np.nanmean([at_accuracy(h, k, level) for h in runs.values()]) for k, _ in matched]
             lines.append(f"| {level:.3f} | {arm} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
     return "\n".join(lines)
 

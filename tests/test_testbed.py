@@ -319,3 +319,12 @@ def test_evaluate_reports_each_tiers_expected_accuracy():
         M.precision_at_coverage(samples["logprob_mean"], samples["correct"], [0.5])[0.5])
     untiered, _ = evaluate(model, tok, "stochastic_reasoning", ["1234?"], n=2, seed=0)
     assert not any(k.startswith("expected_accuracy_") for k in untiered)
+
+
+def test_token_entropy_estimate_weights_each_completion_by_its_tokens():
+    """-sum(n_i lpm_i) / sum(n_i): completions of 2 tokens at mean log-prob -1 and 4 at -0.5 give (2 + 2) / 6; a
+    plain mean of the completions' means (0.75) would be wrong; no tokens at all: 0."""
+    from calibrl.testbed.evaluate import token_entropy_estimate
+
+    assert token_entropy_estimate(np.array([-1.0, -0.5]), np.array([2, 4])) == pytest.approx(4 / 6)
+    assert token_entropy_estimate(np.array([0.0]), np.array([0])) == 0.0

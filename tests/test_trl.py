@@ -1016,6 +1016,55 @@ def test_stated_confidences_split_where_the_code_splits():
     assert starts == [1, 4, 0]  # "x <": the tag starts at character 2, reached by token 1 (" "): split 0
 
 
+def test_stated_confidences_with_the_testbed_reader_split_before_the_answer_digit():
+    """The testbed's ``ss;A:k``, read by ``verbalized_confidence_span``: "12;3:7" states 0.7 from character 4 (the
+    ":"); with one token per character the accumulated text first reaches 4 at token 3 ("3"), so the code's split
+    is token 2 (";"). "12;3" and "12;3:" state none: -1 and the no-statement split, length - 2."""
+    from calibrl.testbed.tasks import verbalized_confidence_span
+    from calibrl.trl.rollout import stated_confidences
+
+    _, tok = build_tiny_model(seed=0)
+    texts = ["12;3:7", "12;3", "12;3:", "05;9:0"]
+    ids = [tok.encode(t, add_special_tokens=False) for t in texts]
+    assert [tok.decode([i]) for i in ids[0]] == ["1", "2", ";", "3", ":", "7"]
+    assert verbalized_confidence_span("12;3:7") == (0.7, 4)
+    stated, starts = stated_confidences(texts, ids, [len(i) for i in ids], tok, verbalized_confidence_span)
+    assert stated == [0.7, -1.0, -1.0, 0.0]
+    assert starts == [2, 2, 3, 2]
+    # the default reader (the <confidence> tag) finds nothing in these completions
+    assert stated_confidences(texts, ids, [len(i) for i in ids], tok) == ([-1.0] * 4, [4, 2, 3, 4])
+
+
+def test_stated_confidence_reader_names_a_reader_or_fails_when_the_config_is_built(tmp_path):
+    from calibrl.tasks.verbalized import confidence_reader, stated_confidence_span
+    from calibrl.testbed.tasks import verbalized_confidence_span
+
+    assert confidence_reader("tag") is stated_confidence_span
+    assert confidence_reader("calibrl.testbed.tasks:verbalized_confidence_span") is verbalized_confidence_span
+    for bad, message in (("digits", "neither a known reader"), ("calibrl.testbed.tasks:nope", "cannot load"),
+                         ("no_such_module_x:f", "cannot load"), ("calibrl.testbed.tasks:CONFIDENCE_DIGITS",
+                                                                 "is not a function")):
+        with pytest.raises(ValueError, match=f"stated_confidence_reader: .*{message}"):
+            _config(tmp_path, advantage_estimator="dcpo", stated_confidence_reader=bad)
+
+
+def _reads_three_tenths_from_character_one(text):
+    """A confidence reader for the test below: every completion states 0.3 from its second character."""
+    return 0.3, 1
+
+
+def test_dcpo_reads_the_stated_confidence_with_the_configured_reader(tmp_path):
+    trainer = _trainer(tmp_path, advantage_estimator="dcpo", max_steps=1,
+                       stated_confidence_reader=f"{__name__}:_reads_three_tenths_from_character_one")
+    trainer.train()
+    batch = trainer.records[0]["rollout"]["batch"]
+    assert torch.all(batch.stated_confidence == torch.tensor(0.3))  # the default tag reader gives -1 here
+    # character 1 is reached by the first token (each decodes to at least one character): split max(0 - 1, 0) = 0
+    assert torch.all(batch.confidence_start == 0)
+    torch.testing.assert_close(trainer.records[0]["advantages_out"][:, : batch.lengths.max()],
+                               compute_advantages(batch, "dcpo"))
+
+
 def test_dcpo_trains_with_per_token_advantages(tmp_path):
     trainer = _trainer(tmp_path, advantage_estimator="dcpo", max_steps=2)
     trainer.train()

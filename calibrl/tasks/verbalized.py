@@ -1,6 +1,9 @@
 """Verbalized confidence: the number a completion states about its own answer, ``<confidence>0.8</confidence>``.
 
 * :func:`parse_verbalized_confidence`: the stated confidence of a completion, or None.
+* Confidence readers (``CalibratedGRPOConfig.stated_confidence_reader``, what DCPO's split reads):
+  :func:`confidence_reader` turns a name (``"tag"``, :func:`stated_confidence_span`) or a ``"module:function"``
+  path into a function ``text -> (confidence or None, character offset where the statement starts or None)``.
 * RLCR's prompt format (arXiv 2507.16806): :data:`CONFIDENCE_INSTRUCTION` and :func:`with_confidence_instruction`,
   which ask the model for that tag after its answer (``calibrl generate --confidence-prompt``). The reward that
   trains the model to state calibrated values is :func:`calibrl.tasks.rewards.rlcr_reward` (registered ``"rlcr"``).
@@ -9,11 +12,11 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+import importlib
+from typing import Any, Callable
 
-__all__ = ["parse_verbalized_confidence", "CONFIDENCE_INSTRUCTION", "stated_confidence_span",
-           "strip_confidence_tags",
-           "with_confidence_instruction"]
+__all__ = ["parse_verbalized_confidence", "CONFIDENCE_INSTRUCTION", "CONFIDENCE_READERS", "ConfidenceReader",
+           "confidence_reader", "stated_confidence_span", "strip_confidence_tags", "with_confidence_instruction"]
 
 _TAG = re.compile(r"<confidence>(.*?)</confidence>", re.IGNORECASE | re.DOTALL)
 _DECIMAL = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)")
@@ -47,6 +50,31 @@ def stated_confidence_span(text: str) -> tuple[float | None, int | None]:
     for last in _TAG.finditer(text):
         pass
     return parse_verbalized_confidence(text), (None if last is None else last.start())
+
+
+# (confidence in [0, 1] or None when none or malformed, character offset where the statement starts or None)
+ConfidenceReader = Callable[[str], tuple["float | None", "int | None"]]
+CONFIDENCE_READERS: dict[str, ConfidenceReader] = {"tag": stated_confidence_span}
+
+
+def confidence_reader(name: str) -> ConfidenceReader:
+    """The reader ``name`` names: a key of :data:`CONFIDENCE_READERS` (``"tag"``: the last ``<confidence>`` tag) or
+    ``"package.module:function"``, a function of the completion's text returning (the confidence it states, in
+    [0, 1], or None; the character offset where that statement starts, or None when there is none), as
+    :func:`stated_confidence_span` does. A ValueError names a reader that cannot be found."""
+    if name in CONFIDENCE_READERS:
+        return CONFIDENCE_READERS[name]
+    module, sep, attribute = str(name).partition(":")
+    if not sep or not module or not attribute:
+        raise ValueError(f"stated_confidence_reader: {name!r} is neither a known reader "
+                         f"({', '.join(CONFIDENCE_READERS)}) nor 'package.module:function'")
+    try:
+        reader = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"stated_confidence_reader: cannot load {name!r} ({exc})") from None
+    if not callable(reader):
+        raise ValueError(f"stated_confidence_reader: {name!r} is not a function")
+    return reader
 
 
 # --------------------------------------------------------------------------------------------------- RLCR

@@ -53,8 +53,7 @@ def evaluate(model, tokenizer, task: str, prompts: list[str], p_true: list[float
         # risk-coverage curve and the precision of the most confident half / quarter, on the drawn outcomes
         "aurc": float(M.aurc(lpm, correct)),
         **{f"precision_at_{int(c * 100)}": v for c, v in M.precision_at_coverage(lpm, correct, (0.25, 0.5)).items()},
-        # per-token entropy of the policy on its own samples, estimated by their mean negative log-prob
-        "entropy": float(-(lpm * np.asarray(res["n_tokens"])).sum() / max(1, np.asarray(res["n_tokens"]).sum())),
+        "entropy": token_entropy_estimate(lpm, res["n_tokens"]),
     }
     # tasks with prompt tiers (scratchpad, forms): the expected accuracy of each tier
     tiers = np.array([tb.prompt_tier(task, p) or "" for p in res["prompt"]])
@@ -121,6 +120,14 @@ def greedy_decision_accuracy(p_yes: np.ndarray, p_true_yes: np.ndarray, q_true: 
     return float(np.where(ok, acc, 0.0).mean())
 
 
+def token_entropy_estimate(logprob_mean, n_tokens) -> float:
+    """Per-token entropy of the policy on its own samples, estimated by their mean negative log-prob over all
+    sampled tokens: -sum_i n_i lpm_i / sum_i n_i (``logprob_mean`` [M] each completion's mean token log-prob,
+    ``n_tokens`` [M] its tokens; 0 tokens in all: 0)."""
+    n = np.asarray(n_tokens, dtype=np.float64)
+    return float(-(np.asarray(logprob_mean, dtype=np.float64) * n).sum() / max(1.0, n.sum()))
+
+
 def eval_prompts_for(task: str, n: int, *, split: str = "test") -> list[str]:
     """The ``n`` held-out prompts of ``task`` (``split``: test by default) every method is evaluated on (fixed
     seed: the same for all)."""
@@ -129,4 +136,4 @@ def eval_prompts_for(task: str, n: int, *, split: str = "test") -> list[str]:
     return [r["prompt"] for r in tb.build_rows(task, n, split=split, seed=0)]
 
 
-__all__ = ["answer_keys", "eval_prompts_for", "evaluate", "greedy_decision_accuracy"]
+__all__ = ["answer_keys", "eval_prompts_for", "evaluate", "greedy_decision_accuracy", "token_entropy_estimate"]

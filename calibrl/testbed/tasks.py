@@ -370,6 +370,17 @@ def parse(task: str, prompt: str, completion: str) -> dict:
     return {"format_ok": True, "reasoning_ok": ok, "choice": m.group(3)}
 
 
+def verbalized_confidence_span(text) -> tuple[float | None, int | None]:
+    """A confidence reader for ``testbed/verbalized`` (``CalibratedGRPOConfig.stated_confidence_reader=
+    "calibrl.testbed.tasks:verbalized_confidence_span"``): (k / 10, the offset of the ``:`` before the digit k) of
+    a completion ``ss;A:k``; (None, None) when it states none (as :func:`parse` reads it: ``ss;A``, a ``:`` without a
+    digit, a malformed completion). ``"12;3:7"`` -> (0.7, 4)."""
+    m = _VERBALIZED_RE.match(_completion(text))
+    if not m or m.group(3) is None:
+        return None, None
+    return int(m.group(3)) / CONFIDENCE_DIGITS, m.start(3) - 1
+
+
 def true_success_probability(task: str, prompt: str, completion: str) -> float:
     """Exact probability that the world rewards ``completion`` for ``prompt`` (noise-free correctness)."""
     t = get_task(task)
@@ -569,5 +580,5 @@ __all__ = [
     "SCRATCHPAD_UNFIXABLE", "SCRATCHPAD_UNFIXABLE_TASK", "SCRATCHPAD_UNFIXABLE_TIERS", "STOCHASTIC", "TASKS",
     "TaskSpec", "VERBALIZED", "bayes_auroc", "build_dataset", "build_rows", "forms_tier", "get_task",
     "ideal_sampler", "make_reward", "parse", "prompt_tier", "sample_true_completion", "scratchpad_steps",
-    "scratchpad_tier", "sft_dataset", "true_success_probability",
+    "scratchpad_tier", "sft_dataset", "true_success_probability", "verbalized_confidence_span",
 ]

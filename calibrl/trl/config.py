@@ -93,6 +93,12 @@ class CalibratedGRPOConfig(GRPOConfig):
         the mask of ``advantage_estimator="grpo_mask"`` (GRPO + CAPO's mask, the paper's ablation), which needs a
         ``capo_mask`` other than ``"none"``.
     gcpo_measure: GCPO (arXiv 2605.21801) disagreement measure.
+    stated_confidence_reader (`str`, defaults to `"tag"`): how the confidence a completion states is read, for the
+        estimators that read it (``dcpo``: the value and the character where DCPO splits the tokens): ``"tag"``
+        (the last ``<confidence>x</confidence>``) or ``"package.module:function"``, a function of the completion's
+        text returning (confidence in [0, 1] or None, character offset where the statement starts or None), e.g.
+        ``"calibrl.testbed.tasks:verbalized_confidence_span"`` for the testbed's ``ss;A:k`` (checked when the
+        config is built: :func:`calibrl.tasks.verbalized.confidence_reader`).
 
     > Decision-token calibration (arXiv 2601.13284)
 
@@ -190,6 +196,12 @@ class CalibratedGRPOConfig(GRPOConfig):
                   "the schedule is our reading): `constant`, `linear` (omega * (1 - step / max_steps)) or `cosine` "
                   "(omega * (1 + cos(pi * step / max_steps)) / 2). The base omega is advantage_params['omega'] "
                   "(default 1.0)."},
+    )
+    stated_confidence_reader: str = field(
+        default="tag",
+        metadata={"help": "How a completion's stated confidence is read (dcpo): `tag` (the last "
+                  "<confidence>x</confidence>) or `package.module:function`, a function text -> (confidence or "
+                  "None, character offset where the statement starts or None)."},
     )
     correctness_reward: str | None = field(
         default=None,
@@ -293,6 +305,9 @@ class CalibratedGRPOConfig(GRPOConfig):
         if self.advantage_params is not None and not isinstance(self.advantage_params, dict):
             raise ValueError(f"advantage_params must be a dict, got {type(self.advantage_params).__name__}")
         self._check_ranges()
+        from calibrl.tasks.verbalized import confidence_reader
+
+        confidence_reader(self.stated_confidence_reader)  # a reader that cannot be found fails here, not mid-run
         spec = _spec(self.advantage_estimator)
         if spec is not None and spec.noise_mask == "required" and self.estimator_params().get("mask") in (None, "none"):
             raise ValueError(f"advantage_estimator={self.advantage_estimator!r} takes CAPO's reference-perplexity "

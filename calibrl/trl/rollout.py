@@ -200,16 +200,18 @@ def on_every_rank(flag: bool, *, accelerator) -> bool:
 
 
 def stated_confidences(completions: list, completion_ids: list[list[int]], lengths: list[int],
-                       tokenizer: Any) -> tuple[list[float], list[int]]:
-    """Per completion: the confidence it states (the last ``<confidence>`` tag,
+                       tokenizer: Any, reader: Callable[[str], tuple] | None = None) -> tuple[list[float], list[int]]:
+    """Per completion: the confidence it states, as ``reader`` reads it (default the last ``<confidence>`` tag,
     :func:`calibrl.tasks.verbalized.stated_confidence_span`; -1 where none or malformed, DCPO's value) and DCPO's
-    split position (:func:`calibrl.advantages.dcpo.dcpo_split_position`, its tokens decoded one by one)."""
+    split position (:func:`calibrl.advantages.dcpo.dcpo_split_position` at the character offset the reader gives,
+    the tokens decoded one by one)."""
     from calibrl.advantages.dcpo import NO_CONFIDENCE, dcpo_split_position
     from calibrl.tasks.verbalized import stated_confidence_span
 
+    reader = reader or stated_confidence_span
     stated, starts = [], []
     for completion, ids, length in zip(completions, completion_ids, lengths):
-        confidence, char_start = stated_confidence_span(completion_text(completion))
+        confidence, char_start = reader(completion_text(completion))
         stated.append(NO_CONFIDENCE if confidence is None else confidence)
         pieces = [] if char_start is None else [tokenizer.decode([token]) for token in ids[:length]]
         starts.append(dcpo_split_position(pieces, char_start, length))
@@ -237,6 +239,7 @@ class RolloutState:
     decision_classes: list[str] | None
     answer_last_line: bool
     tokenizer: Any = None  # decodes completion tokens one by one (stated_confidence / confidence_start: DCPO)
+    confidence_reader: Callable[[str], tuple] | None = None  # text -> (stated, char offset); None: the tag
 
 
 def collect_rollout(state: RolloutState, output: dict, *, forward: Callable[..., dict[str, torch.Tensor]],
@@ -316,7 +319,7 @@ def collect_rollout(state: RolloutState, output: dict, *, forward: Callable[...,
     if needed & {"stated_confidence", "confidence_start"}:
         local_lengths = mask.sum(dim=1).tolist()
         stated, starts = stated_confidences(state.completions, output["completion_ids"].tolist(), local_lengths,
-                                            state.tokenizer)
+                                            state.tokenizer, state.confidence_reader)
         fields["stated_confidence"] = accelerator.gather(torch.tensor(stated, dtype=torch.float32, device=device))
         fields["confidence_start"] = accelerator.gather(torch.tensor(starts, dtype=torch.long, device=device))
     fields["lengths"] = lengths

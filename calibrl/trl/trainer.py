@@ -53,6 +53,7 @@ from calibrl.advantages.capo import QUANTILE_MASK_FILE, FrozenQuantileMask, froz
 from calibrl.advantages.grpo import grpo as calibrl_grpo
 from calibrl.batch import RolloutBatch, masked_row_mean
 from calibrl.models import resolve_model
+from calibrl.tasks.verbalized import confidence_reader
 from calibrl.trl import decision as dec
 from calibrl.losses.covariance import clip_cov_policy_loss, kl_cov_policy_loss
 from calibrl.losses.ppo import aggregate_loss, kl_k3, masked_mean, on_mask
@@ -504,6 +505,7 @@ class CalibratedGRPOTrainer(GRPOTrainer):
             ranks_by_correctness=self._calibrl_spec.ranks_by == "correctness", logs_confidence=logs_confidence,
             generation_logps=recorded, decision_tokens=decision, decision_classes=self.args.decision_classes,
             answer_last_line=self.args.answer_last_line, tokenizer=self._tokenizer,
+            confidence_reader=confidence_reader(self.args.stated_confidence_reader),
         )
 
     def _policy_forward(self) -> PolicyForward:
