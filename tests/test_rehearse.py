@@ -14,7 +14,8 @@ from rich.console import Console
 from calibrl.trl.recipes import shipped_recipes
 
 RECIPES = sorted(shipped_recipes())
-QWEN_VOCAB = 151936  # Qwen2.5 and Qwen3: the embedding and logit size of the real checkpoints
+# the embedding and logit size of the real checkpoints: 151,936 for Qwen2.5 up to 3B and Qwen3, 152,064 for Qwen2.5-7B
+QWEN_VOCABS = {151936, 152064}
 
 
 @pytest.fixture
@@ -111,7 +112,7 @@ def test_every_shipped_recipe_rehearses_on_the_cpu(name, tmp_path, offline, capf
     if recipe.model.name_or_path in ARCHITECTURES:
         real = ARCHITECTURES[recipe.model.name_or_path]
         assert rehearsal.model_class == real["architectures"][0]
-        assert rehearsal.vocab_size == rehearsal.logits_classes == QWEN_VOCAB
+        assert rehearsal.vocab_size == rehearsal.logits_classes == real["vocab_size"] and real["vocab_size"] in QWEN_VOCABS
     elif recipe.model.name_or_path.startswith("builtin:smollm2"):
         assert rehearsal.model_class == "LlamaForCausalLM" and rehearsal.logits_classes == 49152
     assert rehearsal.logits_classes is not None
@@ -218,7 +219,7 @@ def test_tiny_width_keeps_the_architecture_and_the_vocabulary():
 
     for name, real in ARCHITECTURES.items():
         small = tiny_width(real, hidden=64, layers=2, heads=4, intermediate=128)
-        assert small["vocab_size"] == real["vocab_size"] == QWEN_VOCAB
+        assert small["vocab_size"] == real["vocab_size"] in QWEN_VOCABS
         assert small["model_type"] == real["model_type"] and small["tie_word_embeddings"] == real["tie_word_embeddings"]
         assert small["head_dim"] * small["num_attention_heads"] == 64
         assert small["num_attention_heads"] % small["num_key_value_heads"] == 0
@@ -237,7 +238,7 @@ def test_a_local_config_is_read_before_the_table(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", "vocab_size": 1234}))
     fields, source = model_config(str(tmp_path))
     assert fields["vocab_size"] == 1234 and str(tmp_path) in source
-    assert model_config("Qwen/Qwen3-1.7B")[0]["vocab_size"] == QWEN_VOCAB
+    assert model_config("Qwen/Qwen3-1.7B")[0]["vocab_size"] == 151936
     with pytest.raises(RecipeError, match="no-such/model"):
         model_config("no-such/model")
 
@@ -282,7 +283,7 @@ def test_a_cpu_without_bfloat16_rehearses_in_float32(tmp_path, offline, monkeypa
     assert "model.dtype: bfloat16 -> float32 (this CPU has no native bfloat16)" in rehearsal.notes
     assert rehearsal.recipe.trainer["bf16"] is False and rehearsal.recipe.model.dtype == "float32"
     config = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert config["dtype"] == "float32" and config["vocab_size"] == QWEN_VOCAB
+    assert config["dtype"] == "float32" and config["vocab_size"] == 151936  # Qwen2.5-Math-1.5B's
     assert offline == []
 
 

@@ -68,6 +68,13 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "hidden_act": "silu", "tie_word_embeddings": True, "use_sliding_window": False, "sliding_window": 32768,
         "max_window_layers": 36, "bos_token_id": 151643, "eos_token_id": 151643, "torch_dtype": "bfloat16",
     },
+    "Qwen/Qwen2.5-7B": {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 152064,
+        "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+        "num_key_value_heads": 4, "max_position_embeddings": 131072, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+        "hidden_act": "silu", "tie_word_embeddings": False, "use_sliding_window": False, "sliding_window": 131072,
+        "max_window_layers": 28, "bos_token_id": 151643, "eos_token_id": 151643, "torch_dtype": "bfloat16",
+    },
     "Qwen/Qwen3-1.7B": {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
         "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
