@@ -442,7 +442,8 @@ def evaluate_samples(
         # the main confidence is one of the sources on every row: its AUROC replicates are counted once
         main = ranked_rows.get(samples.confidence_kind) if replicates is not None else None
         same = (main is not None and len(main[3]) == len(samples) and int(pidx.max()) + 1 == samples.n_prompts
-                and np.array_equal(main[2], score) and np.array_equal(main[3], target))
+                and np.array_equal(main[0], pidx) and np.array_equal(main[2], score)
+                and np.array_equal(main[3], target))
         step(f"{label}/{scope}: bootstrap ({n_boot} prompt resamples)")
         boot = prompt_bootstrap(samples.correct, pidx, score, conf, target, n_bins=n_bins, n_boot=n_boot,
                                 alpha=alpha, seed=seed, progress=lambda d: step(f"{label}/{scope}: bootstrap, {d}"),
