@@ -274,3 +274,44 @@ def test_recipe_path_that_is_a_folder_is_named_as_a_folder(tmp_path):
     (tmp_path / "recipes").mkdir()
     line = _one_error_line(CliRunner().invoke(app, ["train", str(tmp_path / "recipes")]), "recipes", "is a folder")
     assert "no such" not in line, line
+
+
+@pytest.mark.parametrize("edit,key", [(dict(per_device_train_batch_size=15), "per_device_train_batch_size 15"),
+                                      (dict(steps_per_generation=3), "steps_per_generation 3")])
+def test_fewer_prompts_than_a_generation_batch_is_refused_not_trained_for_0_steps(edit, key, tmp_path):
+    """The fixture's 3 usable prompts cannot fill a generation batch of 5 or 6 distinct prompts: TRL's sampler would
+    yield nothing and the run would "finish" after 0 steps; refused in one line, exit 2, no output folder."""
+    out = tmp_path / "run"
+    recipe = _base(out)
+    recipe["trainer"].update(edit)
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    result = CliRunner().invoke(app, ["train", str(path)])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert "small.yaml: dataset: 3 prompts" in lines[0] and key in lines[0] and "0 steps" in lines[0], lines[0]
+    assert not out.exists()
+
+
+def test_generation_batch_check_matches_trls_sampler():
+    """The refusal sits exactly where TRL's RepeatSampler starts yielding nothing: it drops an incomplete chunk of
+    ``generation_batch_size / num_generations`` distinct prompts, so 4 prompts fill a batch of 12 / 3 and 3 do not."""
+    from types import SimpleNamespace
+
+    from trl.trainer.utils import RepeatSampler
+
+    from calibrl.trl.recipes import RecipeError
+    from calibrl.trl.train import _check_fills_a_generation_batch
+
+    args = SimpleNamespace(generation_batch_size=12, num_generations=3, per_device_train_batch_size=6, world_size=2,
+                           steps_per_generation=1)
+    for n_prompts in (3, 4, 5, 9):
+        data = list(range(n_prompts))
+        drawn = list(RepeatSampler(data, mini_repeat_count=3, batch_size=4, seed=0))
+        if drawn:
+            _check_fills_a_generation_batch(data, args, "r.yaml")
+        else:
+            with pytest.raises(RecipeError, match=r"r.yaml: dataset: 3 prompts, fewer than the 4 .* 2 process"):
+                _check_fills_a_generation_batch(data, args, "r.yaml")
+        assert bool(drawn) == (n_prompts >= 4)
+    _check_fills_a_generation_batch(iter(()), args, "r.yaml")  # a stream: its length is unknown, nothing refused

@@ -115,10 +115,11 @@ def train_command(
             run_rehearsal(recipe, overrides=overrides, steps=steps, output_dir=overrides.pop("output_dir", None),
                           console=console, overwrite=overwrite)
             return
-        from calibrl.trl.train import train
+        from calibrl.trl.train import end_process_group, train
 
         train(recipe, resume=resume, overwrite=overwrite, overrides=overrides, console=console,
               result_console=Console())  # stdout
+        end_process_group()  # the process ends here: under accelerate launch / torchrun, leave the group cleanly
     except RecipeError as exc:
         console.print(f"error: {' '.join(str(exc).split())}", markup=False, soft_wrap=True, highlight=False)
         raise typer.Exit(2)

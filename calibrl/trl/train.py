@@ -38,8 +38,8 @@ from calibrl.trl.recipes import (
 )
 
 __all__ = [
-    "LOG_HISTORY", "RecipeError", "build_trainer", "last_checkpoint", "load_recipe", "summarize",
-    "train", "validate_recipe",
+    "LOG_HISTORY", "RecipeError", "build_trainer", "end_process_group", "last_checkpoint", "load_recipe",
+    "summarize", "train", "validate_recipe",
 ]
 
 
@@ -110,6 +110,24 @@ def _load_dataset(spec: DatasetSpec, section: str, source: str):
     if hasattr(dataset, "__len__") and len(dataset) == 0:
         raise RecipeError(f"{source}: {section}: the dataset has no rows")
     return dataset
+
+
+def _check_fills_a_generation_batch(dataset, args, source: str) -> None:
+    """TRL's ``RepeatSampler`` draws ``generation_batch_size / num_generations`` distinct prompts per generation
+    batch and drops an incomplete one, so a dataset with fewer prompts trains 0 steps and "succeeds" (transformers
+    only logs it). Refused here with the numbers, on every rank alike (``args.world_size`` is the launch's)."""
+    try:
+        n_prompts = len(dataset)
+    except TypeError:  # a streaming dataset: its length is unknown
+        return
+    needed = args.generation_batch_size // args.num_generations
+    if n_prompts < needed:
+        raise RecipeError(
+            f"{source}: dataset: {n_prompts} prompts, fewer than the {needed} distinct prompts one generation batch "
+            f"draws (generation_batch_size {args.generation_batch_size} = per_device_train_batch_size "
+            f"{args.per_device_train_batch_size} x {args.world_size} process(es) x steps_per_generation "
+            f"{args.steps_per_generation}, / num_generations {args.num_generations}), so TRL would train 0 steps; "
+            "give more prompts or a smaller batch")
 
 
 def _looks_local(name: str) -> bool:
@@ -635,6 +653,18 @@ def train(recipe: Recipe, resume: bool = False, *, overwrite: bool = False, over
     }
 
 
+def end_process_group() -> None:
+    """Ends a multi-process run (``accelerate launch`` / ``torchrun``) cleanly: every rank waits for the others, then
+    destroys torch.distributed's default group, as accelerate's ``Accelerator.end_training`` does. Without it, gloo's
+    worker threads can outlive the interpreter and abort the process at exit (SIGABRT, "terminate called without an
+    active exception"), so the launcher reports a finished run as failed. A no-op in one process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def _run(recipe, checkpoint, overrides, model, tokenizer, callbacks, progress, output_dir, existed):
     """Builds the trainer, trains (from ``checkpoint`` when given), evaluates, saves; a failure removes the output
     folder when this run created it and left it empty. Returns (trainer, is_main). With ``progress`` (calibrl's
@@ -649,6 +679,8 @@ def _run(recipe, checkpoint, overrides, model, tokenizer, callbacks, progress, o
 
                 trainer.remove_callback(PrinterCallback)  # the rich bar replaces the printed log dicts
             is_main = trainer.accelerator.is_main_process
+            # checked here, not when building: a recipe's trainer is built on sample data by tests and rehearsals
+            _check_fills_a_generation_batch(trainer.train_dataset, trainer.args, recipe.source)
             trainer.train(resume_from_checkpoint=checkpoint)
             final = trainer.state.global_step
             evaluated = any(h.get("step") == final and "eval_runtime" in h for h in trainer.state.log_history)

@@ -19,6 +19,7 @@ from datasets import Dataset  # noqa: E402
 
 from calibrl.models import build_tiny_model  # noqa: E402
 from calibrl.trl import CalibratedGRPOConfig, CalibratedGRPOTrainer  # noqa: E402
+from calibrl.trl.train import end_process_group  # noqa: E402
 
 
 def parity_reward(prompts, completions, **kwargs):
@@ -76,6 +77,7 @@ def main(out_dir: str, mode: str = "") -> None:
     trainer.drop_on_rank1 = mode == "drop_rank1"
     trainer.train()
     torch.save(trainer.dump, os.path.join(out_dir, f"rank{trainer.accelerator.process_index}.pt"))
+    end_process_group()  # as `calibrl train` ends: without it gloo can abort a rank at exit
 
 
 if __name__ == "__main__":
