@@ -661,8 +661,11 @@ def end_process_group() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+        from accelerate import PartialState  # its barrier knows the backend's device (NCCL, XLA, ...)
+
+        state = PartialState()
+        state.wait_for_everyone()
+        state.destroy_process_group()
 
 
 def _run(recipe, checkpoint, overrides, model, tokenizer, callbacks, progress, output_dir, existed):
