@@ -142,13 +142,16 @@ def test_a_second_eval_finishing_first_on_the_same_out_is_kept(tmp_path, monkeyp
     assert _beside(out) == []
 
 
+# The signal is sent to the main thread itself: os.kill(os.getpid(), ...) may be taken by another thread of the
+# process and handled only after the next lines ran (the race that made this test flaky); the sleep is a margin.
 _INTERRUPTED_RUN = """
-import os, signal, sys
+import signal, sys, threading, time
 import calibrl.evaluation.pipeline as pipeline
 
 def interrupted(folder, *args, **kwargs):
     (folder / "overall_reliability.png").write_bytes(b"half")
-    os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+    signal.pthread_kill(threading.get_ident(), getattr(signal, sys.argv[1]))
+    time.sleep(30)
     raise AssertionError("not interrupted")
 
 pipeline.write_eval_report = interrupted
