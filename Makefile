@@ -4,6 +4,8 @@
 #                  then builds .venv-verl (verl 0.9.1, kept apart from TRL's pins) and runs the verl plugin tests,
 #                  among them verl's own main_ppo under Ray on the CPU for one case (capo, legacy trainer)
 #   make verl-e2e -> the same for all six cases (capo, grpo_mask, seed_grpo x legacy, V1 trainer; tests/verl_e2e)
+#   make test-isa -> the suite under each instruction set (ATen, MKL, oneDNN: none / AVX2 / AVX-512 where the CPU has
+#                  it) x 1 and 2 threads, one process each (scripts/test_isa.sh, docs/testing.md); TESTS=... narrows it
 #   make test-lowest -> a fresh .venv-lowest with the lowest version pyproject.toml allows of every core and dev
 #                  dependency (uv, --resolution lowest-direct), then the core suite (scripts/test_lowest.sh)
 # torch: the CPU build (torch==2.13.0+cpu) unless `nvidia-smi` exists, then the default CUDA build from PyPI;
@@ -13,7 +15,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export TORCH_SPEC TORCH_INDEX
 
-.PHONY: setup demo test test-lowest verl-e2e bench clean
+.PHONY: setup demo test test-isa test-lowest verl-e2e bench clean
 
 $(BIN)/calibrl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +35,11 @@ test: setup
 	PYTHON=$(PYTHON) bash scripts/setup_verl_env.sh .venv-verl
 	.venv-verl/bin/python -m pytest tests/test_verl.py tests/test_verl_entry_point.py tests/verl_e2e/test_verl_cpu_runtime.py
 	CALIBRL_VERL_E2E=1 CALIBRL_VERL_E2E_CASES=capo_legacy .venv-verl/bin/python -m pytest tests/verl_e2e/test_verl_e2e.py
+
+# the suite across instruction sets and thread counts (docs/testing.md, "Across CPUs"); about 6x the suite's time
+TESTS ?= tests
+test-isa: setup
+	bash scripts/test_isa.sh $(VENV) $(TESTS)
 
 # the low end of the ranges (README, "Installing into your own environment"); not part of `make test`: it
 # downloads the floor releases (torch 2.6 from PyPI, a few GB)

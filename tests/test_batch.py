@@ -92,7 +92,8 @@ def test_to_device_round_trip():
 
 def test_registry_accepts_same_definition_loaded_twice_but_rejects_a_different_one():
     # verl loads a reward module by file path although calibrl already imported it by name: the same
-    # definitions must not clash, while a genuinely different function under a taken name must.
+    # definitions must not clash, while a genuinely different function under a taken name must. Loading by path
+    # is the point of this test (it is what verl's custom_reward_function.path does), not a way to reach the code.
     import importlib.util
 
     import calibrl.tasks.rewards as rewards

@@ -130,15 +130,15 @@ def start_samples(decision_warm):
 def test_short_run_telemetry_agrees_with_the_evaluation(decision_warm, start_samples, tmp_path, method, config):
     """The trainer's telemetry (calibration/decision_prob_mean: mean probability of the chosen decision class on a
     step's rollouts) and the demo's evaluation (dec_conf_mean: the same quantity on held-out prompts' samples) agree
-    where they measure one policy, within their sampling noise; the training direction is asserted only where it is
-    resolved.
+    where they measure one policy, within their sampling noise.
 
-    The two are NOT comparable after training: a step's rollouts come from the policy BEFORE its update (the
-    evaluation at step k sees the policy after k updates), on 16 training prompts rather than 64 held-out ones, and
-    with ``logging_steps = k`` TRL logs the MEAN of the k batches' values (the policies after 0 .. k-1 updates). At
-    this learning rate one update moves the confidence by up to 0.15, and the step-8 evaluation minus the step-0 one
-    changes sign with the seed (seed 3 on AMD: -0.07 while the logged mean rose 0.09; an Intel machine's rounding
-    gave -0.20 at seed 0), so asserting that they move alike asserted one machine's trajectory."""
+    Only where they measure one policy: a step's rollouts come from the policy BEFORE its update, so step 1's
+    telemetry and the step-0 evaluation both see the warm start. Where training has moved the policy, nothing is
+    asserted about the direction or the size of the move: after 8 steps at this learning rate the two arms' decision
+    confidences depend on the CPU's rounding (an AMD EPYC with AVX2 gave CE above GRPO by more than 3 standard
+    errors, an Intel Xeon with AVX-512 below), so such an assertion tests one machine's trajectory, not the code
+    (docs/testing.md, "Tests that train"). Which way the CE term moves the decision is the decision study's
+    question, answered there over seeds with intervals (docs/results/decision.md)."""
     import numpy as np
 
     from calibrl.testbed.runner import run_method
@@ -164,22 +164,13 @@ def test_short_run_telemetry_agrees_with_the_evaluation(decision_warm, start_sam
     noise = math.hypot(se64, se64 * math.sqrt(64 / 16))
     assert abs(logged[1] - start["dec_conf_mean"]) < 4 * noise, (logged[1], start["dec_conf_mean"], noise)
 
-    # the direction of training, where the run resolves it: GRPO sharpens the decision (its later batches more
-    # confident than its first); the CE term keeps it below GRPO's at the end (both evaluated on one stream)
-    later = np.mean([logged[s] for s in range(steps // 2 + 1, steps + 1)])
-    rise, rise_noise = later - logged[1], noise * math.sqrt(1 + 1 / (steps // 2))
-    if method == "grpo" and abs(rise) > 3 * rise_noise:
-        assert rise > 0, ("GRPO should sharpen the decision token", rise, rise_noise)
+    # the final evaluation's samples are the ones its record summarises (one code path writes both)
     final = np.load(tmp_path / method / "final_samples.npz")
-    results = test_short_run_telemetry_agrees_with_the_evaluation.results
-    results[method] = _prompt_clustered(final["dec_conf"], final["prompt_index"])
-    if {"grpo", "decision"} <= set(results):
-        (grpo, grpo_se), (ce, ce_se) = results["grpo"], results["decision"]
-        if abs(grpo - ce) > 3 * math.hypot(grpo_se, ce_se):
-            assert ce < grpo, ("the decision CE term should sharpen less than GRPO", ce, grpo)
-
-
-test_short_run_telemetry_agrees_with_the_evaluation.results = {}
+    end = rec["history"][-1]
+    assert end["step"] == steps
+    conf = final["dec_conf"][np.isfinite(final["dec_conf"])]
+    assert conf.size and ((conf > 0) & (conf <= 1)).all()
+    assert float(np.mean(conf)) == pytest.approx(end["dec_conf_mean"])
 
 
 def test_warmstart_task_settings_leave_other_cache_keys_unchanged():

@@ -1,26 +1,20 @@
 """Smooth ECE and the smoothed reliability curve against relplot (values computed with relplot 1.0.3 by
-tests/scripts/relplot_reference.py, stored here: relplot is not a dependency), and its bootstrap replicates
+tests/relplot_reference.py, stored here: relplot is not a dependency), and its bootstrap replicates
 against the gathered rows."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+import relplot_reference as _ref  # tests/relplot_reference.py: the cases both sides read
 
 from calibrl import metrics as M
 from calibrl.metrics.smooth import smooth_ece_replicates
 
-_SCRIPT = Path(__file__).parent / "scripts" / "relplot_reference.py"
-_spec = importlib.util.spec_from_file_location("relplot_reference", _SCRIPT)
-_ref = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_ref)
 CASES = _ref.reference_cases()
 
 # computed by relplot 1.0.3 (relplot.smECE(f, y, return_width=True), relplot.smECE_sigma(f, y, 0.05), and
-# KernelSmoother(ReflectedGaussianKernel(width)).predict on its 200-point mesh) with tests/scripts/relplot_reference.py
+# KernelSmoother(ReflectedGaussianKernel(width)).predict on its 200-point mesh) with tests/relplot_reference.py
 RELPLOT = {
     'small_calibrated': {"smooth_ece": 0.0918865466905682, "width": 0.0927734375, "smooth_ece_at_0.05": 0.11512113681700674,
         "curve": {0: 0.13434293582428483, 20: 0.21484006126480276, 60: 0.3751004588287369, 100: 0.4208645864076098, 140: 0.5726003466987741, 180: 0.9529309477783245, 199: 0.9906439926095731}},

@@ -2,7 +2,7 @@
 tests/test_smooth_ece.py (which stores them: relplot is not a dependency of calibrl).
 
     python -m venv /tmp/relplot && /tmp/relplot/bin/pip install relplot==1.0.3 numpy
-    /tmp/relplot/bin/python tests/scripts/relplot_reference.py
+    /tmp/relplot/bin/python tests/relplot_reference.py
 
 The inputs are rebuilt by ``reference_cases`` below, which the test imports, so both sides read the same arrays.
 """
