@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -845,3 +846,43 @@ def test_a_registration_declares_inputs_parameters_and_ranking():
         register_estimator("test/bad", annealed="omega")(declared)
     with pytest.raises(KeyError, match="registered:"):
         estimator_spec("test/bad")
+
+
+@pytest.mark.parametrize("returned,said", [
+    (lambda b: torch.full_like(b.rewards, float("nan")), "returned nan for 4 of 4 rows (row 0 and more)"),
+    (lambda b: b.rewards.clone().index_fill_(0, torch.tensor([2]), float("-inf")), "returned -inf for 1 of 4 rows"),
+    (lambda b: b.rewards[:3], "returned shape (3,), expected (4,) or (4, T)"),
+    (lambda b: b.rewards.tolist(), "returned list, not a torch tensor"),
+    (lambda b: (b.rewards, [1.0]), "returned info of type list, not a dict"),
+    (lambda b: b.rewards.to(torch.complex64), "returned a torch.complex64 tensor, not real numbers"),
+])
+def test_every_estimator_output_is_checked_at_every_call(returned, said):
+    """What an estimator returns is checked by compute_advantages, whoever wrote it: a tensor with one row per
+    completion, finite values, a dict of diagnostics; else an EstimatorOutputError naming the estimator."""
+    from calibrl.advantages import EstimatorOutputError
+
+    batch = RolloutBatch(rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]), group_ids=torch.zeros(4, dtype=torch.long))
+
+    def odd(b):
+        return returned(b)
+
+    with pytest.raises(EstimatorOutputError, match=re.escape(f"estimator 'odd' {said}")):
+        compute_advantages(batch, odd)
+
+
+def test_every_builtin_estimator_gives_finite_advantages_on_edge_groups():
+    """One-row groups, all-equal rewards, all-equal log-probs: no built-in estimator returns NaN or inf (the
+    output check would stop a run that did)."""
+    from calibrl.advantages import estimator_specs
+
+    rows = dict(rewards=torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0]), group_ids=torch.tensor([0, 0, 1, 2, 2, 3]),
+                logprob_mean=torch.full((6,), -0.5), ref_logprob_mean=torch.full((6,), -0.5),
+                embeddings=torch.ones(6, 3), answer_ids=torch.tensor([1, 1, 2, 3, 3, 4]),
+                stated_confidence=torch.full((6,), 0.5), confidence_start=torch.full((6,), 2),
+                self_certainty=torch.full((6,), 1.0), lengths=torch.full((6,), 4))
+    for spec in estimator_specs():
+        if not spec.fn.__module__.startswith("calibrl.advantages."):
+            continue
+        params = {"mask": "fixed"} if spec.noise_mask == "required" else {}
+        advantages = compute_advantages(RolloutBatch(**rows), spec.name, **params)
+        assert torch.isfinite(advantages).all(), spec.name

@@ -231,7 +231,8 @@ def test_calibrl_jsonl_token_confidence_is_reduced_to_signals_with_the_window_op
 
 @pytest.mark.parametrize("value, problem", [
     ([1.0, "x"], "entry 1: expected a number"), ([1.0, -0.5], "entry 1: -0.5 is not a finite number >= 0"),
-    ("1 2 3", "expected a list of numbers"), ([[1.0], [2.0]], "flat list"), ([True, False], "entry 0: expected a number, got True")])
+    ("1 2 3", "expected a list of numbers"), ([[1.0], [2.0]], "flat list"), ([True, False], "entry 0: expected a number, got True"),
+    ([0.5, True, 0.7], "entry 1: expected a number, got True"), ([2, False, 3], "entry 1: expected a number, got False")])
 def test_bad_token_confidence_names_file_line_field_and_entry(tmp_path, value, problem):
     from calibrl.evaluation.samples import SamplesError, load_samples
 
@@ -239,6 +240,38 @@ def test_bad_token_confidence_names_file_line_field_and_entry(tmp_path, value, p
             {"prompt_id": 1, "correct": True, "logprob_mean": -0.1, "token_confidence": value}]
     with pytest.raises(SamplesError, match=rf"s\.jsonl:2: field 'token_confidence': .*{problem}"):
         load_samples(_write_jsonl(tmp_path / "s.jsonl", rows))
+
+
+def test_token_confidences_near_the_float_maximum_keep_signals_and_votes_finite(tmp_path):
+    """Finite C_i up to 1e308 (no log-probability gives them, a file can hold them): the signals are the exact
+    means in units of the largest value, and the votes weigh them without overflowing."""
+    from calibrl.evaluation.samples import load_samples
+    from calibrl.evaluation.scoring import evaluate_samples
+
+    huge = [1e308, 1e308, 1.5e308]
+    np.testing.assert_allclose(trace_signals(huge, window=2, tail=2),
+                               [np.mean(np.array(huge) / 1e308) * 1e308, 1.25e308, 1e308, 1e308], rtol=1e-12)
+    rows = [{"prompt_id": p, "correct": k == 0, "answer": str(k), "logprob_mean": -0.5,
+             "token_confidence": huge if k == 0 else [1.0, 2.0, 3.0]} for p in range(3) for k in range(4)]
+    s = load_samples(_write_jsonl(tmp_path / "s.jsonl", rows))
+    assert np.isfinite(s.deepconf_signals).all()
+    ids = np.unique(s.answers, return_inverse=True)[1] + 10 * s.prompt_index
+    res = evaluate_samples(s, label="x", answer_ids=ids, methods=("deepconf_mean", "deepconf_tail_top10"))
+    # the path holding 1e308 wins each prompt's vote (its answer, '0', is the only right one), with a finite share
+    assert res.metrics["selection"] == {"deepconf_mean": 1.0, "deepconf_tail_top10": 1.0}
+
+
+def test_eval_says_on_the_terminal_which_asked_for_methods_did_not_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from calibrl.cli import app
+
+    rows = [{"prompt_id": p, "correct": k % 2 == 0, "answer": str(k % 2), "logprob_mean": -0.5 - 0.1 * k}
+            for p in range(3) for k in range(4)]
+    result = CliRunner().invoke(app, ["eval", str(_write_jsonl(tmp_path / "s.jsonl", rows)), "--out",
+                                      str(tmp_path / "e"), "--methods", "majority,deepconf_mean,deepconf_tail_top10"])
+    assert result.exit_code == 0, result.output
+    assert "note: s: not run: deepconf_mean, deepconf_tail_top10 (no token_confidence in the input)" in result.output
 
 
 def test_parquet_float16_token_confidence(tmp_path):

@@ -243,3 +243,198 @@ def test_a_checkpoint_without_the_kept_sums_falls_back_to_the_logged_losses(fini
     result, _ = _train(_recipe_file(tmp_path, out), resume=True)
     assert result["global_step"] == STEPS and (out / f"checkpoint-{STEPS}" / "trainer_state.json").is_file()
     assert _train_loss(result["log_history"]) == pytest.approx(_train_loss(reference["log_history"]), rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------ one command per run folder
+
+def _hold_lock(folder: Path):
+    """Another process holding ``folder``'s lock (what a running ``calibrl train`` into it holds)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, time\nfrom calibrl._files import folder_lock\nlock = folder_lock(sys.argv[1])\n"
+            "lock.__enter__()\nprint('held', flush=True)\ntime.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+@pytest.mark.parametrize("mode", [[], ["--resume"], ["--overwrite"], ["--rehearse"]])
+def test_a_second_command_into_a_folder_in_use_is_refused_in_one_line(finished_run, tmp_path, monkeypatch, mode):
+    """Whatever the mode, while another process holds the folder: one line naming it and its holder, exit 2,
+    nothing loaded, no file of the folder changed (nor moved aside)."""
+    import calibrl.trl.train as training
+
+    out = _copy_run(finished_run, tmp_path, whole=True)
+    before = _snapshot(out)
+    holder = _hold_lock(out)
+    try:
+        monkeypatch.setattr(training, "_load_model", lambda *a, **k: pytest.fail("a model was built"))
+        extra = ["--output-dir", str(out)] if mode == ["--rehearse"] else []
+        result = CliRunner().invoke(app, ["train", str(_recipe_file(tmp_path, out)), *mode, *extra])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.exit_code == 2, result.output
+    line = _one_line(result)
+    assert f"{out} is in use by another" in line and f"process {holder.pid}" in line, line
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("run")) == ["run", "run.yaml"]
+
+
+def test_a_lock_left_by_a_killed_run_is_said_and_taken_over_then_released(tmp_path):
+    """A process killed while it held the folder leaves its lock file behind (the kernel drops the lock itself):
+    the next run says whose it was, runs, and removes the file when it ends."""
+    from calibrl._files import lock_path
+
+    out = tmp_path / "run"
+    holder = _hold_lock(out)
+    holder.kill()
+    holder.wait()
+    assert f'"pid": {holder.pid}' in lock_path(out).read_text()
+    result, text = _train(_recipe_file(tmp_path, out, max_steps=1, logging_steps=1))
+    assert result["global_step"] == 1
+    assert f"was locked by process {holder.pid}" in text and "ended without releasing it" in text, text
+    assert not lock_path(out).exists()
+
+
+def test_the_lock_is_reentrant_in_one_process_and_exclusive_between_processes(tmp_path):
+    from calibrl._files import FolderInUse, folder_lock, lock_path
+
+    out = tmp_path / "x"
+    with folder_lock(out) as stale:
+        assert stale is None and lock_path(out).is_file()
+        with folder_lock(out):  # a rehearsal's lock covers the train() inside it
+            pass
+        assert lock_path(out).is_file()  # still held by the outer block
+    assert not lock_path(out).exists()
+    holder = _hold_lock(out)
+    try:
+        with pytest.raises(FolderInUse, match=f"process {holder.pid}"):
+            with folder_lock(out):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+# --------------------------------------------------------------------------- a checkpoint that resume cannot use
+
+@pytest.mark.parametrize("damage,named", [
+    ("no_optimizer", "optimizer.pt is missing"), ("no_scheduler", "scheduler.pt is missing"),
+    ("no_rng_state", "rng_state.pth is missing"), ("step_of_another_folder", "says step 1, not the 2"),
+    ("log_history_not_a_list", "log_history is not a list")])
+def test_resume_skips_a_checkpoint_missing_what_resume_reads_with_the_reason(finished_run, tmp_path, damage,
+                                                                              named):
+    """What people delete to save space, or a state copied from another checkpoint: skipped, named, and the run
+    resumed from the checkpoint before it ends where the uninterrupted run ended."""
+    from safetensors.torch import load_file
+
+    from calibrl.trl.checkpoints import checkpoint_problem
+
+    source, _ = finished_run
+    out = _copy_run(finished_run, tmp_path, checkpoints=(1, 2))
+    folder = out / "checkpoint-2"
+    state_path = folder / "trainer_state.json"
+    if damage.startswith("no_"):
+        (folder / {"no_optimizer": "optimizer.pt", "no_scheduler": "scheduler.pt",
+                   "no_rng_state": "rng_state.pth"}[damage]).unlink()
+    elif damage == "step_of_another_folder":
+        shutil.copy(out / "checkpoint-1" / "trainer_state.json", state_path)
+    else:
+        state_path.write_text(json.dumps(dict(json.loads(state_path.read_text()), log_history="x")))
+    assert named in checkpoint_problem(folder)
+    result, text = _train(_recipe_file(tmp_path, out), resume=True)
+    assert f"skipping {folder}: " in text and named in text, text
+    assert result["resumed_from"] == str(out / "checkpoint-1") and result["global_step"] == STEPS
+    final, reference = load_file(str(out / "model.safetensors")), load_file(str(source / "model.safetensors"))
+    assert all(torch.equal(final[k], reference[k]) for k in reference)
+
+
+def test_resume_with_nothing_usable_moves_the_earlier_run_aside(finished_run, tmp_path):
+    """Every checkpoint unusable and no final model: the earlier run is moved aside whole, as --overwrite moves
+    it, and the run starts from scratch (never written over in place)."""
+    out = _copy_run(finished_run, tmp_path, checkpoints=(1, 2))
+    for k in (1, 2):
+        (out / f"checkpoint-{k}" / "optimizer.pt").unlink()
+    (out / "log_history.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    before = _snapshot(out)
+    result, text = _train(_recipe_file(tmp_path, out, max_steps=1, logging_steps=1), resume=True)
+    [aside] = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    assert f"nothing in {out} to continue from" in text and f"moved the earlier run to {aside}" in text, text
+    assert "checkpoint-2: optimizer.pt is missing" in text, text
+    assert _snapshot(aside) == before
+    assert result["resumed_from"] is None and result["global_step"] == 1
+    assert [json.loads(line)["step"] for line in (out / "log_history.jsonl").read_text().splitlines()] == [1, 1]
+
+
+def test_overwrite_refusals_come_before_the_old_run_is_moved(finished_run, tmp_path):
+    """A dataset smaller than one generation batch is refused before --overwrite moves anything."""
+    out = _copy_run(finished_run, tmp_path, whole=True)
+    before = _snapshot(out)
+    recipe = _recipe_file(tmp_path, out)
+    data = yaml.safe_load(recipe.read_text())
+    data["dataset"] = {"name": "test/folder_prompts", "limit": 1}
+    recipe.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["train", str(recipe), "--overwrite"])
+    assert result.exit_code == 2 and "fewer than the 2 distinct prompts" in _one_line(result), result.output
+    assert _snapshot(out) == before and not any(p.name.startswith("run.replaced-") for p in tmp_path.iterdir())
+
+
+# -------------------------------------------------------------------------------- a user's plugin that misbehaves
+
+_BAD_ESTIMATOR = '''
+import torch
+from calibrl import register_estimator
+
+calls = 0
+
+
+@register_estimator("test_bad_at_call_2", inputs=(), overwrite=True)
+def bad(batch, *, what: str = "nan"):
+    global calls
+    calls += 1
+    advantages = batch.rewards - batch.rewards.mean()
+    if calls < 2:
+        return advantages
+    if what == "raise":
+        raise KeyError("no such column")
+    advantages[1] = float(what)
+    return advantages
+'''
+
+
+@pytest.mark.parametrize("what,said", [("nan", "returned nan for 1 of 8 rows (row 1)"),
+                                       ("inf", "returned inf for 1 of 8 rows (row 1)"),
+                                       ("raise", "KeyError('no such column')")])
+def test_an_estimator_that_goes_wrong_at_step_2_stops_the_run_in_one_line(tmp_path, monkeypatch, what, said):
+    """The estimator, the step and what was wrong, in one line (exit 1); checkpoint-1 kept for --resume."""
+    (tmp_path / "bad_estimator.py").write_text(_BAD_ESTIMATOR)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "bad_estimator", raising=False)
+    out = tmp_path / "run"
+    recipe = _recipe_file(tmp_path, out, advantage_estimator="test_bad_at_call_2", advantage_params={"what": what})
+    data = yaml.safe_load(recipe.read_text())
+    recipe.write_text(yaml.safe_dump({**data, "plugins": ["bad_estimator"]}))
+    result = CliRunner().invoke(app, ["train", str(recipe)])
+    assert result.exit_code == 1, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert "Traceback" not in result.output, result.output
+    assert line.startswith("error: advantage estimator 'test_bad_at_call_2' at step 2 (training): "), line
+    assert said in line and f"its last checkpoint {out / 'checkpoint-1'} kept" in line, line
+    assert (out / "checkpoint-1" / "trainer_state.json").is_file() and not (out / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("body,said", [("import sys\nsys.exit(3)\n", "called sys.exit(3) while it was imported"),
+                                       ("raise KeyboardInterrupt\n", "was interrupted while it was imported")])
+def test_a_plugin_that_exits_at_import_is_one_line(tmp_path, monkeypatch, body, said):
+    (tmp_path / "exiting_plugin.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "exiting_plugin", raising=False)
+    recipe = _recipe_file(tmp_path, tmp_path / "run")
+    data = yaml.safe_load(recipe.read_text())
+    recipe.write_text(yaml.safe_dump({**data, "plugins": ["exiting_plugin"]}))
+    result = CliRunner().invoke(app, ["train", str(recipe)])
+    assert result.exit_code == 2, result.output
+    line = _one_line(result)
+    assert "plugins: 'exiting_plugin' " + said in line, line

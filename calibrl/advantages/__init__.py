@@ -5,6 +5,8 @@
 """
 
 from calibrl.advantages.registry import (
+    EstimatorFailed,
+    EstimatorOutputError,
     EstimatorSpec,
     Param,
     available_estimators,
@@ -24,6 +26,6 @@ from calibrl.advantages import dcpo as _dcpo  # noqa: F401  (registers dcpo)
 from calibrl.advantages import intuitor as _intuitor  # noqa: F401  (registers intuitor)
 
 __all__ = [
-    "EstimatorSpec", "Param", "available_estimators", "compute_advantages", "estimator_inputs", "estimator_spec",
+    "EstimatorFailed", "EstimatorOutputError", "EstimatorSpec", "Param", "available_estimators", "compute_advantages", "estimator_inputs", "estimator_spec",
     "estimator_specs", "estimators_table", "get_estimator", "register_estimator",
 ]

@@ -207,14 +207,42 @@ def compute_advantages(
     return (advantages, dict(info)) if return_info else advantages
 
 
+class EstimatorOutputError(ValueError):
+    """An estimator returned something that cannot be trained on: not a tensor, a wrong shape, or a value that is
+    not finite (the message names the estimator and what was wrong)."""
+
+
+class EstimatorFailed(RuntimeError):
+    """An engine's training step stopped because its estimator raised or returned an unusable value (the message
+    names the estimator, the step and what was wrong; ``calibrl train`` prints it in one line)."""
+
+
 def _run(fn: Estimator, batch: RolloutBatch, *, name: str,
          params: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
-    """``fn(batch, **params)`` as (advantages [N] or [N, T], info); a wrong leading shape raises a ValueError."""
+    """``fn(batch, **params)`` as (advantages [N] or [N, T], info), checked at every call: a float tensor [N] or
+    [N, T] holding finite values, and a dict of diagnostics, else :class:`EstimatorOutputError`. A NaN or an
+    infinite advantage would train its rows with a meaningless or unbounded weight (zeroing it would hide the fault),
+    so it stops the caller instead."""
     out = fn(batch, **params)
-    advantages, info = (out if isinstance(out, tuple) else (out, {}))
+    advantages, info = (out if isinstance(out, tuple) and len(out) == 2 else (out, {}))
+    if not isinstance(advantages, torch.Tensor):
+        raise EstimatorOutputError(f"estimator {name!r} returned {type(advantages).__name__}, not a torch tensor of "
+                                   f"advantages ({len(batch)},) or ({len(batch)}, T)")
     if advantages.dim() not in (1, 2) or advantages.shape[0] != len(batch):
-        raise ValueError(f"estimator {name!r} returned shape {tuple(advantages.shape)}, expected ({len(batch)},) "
-                         f"or ({len(batch)}, T)")
+        raise EstimatorOutputError(f"estimator {name!r} returned shape {tuple(advantages.shape)}, expected "
+                                   f"({len(batch)},) or ({len(batch)}, T)")
+    if advantages.is_complex():
+        raise EstimatorOutputError(f"estimator {name!r} returned a {advantages.dtype} tensor, not real numbers")
+    if advantages.is_floating_point():
+        bad = ~torch.isfinite(advantages)
+        if bool(bad.any()):
+            rows = torch.nonzero(bad.reshape(len(batch), -1).any(-1)).flatten().tolist()
+            values = sorted({str(v) for v in advantages[bad].tolist()[:10]})
+            raise EstimatorOutputError(
+                f"estimator {name!r} returned {'/'.join(values)} for {len(rows)} of {len(batch)} rows (row "
+                f"{rows[0]}{' and more' if len(rows) > 1 else ''}); advantages must be finite")
+    if not isinstance(info, Mapping):
+        raise EstimatorOutputError(f"estimator {name!r} returned info of type {type(info).__name__}, not a dict")
     return advantages, info
 
 

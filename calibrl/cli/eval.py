@@ -506,6 +506,15 @@ def _print_summary(metrics: dict[str, dict[str, Any]], out: Path) -> None:
             table.add_row(text(scope), text(label), str(m["n_samples"]), num(m["accuracy"]), num(m.get("auroc")), num(m.get("ece")),
                           num(m.get("brier")), f"{best[0]} {num(best[1])}" if best else "-")
     Console(file=sys.stdout).print(table)
+    skipped: dict[tuple[str, str], list[str]] = {}  # (input, reason) -> selection methods asked for but not run
+    for by_label in metrics.values():
+        for label, m in by_label.items():
+            for method, reason in (m.get("selection_skipped") or {}).items():
+                names = skipped.setdefault((text(label), reason), [])
+                if method not in names:
+                    names.append(method)
+    for (label, reason), names in skipped.items():
+        typer.echo(f"note: {label}: not run: {', '.join(names)} ({reason})", err=True)
     for scope, by_label in metrics.items():  # the certified abstention threshold, or plainly that there is none
         for label, m in by_label.items():
             a = m.get("abstention")

@@ -123,3 +123,11 @@ def train_command(
     except RecipeError as exc:
         console.print(f"error: {' '.join(str(exc).split())}", markup=False, soft_wrap=True, highlight=False)
         raise typer.Exit(2)
+    except RuntimeError as exc:
+        from calibrl.advantages import EstimatorFailed  # here, not above: the recipe check loads no torch
+
+        if not isinstance(exc, EstimatorFailed):
+            raise
+        # during the run: what was wrong, where, and what was kept (exit 1)
+        console.print(f"error: {' '.join(str(exc).split())}", markup=False, soft_wrap=True, highlight=False)
+        raise typer.Exit(1)

@@ -733,6 +733,10 @@ def _deepconf_signals(r: _Row, window: int, tail: int) -> np.ndarray | tuple[flo
         confs = np.array([math.nan if v is None else v for v in values], dtype=np.float64)
     elif confs.dtype.kind not in "fiu" or confs.ndim != 1:
         raise r.fail("token_confidence", f"expected a flat list of numbers (one per token), got {_shown(values)}")
+    elif confs.dtype.kind in "fiu" and isinstance(values, list):  # a JSON true / false among numbers reads as 1 / 0
+        for j in np.flatnonzero((confs == 1.0) | (confs == 0.0)):  # only those two can be one: a cheap look
+            if isinstance(values[j], bool):
+                raise r.fail("token_confidence", f"entry {int(j)}: expected a number, got {_shown(values[j])}")
     confs = confs.astype(np.float64, copy=False)
     bad = np.flatnonzero(np.isinf(confs) | (confs < 0))
     if bad.size:

@@ -103,6 +103,9 @@ def trace_signals(token_confidence, *, window: int = DEFAULT_WINDOW, tail: int =
     n = c.size
     if n == 0:
         return np.full(4, np.nan)
+    scale = _overflow_scale(c)
+    if scale != 1.0:  # sums of values near the float64 maximum would overflow: the same signals, in units of scale
+        return scale * trace_signals(c / scale, window=window, tail=tail, bottom_fraction=bottom_fraction)
     mean = float(c.mean())
     tail_mean = float(c[-tail:].mean()) if n > tail else mean
     if n < window:
@@ -112,6 +115,15 @@ def trace_signals(token_confidence, *, window: int = DEFAULT_WINDOW, tail: int =
     lowest = max(1, int(means.size * bottom_fraction))
     bottom = float(means.min()) if lowest == 1 else float(np.partition(means, lowest - 1)[:lowest].mean())
     return np.array([mean, tail_mean, bottom, float(means.min())])
+
+
+def _overflow_scale(values: np.ndarray) -> float:
+    """1.0, or the largest |value| when summing ``values`` could overflow float64 (finite C_i near 1e308, which no
+    log-probability gives but a file can hold): signals and votes are then computed in units of it, and are the
+    same up to rounding (a vote's winner and shares do not depend on the unit)."""
+    finite = values[np.isfinite(values)]
+    largest = float(np.abs(finite).max()) if finite.size else 0.0
+    return largest if largest * max(finite.size, 1) > 1e300 else 1.0
 
 
 def filter_top_fraction(signal: np.ndarray, pidx: np.ndarray, n_prompts: int, keep_fraction: float) -> np.ndarray:
@@ -174,7 +186,8 @@ def deepconf_select(method: str, answer_ids, correct, prompt_ids, *, deepconf_si
     counted = ~np.isnan(weight)
     if keep_fraction is not None:
         counted = filter_top_fraction(weight, p, n, keep_fraction)
-    return _vote(method, np.where(counted, weight, 0.0), a, c, p, n, prompts)
+    weight = np.where(counted, weight, 0.0)
+    return _vote(method, weight / _overflow_scale(weight), a, c, p, n, prompts)
 
 
 def online_vote(answer_ids, correct, prompt_ids, *, deepconf_signals=None, voted=None, **_: Any) -> SelectionResult:
@@ -186,4 +199,5 @@ def online_vote(answer_ids, correct, prompt_ids, *, deepconf_signals=None, voted
         raise ValueError("deepconf_online needs token confidences and each path's deepconf_voted")
     lowest = np.asarray(deepconf_signals, dtype=np.float64)[:, SIGNALS.index("min")]
     counted = np.asarray(voted, dtype=bool) & ~np.isnan(lowest)
-    return _vote("deepconf_online", np.where(counted, lowest, 0.0), a, c, p, n, prompts)
+    weight = np.where(counted, lowest, 0.0)
+    return _vote("deepconf_online", weight / _overflow_scale(weight), a, c, p, n, prompts)

@@ -8,8 +8,10 @@ LoRA) with ``config.json``; ``optimizer.pt``, ``scheduler.pt`` (and ``scaler.pt`
 ``trainer_state.json`` or with a file cut short, which ``Trainer.train(resume_from_checkpoint=...)`` fails on
 with a traceback (or, for a missing ``optimizer.pt``, silently restarts the optimizer).
 
-A checkpoint is complete when ``trainer_state.json`` reads as JSON with an integer ``global_step``, it holds model
-or adapter weights, and every file that resuming reads is whole: JSON files parse, ``.safetensors`` files have their
+A checkpoint is complete when ``trainer_state.json`` reads as JSON with an integer ``global_step`` equal to the
+folder's number and a ``log_history`` that is a list of records, it holds model or adapter weights and every other
+file resuming reads (the optimizer's, the scheduler's and the random state: without them transformers restarts
+them silently, so a resumed run would differ from the uninterrupted one), and every file that resuming reads is whole: JSON files parse, ``.safetensors`` files have their
 header and exactly the bytes it promises (and an index's shards are there), ``.pt`` / ``.pth`` / ``.bin`` files
 (``torch.save``'s zip format) have their closing central directory. These checks read headers only.
 
@@ -37,6 +39,7 @@ TRAINER_STATE = "trainer_state.json"
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin",
             "pytorch_model.bin.index.json", "adapter_model.bin")
 _WEIGHT_FILE = re.compile(r"^(model|adapter_model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)$")
+_RNG_STATE = re.compile(r"^rng_state(_\d+)?\.pth$")
 _READ_ON_RESUME = re.compile(r".*\.(safetensors|pt|pth|bin)$|config\.json$|.*\.index\.json$|calibrl_.*\.json$")
 
 
@@ -186,9 +189,34 @@ def checkpoint_problem(folder: str | Path, *, loadable: bool = False) -> str | N
         return f"{TRAINER_STATE} does not read as JSON"
     if not isinstance(state_data, dict) or "global_step" not in state_data:
         return f"{TRAINER_STATE} has no global_step"
-    if checkpoint_step(folder) is None:
+    step = checkpoint_step(folder)
+    if step is None:
         return f"{TRAINER_STATE} has global_step {state_data['global_step']!r}, not an integer >= 0"
-    return weights_problem(folder, loadable=False)  # the files' contents were checked above
+    named = _CHECKPOINT.match(folder.name)
+    if named and int(named.group(1)) != step:
+        return f"{TRAINER_STATE} says step {step}, not the {named.group(1)} of the folder's name"
+    history = state_data.get("log_history", [])
+    if not isinstance(history, list) or not all(isinstance(record, dict) for record in history):
+        return f"{TRAINER_STATE}'s log_history is not a list of log records"
+    return weights_problem(folder, loadable=False) or _resume_files_problem(folder)  # contents checked above
+
+
+def _resume_files_problem(folder: Path) -> str | None:
+    """A file ``Trainer.train(resume_from_checkpoint=...)`` reads besides the weights and the state is missing:
+    without the optimizer's or the scheduler's state it restarts them silently (Adam's moments at 0, the learning
+    rate at its first value), without the random state its sampling differs from the uninterrupted run's. DeepSpeed
+    keeps all three in its ``global_step*`` folder, FSDP its optimizer in ``optimizer_*``."""
+    names = {p.name for p in folder.iterdir()}
+    deepspeed = any(n.startswith("global_step") and (folder / n).is_dir() for n in names)
+    if not deepspeed:
+        if not any(n in ("optimizer.pt", "optimizer.bin") or n.startswith("optimizer_") or n.endswith("-optimizer.pt")
+                   for n in names):
+            return "optimizer.pt is missing (resuming would restart the optimizer's state)"
+        if "scheduler.pt" not in names:
+            return "scheduler.pt is missing (resuming would restart the learning-rate schedule)"
+    if not any(_RNG_STATE.match(n) for n in names):
+        return "rng_state.pth is missing (resuming would not draw what the uninterrupted run draws)"
+    return None
 
 
 def last_complete_checkpoint(output_dir: str | Path, *, loadable: bool = False

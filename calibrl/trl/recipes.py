@@ -366,6 +366,12 @@ def import_plugins(raw: Any, source: str) -> list[str]:
         except Exception as exc:  # a plugin's own error: shown in one line, the recipe named
             raise RecipeError(f"{source}: plugins: {module!r} failed to import: {type(exc).__name__}: "
                               f"{' '.join(str(exc).split())}") from None
+        except SystemExit as exc:  # sys.exit() at import would end calibrl with nothing said
+            raise RecipeError(f"{source}: plugins: {module!r} called sys.exit({exc.code!r}) while it was imported") \
+                from None
+        except KeyboardInterrupt:
+            raise RecipeError(f"{source}: plugins: {module!r} was interrupted while it was imported "
+                              "(KeyboardInterrupt)") from None
     return list(raw)
 
 

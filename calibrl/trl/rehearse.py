@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calibrl._files import FolderInUse, folder_lock
 from calibrl.trl.progress import quiet_transformers_bars
 from calibrl.trl.recipes import RECIPES_DIR, TINY, DatasetSpec, Recipe, RecipeError
 
@@ -448,7 +449,6 @@ def rehearse(recipe: Recipe, *, overrides: dict | None = None, steps: int = 2, o
 def _rehearse(recipe: Recipe, *, overrides: dict | None, steps: int, output_dir: str | None, console,
               progress: bool, device: str, overwrite: bool) -> Rehearsal:
     from calibrl.trl.recipes import check_trainer_fields
-    from calibrl.trl.train import train
 
     name = Path(recipe.source).stem
 
@@ -464,6 +464,24 @@ def _rehearse(recipe: Recipe, *, overrides: dict | None, steps: int, output_dir:
         bf16_ok = cpu_supports_bf16()
     mapped, notes = map_trainer_settings(trainer, name=name, bf16_ok=bf16_ok, steps=steps, output_dir=output_dir,
                                          device=device)
+    # the folder is held from here to the end, the replacement of the last rehearsal included (calibrl train's own
+    # lock, which train() takes again, re-entrantly): a second rehearsal into it is refused, not removed under it
+    try:
+        with folder_lock(mapped["output_dir"], what="calibrl train --rehearse") as stale:
+            if stale:
+                console.print(stale, markup=False, highlight=False, soft_wrap=True)
+            return _rehearse_held(recipe, mapped, notes, name=name, steps=steps, output_dir=output_dir,
+                                  console=console, progress=progress, device=device, overwrite=overwrite,
+                                  bf16_ok=bf16_ok)
+    except FolderInUse as exc:
+        raise RecipeError(f"{recipe.source}: {exc}") from None
+
+
+def _rehearse_held(recipe: Recipe, mapped: dict, notes: list[str], *, name: str, steps: int, output_dir: str | None,
+                   console, progress: bool, device: str, overwrite: bool, bf16_ok: bool) -> Rehearsal:
+    """The rehearsal, its output folder held (:func:`_rehearse`)."""
+    from calibrl.trl.train import train
+
     rehearsed = copy.deepcopy(recipe)
     rehearsed.trainer = mapped
     for section, rows in (("dataset", LAYOUT["train_rows"]), ("eval_dataset", LAYOUT["eval_rows"]),
@@ -500,11 +518,11 @@ def _rehearse(recipe: Recipe, *, overrides: dict | None, steps: int, output_dir:
                                                   init_kwargs=init_kwargs)
         for note in notes:
             console.print(f"  {note}", markup=False, highlight=False, soft_wrap=True)
-        # without the rich bar, the printed step lines stand in for it: no transformers tqdm bar among them
         if output_dir is None and Path(mapped["output_dir"]).is_dir():  # calibrl's own folder: the last rehearsal
             shutil.rmtree(mapped["output_dir"])
             console.print(f"  (replaced the previous rehearsal in {mapped['output_dir']})", markup=False,
                           highlight=False, soft_wrap=True)
+        # without the rich bar, the printed step lines stand in for it: no transformers tqdm bar among them
         with contextlib.nullcontext() if progress else quiet_transformers_bars():
             result.result = train(rehearsed, overwrite=overwrite, overrides={} if progress else {"disable_tqdm": True},
                                   progress=progress, console=console,

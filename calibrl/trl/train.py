@@ -17,10 +17,13 @@ import os
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from calibrl._files import FolderInUse, folder_lock
+from calibrl.advantages import EstimatorFailed
 from calibrl.trl.checkpoints import (checkpoint_step, inside_generation_block, last_complete_checkpoint, run_contents,
                                      train_loss_keeper, weights_problem)
 from calibrl.trl.progress import (LOG_HISTORY, log_history_writer, print_summary, progress_callback,
@@ -437,10 +440,26 @@ def build_trainer(recipe: Recipe, *, model=None, tokenizer=None, overrides: dict
         overrides: CalibratedGRPOConfig fields replacing the recipe's ``trainer`` values (e.g. ``max_steps``).
         callbacks: extra ``transformers.TrainerCallback`` objects.
     """
-    from calibrl.trl import CalibratedGRPOTrainer
-
-    source = recipe.source
     args = validate_recipe(recipe, overrides=overrides, stand_in_model=model is not None)
+    inputs = _prepare(recipe, args, model=model, tokenizer=tokenizer)
+    return _construct(recipe, inputs, model=model, tokenizer=tokenizer, callbacks=callbacks)
+
+
+@dataclass
+class _Inputs:
+    """What a run needs besides its model, gathered (and checked) before any model loads or any file moves."""
+
+    args: Any
+    reward_funcs: list
+    train_dataset: Any
+    eval_dataset: Any
+    calibration_dataset: Any
+
+
+def _prepare(recipe: Recipe, args, *, model=None, tokenizer=None) -> _Inputs:
+    """Every check that needs the data or the hub but not the model: a hub id that cannot be had, decision classes
+    without a token of their own, and the datasets, loaded here once."""
+    source = recipe.source
     reward_funcs = _reward_funcs(recipe)
     if model is None:
         name = recipe.model.name_or_path
@@ -450,6 +469,21 @@ def build_trainer(recipe: Recipe, *, model=None, tokenizer=None, overrides: dict
         _check_decision_classes(recipe.model, args.decision_classes, tokenizer, source)
     train_dataset = _load_dataset(recipe.dataset, "dataset", source)
     eval_dataset = _load_dataset(recipe.eval_dataset, "eval_dataset", source) if recipe.eval_dataset else None
+    calibration_dataset = None
+    if recipe.calibration_eval is not None:
+        held_out = recipe.calibration_eval_dataset
+        calibration_dataset = (_load_dataset(held_out, "calibration_eval.dataset", source) if held_out
+                               else eval_dataset)
+    return _Inputs(args=args, reward_funcs=reward_funcs, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                   calibration_dataset=calibration_dataset)
+
+
+def _construct(recipe: Recipe, inputs: _Inputs, *, model=None, tokenizer=None, callbacks=None):
+    """The trainer of :func:`build_trainer`, from what :func:`_prepare` gathered: loads the model (unless a stand-in
+    is given), builds the trainer, adds the log writer and the held-out calibration callback."""
+    from calibrl.trl import CalibratedGRPOTrainer
+
+    source = recipe.source
     if model is None:
         try:
             model, recipe_tokenizer = _load_model(recipe.model)
@@ -460,10 +494,10 @@ def build_trainer(recipe: Recipe, *, model=None, tokenizer=None, overrides: dict
     try:
         trainer = CalibratedGRPOTrainer(
             model=model,
-            reward_funcs=reward_funcs,
-            args=args,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
+            reward_funcs=inputs.reward_funcs,
+            args=inputs.args,
+            train_dataset=inputs.train_dataset,
+            eval_dataset=inputs.eval_dataset,
             processing_class=tokenizer,
             peft_config=_peft_config(recipe.model.peft, source),
             callbacks=callbacks,
@@ -477,9 +511,7 @@ def build_trainer(recipe: Recipe, *, model=None, tokenizer=None, overrides: dict
     if recipe.calibration_eval is not None:  # held-out calibration: calibrl.trl.callbacks
         from calibrl.trl.callbacks import attach_calibration_eval
 
-        held_out = recipe.calibration_eval_dataset
-        dataset = _load_dataset(held_out, "calibration_eval.dataset", source) if held_out else eval_dataset
-        attach_calibration_eval(trainer, config=recipe.calibration_eval, dataset=dataset)
+        attach_calibration_eval(trainer, config=recipe.calibration_eval, dataset=inputs.calibration_dataset)
     return trainer
 
 
@@ -587,7 +619,12 @@ def _start(args, where: str, *, resume: bool, overwrite: bool, say) -> tuple[str
     if final_model:
         raise RecipeError(f"{where}: --resume: {output} holds a run ({listed}) but no complete checkpoint to continue "
                           "from; --overwrite moves it aside and starts again")
-    say(f"--resume: no {'complete ' if skipped else ''}checkpoint in {output}; starting from scratch")
+    if found:  # an earlier run with nothing to continue from: kept aside, never written over
+        why = "; ".join(f"{Path(folder).name}: {problem}" for folder, problem in skipped) or "no checkpoint"
+        say(f"--resume: nothing in {output} to continue from ({why}); moved the earlier run to "
+            f"{_move_aside(output, where)} and starting from scratch")
+        return None, None
+    say(f"--resume: no run in {output} yet; starting from scratch")
     return None, None
 
 
@@ -628,19 +665,33 @@ def train(recipe: Recipe, resume: bool = False, *, overwrite: bool = False, over
         _filter_known_warnings()
         args = validate_recipe(recipe, overrides=overrides, stand_in_model=model is not None)
         output_dir, is_main = Path(args.output_dir), args.process_index == 0
+        where = f"{recipe.source}: {_output_key(overrides)}"
 
         def say(text: str) -> None:
             if is_main:
                 console.print(text, markup=False, highlight=False, soft_wrap=True)
 
-        with args.main_process_first(local=False, desc="checking the output folder"):
-            checkpoint, finished = _start(args, f"{recipe.source}: {_output_key(overrides)}", resume=resume,
-                                          overwrite=overwrite, say=say)
-        if finished is not None:
-            return _finished_result(args, finished, console, result_console, is_main)
-        existed = output_dir.exists()
-        trainer, is_main = _run(recipe, checkpoint, overrides, model, tokenizer, callbacks, progress, output_dir,
-                                existed)
+        try:  # one command per run folder, from here to the end (the main process holds the lock for the launch)
+            lock = folder_lock(output_dir, what="calibrl train") if is_main else contextlib.nullcontext()
+            with lock as stale:
+                if stale:
+                    say(stale)
+                # every refusal that needs no model comes before the folder is touched (--overwrite moves it)
+                inputs = _prepare(recipe, args, model=model, tokenizer=tokenizer)
+                _check_fills_a_generation_batch(inputs.train_dataset, args, recipe.source)
+                with args.main_process_first(local=False, desc="checking the output folder"):
+                    checkpoint, finished = _start(args, where, resume=resume, overwrite=overwrite, say=say)
+                if finished is not None:
+                    return _finished_result(args, finished, console, result_console, is_main)
+                trainer, is_main = _run(recipe, inputs, checkpoint, model, tokenizer, callbacks, progress,
+                                        output_dir, existed=output_dir.exists())
+        except FolderInUse as exc:
+            raise RecipeError(f"{where}: {exc}") from None
+        except EstimatorFailed as exc:
+            kept = last_checkpoint(output_dir)
+            raise EstimatorFailed(f"{exc}; the run stopped, " + (
+                f"its last checkpoint {kept} kept (--resume continues from it)" if kept else
+                "before its first checkpoint")) from exc.__cause__
     summary = summarize(trainer.state.log_history)
     if is_main:
         print_summary(result_console, summary, trainer)
@@ -668,22 +719,19 @@ def end_process_group() -> None:
         state.destroy_process_group()
 
 
-def _run(recipe, checkpoint, overrides, model, tokenizer, callbacks, progress, output_dir, existed):
+def _run(recipe, inputs: _Inputs, checkpoint, model, tokenizer, callbacks, progress, output_dir, *, existed):
     """Builds the trainer, trains (from ``checkpoint`` when given), evaluates, saves; a failure removes the output
     folder when this run created it and left it empty. Returns (trainer, is_main). With ``progress`` (calibrl's
     bar) transformers draws none of its own: no "Loading weights" as the model and the reference load, no "Writing
     model shards" at each checkpoint and at the end."""
     try:
         with quiet_transformers_bars() if progress else contextlib.nullcontext():
-            trainer = build_trainer(recipe, model=model, tokenizer=tokenizer, overrides=overrides,
-                                    callbacks=callbacks)
+            trainer = _construct(recipe, inputs, model=model, tokenizer=tokenizer, callbacks=callbacks)
             if progress:
                 from transformers.trainer_callback import PrinterCallback
 
                 trainer.remove_callback(PrinterCallback)  # the rich bar replaces the printed log dicts
             is_main = trainer.accelerator.is_main_process
-            # checked here, not when building: a recipe's trainer is built on sample data by tests and rehearsals
-            _check_fills_a_generation_batch(trainer.train_dataset, trainer.args, recipe.source)
             trainer.train(resume_from_checkpoint=checkpoint)
             final = trainer.state.global_step
             evaluated = any(h.get("step") == final and "eval_runtime" in h for h in trainer.state.log_history)

@@ -48,7 +48,7 @@ import torch
 
 from trl import GRPOTrainer
 
-from calibrl.advantages import compute_advantages, estimator_spec
+from calibrl.advantages import EstimatorFailed, EstimatorOutputError, compute_advantages, estimator_spec
 from calibrl.advantages.capo import QUANTILE_MASK_FILE, FrozenQuantileMask, frozen_quantile_params
 from calibrl.advantages.grpo import grpo as calibrl_grpo
 from calibrl.batch import RolloutBatch, masked_row_mean
@@ -372,11 +372,18 @@ class CalibratedGRPOTrainer(GRPOTrainer):
                 self._metrics[rollout.mode]["capo/ref_ppl_low"].append(float(params["ref_low"]))
         self._calibrl_step_params = params
         # Estimators ignore the optional fields they do not read, so the full batch is passed.
-        all_adv, info = compute_advantages(rollout.batch, self.args.advantage_estimator, return_info=True, **params)
+        try:  # its output is checked at every call (a tensor of the batch's rows, finite): compute_advantages
+            all_adv, info = compute_advantages(rollout.batch, self.args.advantage_estimator, return_info=True,
+                                               **params)
+        except Exception as exc:  # one line naming the estimator and the step; the last checkpoint stays as it is
+            where = "training" if rollout.mode == "train" else "evaluation"
+            raise EstimatorFailed(f"advantage estimator {self.args.advantage_estimator!r} at step "
+                                  f"{self.state.global_step + 1} ({where}): "
+                                  f"{exc if isinstance(exc, EstimatorOutputError) else repr(exc)}") from exc
         # rows without tokens are already 0 (compute_advantages leaves them out by their lengths)
         # per-token advantages ([N, T], e.g. dcpo) are masked row by row
         unscorable = rollout.unscorable if all_adv.dim() == 1 else rollout.unscorable[:, None]
-        all_adv = torch.nan_to_num(all_adv.to(torch.float32), nan=0.0).masked_fill(unscorable, 0.0)
+        all_adv = all_adv.to(torch.float32).masked_fill(unscorable, 0.0)
         return all_adv, info, False
 
     def _mark_decisions(self, output: dict, rollout: Rollout, advantages: torch.Tensor):

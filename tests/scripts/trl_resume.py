@@ -51,16 +51,8 @@ def main() -> None:
     recipe = load_recipe(sys.argv[1])
     resume = "--resume" in sys.argv
     sleep = float(os.environ.get("CALIBRL_TEST_STEP_SLEEP", "0"))
-    import calibrl.trl.train as training
-
     recorder = StepRecorder(sleep)
-    original = training.build_trainer
-
-    def build_with_recorder(*a, callbacks=None, **k):
-        return original(*a, callbacks=[*(callbacks or []), recorder], **k)
-
-    training.build_trainer = build_with_recorder
-    result = train(recipe, resume=resume, progress=False)
+    result = train(recipe, resume=resume, progress=False, callbacks=[recorder])
     tag = os.environ.get("CALIBRL_TEST_TAG", "run")
     steps = recorder.steps
     with open(os.path.join(recipe.trainer["output_dir"], f"result-{tag}.json"), "w") as f:
