@@ -40,6 +40,7 @@ __all__ = [
     "LOGIT_COPIES",
     "chunked_token_confidence",
     "chunked_token_logps",
+    "confidence_with_sampled",
     "fused_head_tile",
     "fused_head_tile_tokens",
     "positions_per_chunk",
@@ -175,7 +176,7 @@ def chunked_token_logps(hidden: torch.Tensor, targets: torch.Tensor, *,
 
 
 def chunked_token_confidence(hidden: torch.Tensor, *, project: Callable[[torch.Tensor], torch.Tensor], k: int,
-                             temperature: float = 1.0, chunk: int) -> torch.Tensor:
+                             temperature: float = 1.0, chunk: int, return_parts: bool = False):
     """DeepConf's token confidence ``C_i = -(1/k) sum_{j<=k} log p_i(j)`` over each position's k most probable
     tokens, ``chunk`` positions at a time (:mod:`calibrl.selection.deepconf` reads the trace signals off it).
 
@@ -188,11 +189,15 @@ def chunked_token_confidence(hidden: torch.Tensor, *, project: Callable[[torch.T
             [N, V] logits of one generation step, which the model has already built).
         project: [n, D] -> [n, V] logits of a chunk.
         k: 1 <= k <= V, top log-probs averaged (DeepConf: 20).
-        temperature: T > 0 (the distribution the confidence is read from).
+        temperature: T > 0 (the distribution the confidence is read from; DeepConf's authors read it at 1, before
+            their sampling temperature).
         chunk: positions per projection (:func:`positions_per_chunk`).
+        return_parts: also return, per position, the ids of its k most probable tokens and ``logsumexp(z_i)``,
+            with which :func:`confidence_with_sampled` adds the sampled token once it is known.
 
     Returns:
-        [N] float32 C_i >= 0 (0 only for a one-hot distribution with k = 1).
+        [N] float32 C_i >= 0 (0 only for a one-hot distribution with k = 1); with ``return_parts``,
+        ``(C [N], top-k token ids [N, k] long, logsumexp(z) [N])``.
     """
     if hidden.dim() != 2:
         raise ValueError(f"chunked_token_confidence: hidden must be [N, D]; got {tuple(hidden.shape)}")
@@ -200,6 +205,8 @@ def chunked_token_confidence(hidden: torch.Tensor, *, project: Callable[[torch.T
     if not temperature > 0:
         raise ValueError(f"chunked_token_confidence: temperature must be > 0, got {temperature}")
     out = torch.empty(hidden.size(0), dtype=torch.float32, device=hidden.device)
+    top_ids = torch.empty((hidden.size(0), k), dtype=torch.long, device=hidden.device) if return_parts else None
+    lse_all = torch.empty_like(out) if return_parts else None
     for start in range(0, hidden.size(0), chunk):
         end = min(start + chunk, hidden.size(0))
         logits = project(hidden[start:end]).float()  # [n, V]
@@ -207,9 +214,27 @@ def chunked_token_confidence(hidden: torch.Tensor, *, project: Callable[[torch.T
             logits = logits / temperature
         if k > logits.size(-1):
             raise ValueError(f"chunked_token_confidence: k = {k} exceeds the vocabulary ({logits.size(-1)})")
-        top_mean = logits.topk(k, dim=-1).values.mean(dim=-1)  # [n]
-        out[start:end] = torch.logsumexp(logits, dim=-1) - top_mean
-    return out
+        top = logits.topk(k, dim=-1)  # [n, k], largest first
+        lse = torch.logsumexp(logits, dim=-1)
+        out[start:end] = lse - top.values.mean(dim=-1)
+        if return_parts:
+            top_ids[start:end] = top.indices
+            lse_all[start:end] = lse
+    return (out, top_ids, lse_all) if return_parts else out
+
+
+def confidence_with_sampled(confidence: torch.Tensor, top_ids: torch.Tensor, sampled: torch.Tensor,
+                            sampled_logp: torch.Tensor, *, k: int) -> torch.Tensor:
+    """DeepConf's C_i as the authors compute it from vLLM's returned log-probs (``deepconf/utils.py``
+    ``compute_confidence``: minus the mean of EVERY returned entry), where vLLM returns the top k and, when the
+    sampled token is not among them, the sampled token as well: ``C`` (top-k only, :func:`chunked_token_confidence`)
+    where the sampled token is one of ``top_ids``, else ``(k C - sampled_logp) / (k + 1)``.
+
+    ``confidence`` [N] C_i of the top k, ``top_ids`` [N, k] their token ids, ``sampled`` [N] the sampled token ids,
+    ``sampled_logp`` [N] its log-probability under the same distribution. Membership is decided by token id, not
+    by comparing log-probabilities (two roundings of one value could disagree)."""
+    inside = (top_ids == sampled.reshape(-1, 1).to(top_ids.device)).any(dim=-1)
+    return torch.where(inside, confidence, (k * confidence - sampled_logp) / (k + 1))
 
 
 def _check_positive(**values: int) -> None:

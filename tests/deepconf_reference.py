@@ -89,3 +89,74 @@ def prompt_selections(answers, confs_per_trace, *, window=2048, tail=2048):
             out[f"deepconf_{name}_top{round(top * 100)}"] = weighted_vote(
                 [a for a, k in zip(answers, kept) if k], [s for s, k in zip(signals[name], kept) if k])
     return signals, out
+
+
+# ------------------------------------------------------------------------------------------------- online rules
+# TEST-ONLY transcription of the authors' online code, deepconf 0.1.0 on PyPI (facebookresearch/deepconf
+# ``deepconf/`` at 675529d): ``utils.py`` compute_confidence and compute_least_grouped, ``processors.py``
+# ConfPerReqLogitsProcessor.compute_conf, ``wrapper.py`` _deepthink_online and _perform_basic_voting. Written per
+# trace, one list at a time, as the authors loop.
+
+def vllm_returned_entries(logprobs_row, sampled, k):
+    """What vLLM returns for one position with ``logprobs=k``: the k most probable tokens' log-probs, and the
+    sampled token's when it is not among them (``logprobs_row``: the whole [V] log-softmax, a list or array)."""
+    order = sorted(range(len(logprobs_row)), key=lambda t: -float(logprobs_row[t]))[:k]
+    values = [float(logprobs_row[t]) for t in order]
+    if sampled not in order:
+        values.append(float(logprobs_row[sampled]))
+    return values
+
+
+def compute_confidence(entries_per_position, decimals=3):
+    """utils.compute_confidence: minus the mean of every returned entry, rounded (``decimals=None``: not rounded,
+    as calibrl stores C_i)."""
+    out = []
+    for entries in entries_per_position:
+        if entries:
+            value = -float(np.mean(entries))
+            out.append(round(value, decimals) if decimals is not None else value)
+    return out
+
+
+def compute_least_grouped(confs, group_size):
+    """utils.compute_least_grouped: the window means, each rounded to 3 decimals; a trace shorter than the window
+    has one value, its (unrounded) mean; an empty one [0]."""
+    if len(confs) < group_size:
+        return [sum(confs) / len(confs)] if confs else [0]
+    means = []
+    for i in range(len(confs) - group_size + 1):
+        window = confs[i:i + group_size]
+        means.append(round(sum(window) / len(window), 3))
+    return means
+
+
+def processor_confidence(logits_row, topk):
+    """processors.ConfPerReqLogitsProcessor.compute_conf: from the logits it is handed (before the temperature),
+    minus the mean log of the top-k probabilities."""
+    probabilities = np.exp(np.asarray(logits_row, dtype=np.float64) - np.max(logits_row))
+    probabilities /= probabilities.sum()
+    top = np.sort(probabilities)[::-1][:topk]
+    return -float(np.log(top).sum()) / topk
+
+
+def online_threshold(warmup_min_confs, confidence_percentile):
+    """wrapper._deepthink_online: conf_bar = np.percentile(warm-up min_confs, 100 - confidence_percentile)."""
+    return float(np.percentile(warmup_min_confs, 100 - confidence_percentile))
+
+
+def online_vote(warmup, final, conf_bar):
+    """wrapper._perform_basic_voting, online: warm-up traces with min_conf >= conf_bar, final traces not marked
+    'gconf_threshold' (min_conf < conf_bar), each with an answer, weigh in with their min_conf. ``warmup`` /
+    ``final``: lists of (answer or None, min_conf). Returns (answers, weights) in the authors' order."""
+    answers, weights = [], []
+    for answer, min_conf in warmup:
+        if min_conf >= conf_bar and answer:
+            answers.append(answer)
+            weights.append(min_conf)
+    for answer, min_conf in final:
+        if min_conf < conf_bar:  # stop_reason "gconf_threshold"
+            continue
+        if answer:
+            answers.append(answer)
+            weights.append(min_conf)
+    return answers, weights

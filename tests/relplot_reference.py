@@ -34,6 +34,7 @@ MESH_POINTS = [0, 20, 60, 100, 140, 180, 199]  # of relplot's 200-point mesh
 
 def main() -> None:
     import relplot
+    from relplot.diagrams import prepare_rel_diagram
     from relplot.estimators import KernelSmoother
     from relplot.kernels import ReflectedGaussianKernel
 
@@ -42,9 +43,11 @@ def main() -> None:
         value, width = relplot.smECE(f, y, return_width=True)
         mesh = np.linspace(0, 1, 200)
         curve = KernelSmoother(ReflectedGaussianKernel(width)).fit(f.reshape(-1, 1), y).predict(mesh.reshape(-1, 1))
+        density = prepare_rel_diagram(f, y, plot_confidence_band=False)["density"]
         out[name] = {"smooth_ece": float(value), "width": float(width),
                      "smooth_ece_at_0.05": float(relplot.smECE_sigma(f, y, 0.05)),
-                     "curve": {str(i): float(curve[i]) for i in MESH_POINTS}}
+                     "curve": {str(i): float(curve[i]) for i in MESH_POINTS},
+                     "density": {str(i): float(density[i]) for i in MESH_POINTS}}
     print(json.dumps(out, indent=1))
 
 

@@ -161,6 +161,10 @@ def test_codapo_hand_values():
     # half-right group: d_w = 1 -> w = c + 0.1
     b2 = full_batch([1, 0], [0, 0], lpm=[math.log(0.8)] * 2)
     torch.testing.assert_close(adv(b2, "codapo"), adv(b2, "grpo", eps=1e-6) * 0.9)
+    # a one-row group, as the reference code (verl's mean 0 / std 1): r / (1 + 1e-6) times w; all right, d = 0,
+    # d_w = 0, w = 0.1
+    b3 = full_batch([1.0], [0], lpm=[math.log(0.8)])
+    torch.testing.assert_close(adv(b3, "codapo"), torch.tensor([0.1 / (1 + 1e-6)], dtype=torch.float64))
 
 
 def test_cde_hand_values():
@@ -201,7 +205,7 @@ def batches(draw, min_groups=1, max_groups=5, max_size=6, uniform=False):
 
 ZERO_ON_UNIFORM = [("grpo", {}), ("dr_grpo", {}), ("rloo", {}), ("capo", {}), ("capo", {"normalize": "pairs"}),
                    ("capo", {"mask": "quantile"}), ("capo", {"mask": "batch_quantile"}), ("seed_grpo", {}), ("gcpo", {}),
-                   ("gcpo", {"measure": "barycentric"}), ("codapo", {})]
+                   ("gcpo", {"measure": "barycentric"})]
 
 
 @SETTINGS
@@ -210,6 +214,10 @@ def test_uniform_reward_groups_get_zero_advantage(b):
     for name, params in ZERO_ON_UNIFORM:
         a = adv(b, name, **params)
         assert torch.all(a == 0), (name, params, a)
+    # codapo follows its reference code (verl's rule): a group of one row keeps r / (1 + eps) x w, the others 0
+    one_row = torch.bincount(torch.unique(b.group_ids, return_inverse=True)[1])[
+        torch.unique(b.group_ids, return_inverse=True)[1]] == 1
+    assert torch.all(adv(b, "codapo")[~one_row] == 0)
     # cde shapes rewards with a confidence bonus, so only all-zero groups (no bonus: |r| = 0) stay at zero
     zero_groups = adv(b, "cde")[b.rewards == 0]
     assert torch.all(zero_groups == 0)

@@ -178,3 +178,31 @@ def test_dcpo_leaves_padding_and_empty_rows_at_zero_and_names_missing_inputs():
         dcpo_advantages(correct=torch.ones(2), confidence=torch.ones(2), split=torch.zeros(2, dtype=torch.long),
                         lengths=torch.ones(2, dtype=torch.long), group_index=torch.zeros(2, dtype=torch.long),
                         n_groups=1, assignment="both")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_dcpo_on_a_reordered_batch_true_groups_by_default_the_authors_chunks_as_an_option(seed):
+    """The batch as the authors' trainer hands it to the reward manager after verl's balance_batch: the rows of a
+    prompt scattered. By default the calibration target's group accuracy is the prompt's (the uid the advantage
+    normalises by); target_group_rows=8 is the authors' code on that reordered batch (its 8 consecutive rows),
+    equal to the transcription."""
+    rewards, confidences, token_pos, lengths, width = _rollouts(seed)
+    perm = np.random.default_rng(100 + seed).permutation(len(rewards))  # a reordering that splits the prompts
+    rewards, confidences = [rewards[i] for i in perm], [confidences[i] for i in perm]
+    token_pos, lengths = [token_pos[i] for i in perm], [lengths[i] for i in perm]
+    group = [int(i) // 8 for i in perm]  # each row keeps its prompt
+    reward_tensor, pos = _ref_hybrid_reward_tensor(rewards, confidences, token_pos, lengths, width)
+    mask = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+    uid = np.array([f"p{g}" for g in group], dtype=object)
+    authors = _ref_confidence_advantage(reward_tensor, mask, uid, pos)[:, : max(lengths)]
+    batch = RolloutBatch(rewards=rewards, group_ids=group, lengths=lengths, stated_confidence=confidences,
+                         confidence_start=pos)
+    torch.testing.assert_close(compute_advantages(batch, "dcpo", target_group_rows=8), authors)
+    ours = compute_advantages(batch, "dcpo")
+    assert not torch.allclose(ours, authors)  # their chunks are not prompts here
+    # ours: the same code with each chunk a prompt (the rows sorted back into generation order)
+    order = np.argsort(perm)
+    sorted_back = _ref_hybrid_reward_tensor([rewards[i] for i in order], [confidences[i] for i in order],
+                                            [token_pos[i] for i in order], [lengths[i] for i in order], width)
+    reference = _ref_confidence_advantage(sorted_back[0], mask[order], uid[order], sorted_back[1])
+    torch.testing.assert_close(ours[order], reference[:, : max(lengths)])

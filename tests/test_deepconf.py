@@ -367,25 +367,63 @@ def test_signals_read_from_a_calibrl_file_equal_the_authors_rules(tmp_path):
 # ------------------------------------------------------------------------------------------------ generation
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_generate_records_topk_token_confidence_of_the_sampling_distribution(temperature):
+@pytest.mark.parametrize("temperature,at", [(1.0, "raw"), (0.7, "raw"), (0.7, "sampling")])
+def test_generate_records_token_confidence_as_the_authors_read_it(temperature, at):
+    """C_i as the authors compute it from vLLM's returned log-probs (deepconf_reference.compute_confidence over
+    vllm_returned_entries: the top k, and the sampled token when outside them), of the model's own distribution by
+    default (vLLM's raw log-probs), of the sampling one with "sampling"; the online stop reads the top k alone
+    before the token is drawn (the authors' processor)."""
     from calibrl.evaluation.backends import _TransformersBackend
     from calibrl.models import TinyModelConfig, build_tiny_model
 
     model, tokenizer = build_tiny_model(config=TinyModelConfig(max_position_embeddings=512), seed=0)
     backend = _TransformersBackend(model, tokenizer, temperature=temperature, max_new_tokens=10, class_ids=None,
-                                   confidence_k=5)
+                                   confidence_k=5, confidence_temperature=at)
     prompts = ["What is 2+3?", "Hi"]  # different lengths: left padding must not shift anything
+    outside = 0
     for prompt, group in zip(prompts, backend.generate(prompts, 2, seed=1)):
         for sample in group:
             prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
             with torch.no_grad():
                 logits = model(torch.tensor([prompt_ids + sample.ids])).logits[0, len(prompt_ids) - 1:-1]
-            want = -torch.log_softmax(logits.float() / temperature, -1).topk(5, -1).values.mean(-1)
+            logp = torch.log_softmax(logits.double() / (temperature if at == "sampling" else 1.0), -1)
+            entries = [ref.vllm_returned_entries(logp[i].tolist(), token, 5) for i, token in enumerate(sample.ids)]
+            outside += sum(len(e) == 6 for e in entries)
+            want = ref.compute_confidence(entries, decimals=None)
             assert len(sample.token_confidence) == len(sample.ids)
-            torch.testing.assert_close(torch.tensor(sample.token_confidence), want, atol=1e-4, rtol=1e-4)
+            np.testing.assert_allclose(sample.token_confidence, want, atol=1e-4, rtol=1e-4)
+            sampled_logp = torch.log_softmax(logits.double() / temperature, -1)
+            np.testing.assert_allclose(sample.logps, [float(sampled_logp[i, t]) for i, t in enumerate(sample.ids)],
+                                       atol=1e-4)  # logprob_mean stays the sampling distribution's
+    assert outside > 0  # the tiny model's flat distributions often sample outside the top 5: the k + 1 case ran
     off = _TransformersBackend(model, tokenizer, temperature=1.0, max_new_tokens=4, class_ids=None)
     assert off.generate(["Hi"], 1, seed=1)[0][0].token_confidence is None
+
+
+@pytest.mark.parametrize("returned", [5, 20])
+def test_vllm_path_averages_what_vllm_returns_as_the_authors_do(returned):
+    """vLLM's per-position maps for logprobs=k hold the top k and the sampled token when outside them (and 20
+    entries for a decision task's classes): C_i is minus the mean of the top k and that sampled token, as
+    deepconf_reference.compute_confidence over vllm_returned_entries."""
+    from types import SimpleNamespace
+
+    from calibrl.evaluation.backends import _returned_confidence
+
+    rng = np.random.default_rng(returned)
+    k, vocab, entries, ids, want = 5, 40, [], [], []
+    for position in range(30):
+        logp = torch.log_softmax(torch.tensor(rng.normal(size=vocab) * 2.0), -1).tolist()
+        sampled = int(rng.integers(0, vocab))  # often outside the top 5
+        order = sorted(range(vocab), key=lambda t: -logp[t])[:returned]
+        entry = {t: SimpleNamespace(logprob=logp[t]) for t in order}
+        entry[sampled] = SimpleNamespace(logprob=logp[sampled])
+        entries.append(entry)
+        ids.append(sampled)
+        want.append(ref.vllm_returned_entries(logp, sampled, k))
+    got = _returned_confidence(entries, ids, k)
+    np.testing.assert_allclose(got, ref.compute_confidence(want, decimals=None), rtol=1e-12)
+    assert sum(len(w) == k + 1 for w in want) > 10  # the sampled token outside the top k, often
+    assert _returned_confidence(entries, ids, 0) is None
 
 
 def test_generate_rows_carry_token_confidence_that_eval_reads(tmp_path):
@@ -418,7 +456,7 @@ class _ScriptedBackend:
     def __init__(self, samples):
         self.samples, self.calls = list(samples), []
 
-    def generate(self, prompts, n, seed, *, stop_below=None, window=2048):
+    def generate(self, prompts, n, seed, *, stop_below=None, window=2048, on_token=None):
         self.calls.append((len(prompts), n, stop_below))
         return [[self.samples.pop(0) for _ in range(n)] for _ in prompts]
 
@@ -467,36 +505,95 @@ def test_online_stops_a_problem_at_consensus_and_counts_only_confident_traces():
     assert rows[0]["deepconf_consensus"] == pytest.approx(11 / 16)
 
 
-def test_online_generation_stops_traces_at_the_first_window_below_the_threshold(tmp_path):
+def test_online_by_default_spends_the_whole_budget_and_votes_as_the_authors_code():
+    """No consensus rule (the authors' wrapper gives every problem its budget, in one call); the vote takes every
+    trace, warm-up or final, whose lowest window (a short trace: its mean) is >= the threshold, with that weight:
+    deepconf_reference.online_vote on the same traces."""
+    from calibrl.evaluation.deepconf_online import OnlineSettings, sample_online
+
+    rng = np.random.default_rng(5)
+    traces = [rng.uniform(0.5, 4.0, size=int(rng.integers(1, 9))).round(4).tolist() for _ in range(12)]
+    stopped = [False] * 4 + [bool(x) for x in rng.integers(0, 2, size=8)]
+    answers = "AABABBACCABA"
+    backend = _ScriptedBackend([_sample(c, stopped=s) for c, s in zip(traces, stopped)])
+    settings = OnlineSettings(warmup=4, keep_fraction=0.5, window=3)
+    rows = sample_online(backend, [{"prompt": "p"}], n=12, seed=0, settings=settings, rows_of=_rows_of(answers))[0]
+    assert [c[1] for c in backend.calls] == [4, 8]  # the warm-up, then the rest at once
+    lows = [min(ref.compute_least_grouped(ref.compute_confidence([[-x] for x in c]), 3)) for c in traces]
+    bar = ref.online_threshold(lows[:4], 50)
+    assert rows[0]["deepconf_threshold"] == pytest.approx(bar)
+    voters, weights = ref.online_vote(list(zip(answers[:4], lows[:4])), list(zip(answers[4:], lows[4:])), bar)
+    assert [r["answer"] for r in rows if r["deepconf_voted"]] == voters
+    assert [r["deepconf_lowest"] for r in rows if r["deepconf_voted"]] == pytest.approx(weights, abs=1e-12)
+    assert [r["deepconf_lowest"] for r in rows] == pytest.approx(lows, abs=1e-12)
+    short = [i for i, c in enumerate(traces) if len(c) < 3 and not stopped[i]]
+    assert short and any(not rows[i]["deepconf_voted"] for i in short)  # a short trace below the bar: dropped
+
+
+def test_lowest_window_is_the_authors_rounded_value_and_exact_without_rounding():
+    from calibrl.evaluation.deepconf_online import lowest_window
+
+    rng = np.random.default_rng(7)
+    for length in (1, 2, 5, 17, 40, 300):
+        confs = rng.uniform(0, 6, size=length)
+        for window in (1, 2, 4, 16, 64):  # even windows: means of 3-decimal values land on halves
+            rounded = ref.compute_least_grouped(ref.compute_confidence([[-x] for x in confs]), window)
+            assert lowest_window(confs, window) == pytest.approx(min(rounded), abs=1e-12)
+            assert lowest_window(confs, window, None) == pytest.approx(trace_signals(confs, window=window)[3])
+    assert np.isnan(lowest_window([], 4))
+
+
+def test_online_generation_stops_traces_at_the_first_window_below_the_threshold():
+    """The stop reads each step's top-k confidence before its token is drawn, of the model's own logits (the
+    authors' processor: deepconf_reference.processor_confidence), from the window-th token on; the recorded C_i
+    stay what vLLM's returned entries give."""
+    from calibrl.evaluation.backends import _TransformersBackend
+    from calibrl.models import TinyModelConfig, build_tiny_model
+
+    model, tokenizer = build_tiny_model(config=TinyModelConfig(max_position_embeddings=512), seed=0)
+    backend = _TransformersBackend(model, tokenizer, temperature=0.8, max_new_tokens=12, class_ids=None,
+                                   confidence_k=4)
+    prompts = ["What is 2+3?", "Hi"]
+
+    def stop_windows(prompt, sample):
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt_ids + sample.ids])).logits[0, len(prompt_ids) - 1:-1].double()
+        return np.convolve([ref.processor_confidence(row.tolist(), 4) for row in logits], np.ones(3) / 3, "valid")
+
+    free = backend.generate(prompts, 4, seed=3)
+    threshold = float(np.median(np.concatenate([stop_windows(p, x) for p, g in zip(prompts, free) for x in g])))
+    stopped = 0
+    for prompt, group in zip(prompts, backend.generate(prompts, 6, seed=4, stop_below=[threshold] * 2, window=3)):
+        for sample in group:
+            windows = stop_windows(prompt, sample)
+            if sample.stopped_early:
+                stopped += 1
+                assert windows[-1] < threshold + 1e-5 and (windows[:-1] >= threshold - 1e-5).all()
+            else:
+                assert (windows >= threshold - 1e-5).all()
+    assert stopped > 0
+
+
+def test_online_file_rows_say_what_the_vote_did(tmp_path):
     from pathlib import Path
 
-    from calibrl.evaluation.deepconf_online import OnlineSettings
+    from calibrl.evaluation.deepconf_online import OnlineSettings, lowest_window
     from calibrl.evaluation.generate import generate, scan_existing
     from calibrl.models import TinyModelConfig, save_tiny_model
 
     fixtures = Path(__file__).parent / "fixtures"
     model_dir = save_tiny_model(tmp_path / "model", TinyModelConfig(max_position_embeddings=512))
     out = tmp_path / "s.jsonl"
-    settings = OnlineSettings(warmup=3, keep_fraction=0.9, consensus=1.0, window=3, round_size=2)
+    settings = OnlineSettings(warmup=3, keep_fraction=0.9, window=3)
     generate(model=str(model_dir), dataset="deepscaler", path=str(fixtures / "deepscaler.jsonl"), n=7, limit=2,
              max_new_tokens=12, template="none", progress=False, out=out, backend="transformers",
              deepconf_online=settings)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    stopped = 0
-    for r in rows:
-        windows = np.convolve(r["token_confidence"], np.ones(3) / 3, mode="valid")
-        margin = 1e-3  # the file's confidences are rounded to 4 decimals
-        if r["deepconf_phase"] == "final" and r["stop_reason"] == "deepconf_confidence":
-            stopped += 1
-            assert windows[-1] < r["deepconf_threshold"] + margin
-            assert (windows[:-1] >= r["deepconf_threshold"] - margin).all()
-        elif r["deepconf_phase"] == "final":
-            assert (windows >= r["deepconf_threshold"] - margin).all()
-        else:
-            assert r["deepconf_voted"] == (windows.min() >= r["deepconf_threshold"]) or \
-                abs(windows.min() - r["deepconf_threshold"]) < margin or r["answer"] is None
-    assert stopped > 0
-    assert {r["deepconf_traces"] for r in rows} == {7}  # consensus 1.0 with an untrained model: the whole budget
+    for r in rows:  # the file's C_i are rounded to 4 decimals, the vote's to 3: equal within their rounding
+        assert r["deepconf_lowest"] == pytest.approx(lowest_window(r["token_confidence"], 3), abs=1.001e-3)
+        assert r["deepconf_voted"] == (r["answer"] is not None and r["deepconf_lowest"] >= r["deepconf_threshold"])
+    assert {r["deepconf_traces"] for r in rows} == {7}  # the whole budget
     assert scan_existing(out, 7)[1] == len(rows)
 
 
@@ -623,7 +720,17 @@ def test_cli_generate_deepconf_online_and_its_refusals(tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["deepconf_phase"] for r in rows][:2] == ["warmup", "warmup"] and 2 <= len(rows) <= 3
     meta = json.loads((tmp_path / "o.jsonl.meta.json").read_text())["deepconf_online"]
-    assert meta == {"warmup": 2, "keep_fraction": 0.5, "consensus": 0.95, "window": 3, "round_size": 1}
+    assert meta == {"warmup": 2, "keep_fraction": 0.5, "consensus": None, "window": 3, "round_size": 1,
+                    "round_decimals": 3}
+    plain = args[:args.index("--deepconf-online")]  # the same run without the online mode
+    for extra, problem in ((["--deepconf-window", "16"], "--deepconf-window: a DeepConf online setting, used only "
+                                                         "with --deepconf-online"),
+                           (["--deepconf-keep", "0.9", "--deepconf-exact-windows"],
+                            "--deepconf-keep, --deepconf-exact-windows: DeepConf online settings")):
+        refused = CliRunner().invoke(app, plain + extra + ["--overwrite"])
+        assert refused.exit_code == 2 and problem in " ".join(refused.output.split()), refused.output
+    refused = CliRunner().invoke(app, args + ["--deepconf-round", "4", "--overwrite"])
+    assert refused.exit_code == 2 and "needs --deepconf-consensus" in " ".join(refused.output.split())
     for extra, problem in ((["--backend", "vllm"], "transformers backend only"),
                            (["--token-confidence-k", "0"], "token_confidence_k >= 1"),
                            (["--deepconf-warmup", "5"], "between 1 and n = 3")):

@@ -210,12 +210,18 @@ def test_vllm_backend_conversion_with_a_stub(monkeypatch, tiny_dir, tmp_path):
     out = tmp_path / "v.jsonl"
     summary = generate(model=str(tiny_dir), dataset="math500", path=str(FIXTURES / "math500.jsonl"), n=2,
                        max_new_tokens=16, template="none", backend="vllm", progress=False, out=out)
-    assert summary["backend"] == "vllm" and seen["logprobs_mode"] == "processed_logprobs"
+    # token confidences read raw by default, as the DeepConf authors read vLLM's log-probs
+    assert summary["backend"] == "vllm" and seen["logprobs_mode"] == "raw_logprobs"
     # logprobs=20: DeepConf's token confidence (token_confidence_k, default 20) needs each step's top 20
     assert seen["params"].logprobs == 20 and seen["params"].top_p == 1.0 and seen["params"].temperature == 1.0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["correct"] for r in rows] == [True, True, False, False]  # gold 5, then 4
     assert all(r["logprob_mean"] == pytest.approx(-0.5) and r["answer"] == "5" and not r["truncated"] for r in rows)
+    assert all(r["token_confidence"] == [0.5] * len(r["token_confidence"]) for r in rows)  # one entry returned
+    for i, options in enumerate(({"token_confidence_at": "sampling"}, {"token_confidence_k": 0})):  # sampling's
+        generate(model=str(tiny_dir), dataset="math500", path=str(FIXTURES / "math500.jsonl"), n=2, max_new_tokens=16,
+                 template="none", backend="vllm", progress=False, out=tmp_path / f"{i}.jsonl", **options)
+        assert seen["logprobs_mode"] == "processed_logprobs", options
 
 
 def test_scan_existing_rejects_foreign_files(tmp_path):

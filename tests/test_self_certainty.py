@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -63,3 +64,46 @@ def test_completion_mean_over_the_masked_tokens():
     per_token = torch.tensor([[1.0, 2.0, 9.0], [4.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
     torch.testing.assert_close(completion_self_certainty(per_token, mask), torch.tensor([1.5, 0.0]))
+
+
+# REFERENCE, TEST ONLY: verl 0.9.1 ``verl/trainer/ppo/core_algos.py::compute_grpo_outcome_advantage`` (what
+# sunblaze-ucb/Intuitor's verl-intuitor at 3f0cdd7 feeds the self-certainty to), transcribed loop for loop on
+# one score per row. Not part of calibrl.
+def _ref_verl_grpo(scores, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True):
+    from collections import defaultdict
+
+    id2score, id2mean, id2std = defaultdict(list), {}, {}
+    scores = scores.clone()
+    for i in range(len(scores)):
+        id2score[index[i]].append(scores[i])
+    for idx in id2score:
+        if len(id2score[idx]) == 1:
+            id2mean[idx] = torch.tensor(0.0)
+            id2std[idx] = torch.tensor(1.0)
+        else:
+            stacked = torch.stack(id2score[idx])
+            id2mean[idx] = torch.mean(stacked)
+            id2std[idx] = torch.std(stacked)
+    for i in range(len(scores)):
+        if norm_adv_by_std_in_grpo:
+            scores[i] = (scores[i] - id2mean[index[i]]) / (id2std[index[i]] + epsilon)
+        else:
+            scores[i] = scores[i] - id2mean[index[i]]
+    return scores
+
+
+@pytest.mark.parametrize("norm_by_std", [True, False])
+@pytest.mark.parametrize("spread", [1.0, 1e-3, 1e-5])
+def test_intuitor_equals_verl_intuitors_advantage_with_one_row_and_near_tied_groups(norm_by_std, spread):
+    """Groups not contiguous, two of one row, self-certainties whose group std is 1e-3 or 1e-5 (where open-r1's
+    eps 1e-4 moves the advantage by 0.57 and 1.42): calibrl's default equals verl-intuitor's."""
+    from calibrl import RolloutBatch, compute_advantages
+
+    rng = np.random.default_rng(int(spread * 1e5) + norm_by_std)
+    group = np.array([0, 1, 2, 0, 1, 0, 3, 1, 0, 4, 1, 0])  # groups 2, 3 and 4 have one row
+    sc = torch.tensor(2.0 + spread * rng.standard_normal(group.size), dtype=torch.float64)
+    batch = RolloutBatch(rewards=torch.zeros(group.size), group_ids=torch.tensor(group), self_certainty=sc)
+    ours, _ = compute_advantages(batch, "intuitor", norm_by_std=norm_by_std, return_info=True)
+    theirs = _ref_verl_grpo(sc, [f"u{g}" for g in group], norm_adv_by_std_in_grpo=norm_by_std)
+    torch.testing.assert_close(ours, theirs, rtol=1e-7, atol=1e-7)  # verl keeps a one-row std in float32
+    assert ours[2] == pytest.approx(float(sc[2]) / (1 + 1e-6) if norm_by_std else float(sc[2]), rel=1e-6)

@@ -10,10 +10,10 @@ tmlr-group/CoDaPO, ``compute_codapo_advantage`` in alphaapollo/core/generation/v
 What we checked in the reference code (read through the search tool): the GRPO part uses unbiased torch.std and
 epsilon = 1e-6 (verl's default), with ``norm_adv_by_std_in_grpo`` choosing Dr.GRPO centring instead; accuracy
 counts rewards == 1.0; c uses the masked token mean per response, then the plain mean over the group's
-responses, then exp. Our deviations, both for consistency with the rest of calibrl: "correct" is
-reward > ``threshold`` (0.5; identical for 0/1 rewards), and a group of size 1 gets advantage 0 like our GRPO
-(the reference code sets mean 0 / std 1 there, giving r / (1 + eps)). CoDaPO's resampling of high-value
-questions (CoDaSampling / CoDaLearning) is a trainer feature and not part of this advantage.
+responses, then exp; a group of size 1 keeps mean 0 / std 1 (verl's rule, :func:`verl_grpo_advantages`), so its
+row gets r / (1 + eps), as here. Our deviation: "correct" is reward > ``threshold`` (0.5; identical for 0/1
+rewards). CoDaPO's resampling of high-value questions (CoDaSampling / CoDaLearning) is a trainer feature and not
+part of this advantage.
 
 CDE (Dai et al., arXiv 2509.09675, "Curiosity-Driven Exploration"), actor-wise bonus, as we have it:
     r_i' = r_i + omega * min(|r_i| / kappa, alpha * B_i),   B_i = -lpm_i  (log-perplexity of the response)
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from calibrl.advantages._groups import dense_group_index, group_mean
-from calibrl.advantages.grpo import grpo_advantages
+from calibrl.advantages.grpo import grpo_advantages, verl_grpo_advantages
 from calibrl.advantages.registry import register_estimator
 from calibrl.batch import RolloutBatch
 
@@ -54,7 +54,7 @@ def codapo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_gro
     # log-probs are <= 0, so c is a probability; clamping at 0 keeps c <= 1 (and finite) for any input
     confidence = torch.exp(group_mean(logprob_mean.to(work), group_index, n_groups).clamp_max(0.0))
     weight = confidence * d_w + weight_offset  # [n_groups]
-    base = grpo_advantages(rewards=rewards.to(work), group_index=group_index, n_groups=n_groups, scale=scale, eps=eps)
+    base = verl_grpo_advantages(rewards.to(work), group_index, n_groups, eps=eps, norm_by_std=scale)  # the code's
     advantages = (base * weight[group_index]).to(rewards.dtype)
     present = ~torch.isnan(accuracy)  # a caller-provided n_groups may include empty groups
     return advantages, {"weight_mean": float(weight[present].mean()),

@@ -39,6 +39,24 @@ def grpo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
     return (centred / (std[group_index] + eps)).to(rewards.dtype)
 
 
+def verl_grpo_advantages(scores: torch.Tensor, group_index: torch.Tensor, n_groups: int, *, eps: float = 1e-6,
+                         norm_by_std: bool = True) -> torch.Tensor:
+    """verl's GRPO normalisation (``verl/trainer/ppo/core_algos.py`` ``compute_grpo_outcome_advantage``, v0.9.1):
+    ``(x - mean_g) / (std_g + eps)`` with the unbiased std and eps = 1e-6, where a group of ONE keeps mean 0 and
+    std 1 (so its row gets ``x / (1 + eps)``, not 0); ``norm_by_std=False`` (verl's
+    ``norm_adv_by_std_in_grpo=False``) only centres, a one-row group keeping ``x``. [N] -> [N] (scores' dtype,
+    summed in at least float32). TRL's GRPO (:func:`grpo_advantages`) differs in eps (1e-4) and in one-row
+    groups."""
+    x = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    single = (group_count(group_index, n_groups, x.dtype) == 1)[group_index]
+    mean = torch.where(single, torch.zeros_like(x), group_mean(x, group_index, n_groups)[group_index].to(x.dtype))
+    if not norm_by_std:
+        return (x - mean).to(scores.dtype)
+    std = torch.where(single, torch.ones_like(x),
+                      group_std(x, group_index, n_groups, unbiased=True)[group_index].to(x.dtype))
+    return ((x - mean) / (std + eps)).to(scores.dtype)
+
+
 def rloo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_groups: int) -> torch.Tensor:
     """RLOO: A_i = r_i - mean of the other n_g - 1 rewards of its group; 0 in groups of size 1.
 

@@ -7,12 +7,14 @@ any position); :func:`decision_fields` reads a decision task's class distributio
 in :mod:`calibrl.evaluation.generate`.
 
 Backends: vLLM when importable and a GPU is present (``SamplingParams(logprobs=1)``, or 20 for decision tasks so
-the class tokens' log-probs are returned, or ``token_confidence_k`` when larger, for DeepConf's token confidence; a class outside the top 20 counts as probability 0; the engine is
-asked for ``logprobs_mode="processed_logprobs"`` so the log-probs are the sampling distribution's, and on vLLM
-versions without that option they are the model's raw ones, identical at ``T = 1``), else batched transformers
-``generate`` with a logits processor that records the log-prob of each sampled token (transformers applies its
-temperature warper after user processors, so the recorder divides by ``T`` itself and the only warper left is
-that temperature).
+the class tokens' log-probs are returned, or ``token_confidence_k`` when larger, for DeepConf's token confidence; a
+class outside the top 20 counts as probability 0; the engine is asked for ``logprobs_mode="processed_logprobs"`` so
+the log-probs are the sampling distribution's, or ``"raw_logprobs"`` when DeepConf's token confidence is read raw,
+the default, which then holds for ``logprob_mean`` too; on vLLM versions without that option they are the model's
+raw ones, identical at ``T = 1``), else batched transformers ``generate`` with a logits processor that records the
+log-prob of each sampled token (transformers applies its temperature warper after user processors, so the
+recorder divides by ``T`` itself and the only warper left is that temperature), and DeepConf's token confidence of
+the model's own distribution (or the sampling one) as vLLM would return it (:meth:`Recorder.confidence_of`).
 """
 
 from __future__ import annotations
@@ -141,11 +143,11 @@ class _TransformersBackend:
     name = "transformers"
 
     def __init__(self, model, tokenizer, *, temperature: float, max_new_tokens: int, class_ids: list[int] | None,
-                 confidence_k: int = 0, self_certainty: bool = False):
+                 confidence_k: int = 0, self_certainty: bool = False, confidence_temperature: str = "raw"):
         import torch
         from transformers import GenerationConfig, LogitsProcessor
 
-        from calibrl.logprobs import chunked_token_confidence, positions_per_chunk
+        from calibrl.logprobs import chunked_token_confidence, confidence_with_sampled, positions_per_chunk
         from calibrl.self_certainty import chunked_token_self_certainty
 
         self.torch = torch
@@ -179,26 +181,54 @@ class _TransformersBackend:
             bos_token_id=getattr(model.generation_config, "bos_token_id", None),
         )
         scale = 1.0 if greedy else self.temperature
+        # DeepConf's C_i: by default from the model's own distribution (T = 1), as the authors read it (vLLM's raw
+        # log-probs; their early-stop processor sees the logits before the temperature); "sampling": at T
+        conf_scale = scale if confidence_temperature == "sampling" else 1.0
 
         class Recorder(LogitsProcessor):
-            """Records log p_T(sampled token) one step late (the token is visible in input_ids at the next call)."""
+            """Records log p_T(sampled token) one step late (the token is visible in input_ids at the next call).
+
+            DeepConf's confidence is recorded in two forms: ``stop_confidences`` [B] per step, C_i of the top k
+            before the token is drawn (what the authors' early-stop processor reads), and ``confidences``, C_i of
+            the entries vLLM would return for the step (the top k, and the sampled token when it is not among
+            them: what the authors' ``compute_confidence`` averages), completed once the token is known
+            (:meth:`confidence_of`)."""
 
             def __init__(self, on_token=None):
                 self.on_token = on_token
                 self.prev = None
                 self.token_logps: list = []
                 self.class_logps: list = []
-                self.confidences: list = []  # [B] C_i of this step's token, per step (confidence_k > 0)
+                self.stop_confidences: list = []  # [B] C_i of the top k, per step (confidence_k > 0)
+                self.confidences: list = []  # [B] C_i of the returned entries, per step, completed one step late
+                self._parts: list = []  # per step: (top-k ids, logsumexp(z / conf_scale), logsumexp(z / T))
                 self.certainties: list = []  # [B] KL(U || p_T) of this step, per step (self_certainty)
+
+            def confidence_of(self, step: int, token) -> None:
+                """Completes step ``step``'s C_i with its sampled tokens ``token`` [B, 1] (idempotent)."""
+                if step < len(self.confidences):
+                    return
+                top_ids, lse_conf, lse_sample = self._parts[step]
+                logp = self.prev.gather(1, token).squeeze(1)  # log p_T of the sampled token
+                if conf_scale != scale:  # its log-probability under the confidence's distribution, z / conf_scale
+                    logp = (scale / conf_scale) * (logp + lse_sample) - lse_conf
+                self.confidences.append(confidence_with_sampled(self.stop_confidences[step], top_ids,
+                                                                token.squeeze(1), logp, k=confidence_k))
+                self._parts[step] = None  # no longer needed
 
             def __call__(self, input_ids, scores):
                 if self.prev is not None:
                     self.token_logps.append(self.prev.gather(1, input_ids[:, -1:]).squeeze(1))
-                if confidence_k:  # DeepConf's token confidence of the same sampling distribution, rows in chunks
-                    self.confidences.append(chunked_token_confidence(
-                        scores, project=lambda z: z, k=confidence_k, temperature=scale,
-                        chunk=positions_per_chunk(vocab_size=scores.size(-1))))
-                if self_certainty:  # INTUITOR's self-certainty of the same sampling distribution, rows in chunks
+                    if confidence_k:
+                        self.confidence_of(len(self.token_logps) - 1, input_ids[:, -1:])
+                if confidence_k:  # DeepConf's token confidence, rows in chunks
+                    conf, top_ids, lse_conf = chunked_token_confidence(
+                        scores, project=lambda z: z, k=confidence_k, temperature=conf_scale,
+                        chunk=positions_per_chunk(vocab_size=scores.size(-1)), return_parts=True)
+                    self.stop_confidences.append(conf)
+                    lse_sample = (torch.logsumexp(scores.float() / scale, dim=-1) if conf_scale != scale else None)
+                    self._parts.append((top_ids, lse_conf, lse_sample))
+                if self_certainty:  # INTUITOR's self-certainty of the sampling distribution, rows in chunks
                     self.certainties.append(chunked_token_self_certainty(
                         scores, project=lambda z: z, temperature=scale,
                         chunk=positions_per_chunk(vocab_size=scores.size(-1))))
@@ -216,7 +246,8 @@ class _TransformersBackend:
 
     def _window_stop(self, recorder, thresholds, window: int):
         """A stopping criterion for DeepConf's online rule: a row stops once its last ``window`` token confidences
-        average below its ``thresholds`` entry ([rows] float64; -inf: never). Rows are checked from their
+        (of the top k, read before each token is drawn, as the authors' processor reads them) average below its
+        ``thresholds`` entry ([rows] float64; -inf: never). Rows are checked from their
         ``window``-th token on (a full window, as the offline lowest-window signal counts). ``stop_step`` [rows]:
         the step at which each row stopped (-1: not stopped)."""
         from transformers import StoppingCriteria
@@ -230,7 +261,8 @@ class _TransformersBackend:
 
             def __call__(self, input_ids, scores, **kwargs):
                 step = len(self.cumulative) - 1  # the step whose token was just sampled
-                self.cumulative.append(self.cumulative[-1] + recorder.confidences[step].double().cpu())
+                # the top-k C_i read before the token was drawn: what the authors' early-stop processor sums
+                self.cumulative.append(self.cumulative[-1] + recorder.stop_confidences[step].double().cpu())
                 if step + 1 >= window:
                     mean = (self.cumulative[-1] - self.cumulative[-1 - window]) / window
                     new = (mean < thresholds) & (self.stop_step < 0)
@@ -272,6 +304,8 @@ class _TransformersBackend:
         steps = completion.shape[1]
         if recorder.prev is not None and len(recorder.token_logps) == steps - 1:
             recorder.token_logps.append(recorder.prev.gather(1, completion[:, -1:]).squeeze(1))
+            if self.confidence_k:
+                recorder.confidence_of(steps - 1, completion[:, -1:])
         if len(recorder.token_logps) != steps:
             raise GenerateError(f"internal: recorded {len(recorder.token_logps)} log-probs for {steps} generated tokens")
         token_logps = torch.stack(recorder.token_logps, dim=1).cpu() if steps else torch.zeros(len(completion), 0)
@@ -316,29 +350,46 @@ class _TransformersBackend:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def _topk_confidence(entries: list, k: int) -> list[float] | None:
-    """DeepConf's C_i from vLLM's per-position maps ``{token id: Logprob}``: minus the mean of the k largest
-    log-probs (the map also holds the sampled token when it is outside the top k; it is left out here)."""
+def _returned_confidence(entries: list, ids: list[int], k: int) -> list[float] | None:
+    """DeepConf's C_i from vLLM's per-position maps ``{token id: Logprob}``, as the authors compute it
+    (``deepconf/utils.py`` ``compute_confidence``: minus the mean of every entry vLLM returns for ``logprobs=k``):
+    the k most probable tokens, and the sampled token too when it is not among them (k + 1 entries). The maps may
+    hold more than k entries (20 for a decision task's classes): only those k, and the sampled one, count."""
     if not k:
         return None
     from calibrl.selection.deepconf import token_confidence_from_top_logprobs
 
-    return token_confidence_from_top_logprobs(
-        sorted((float(v.logprob) for v in entry.values()), reverse=True)[:k] for entry in entries).tolist()
+    def returned(entry: dict, sampled: int) -> list[float]:
+        top = sorted(entry.items(), key=lambda kv: -float(kv[1].logprob))[:k]
+        values = [float(v.logprob) for _, v in top]
+        if sampled in entry and sampled not in {t for t, _ in top}:
+            values.append(float(entry[sampled].logprob))
+        return values
+
+    return token_confidence_from_top_logprobs(returned(entry, t) for entry, t in zip(entries, ids)).tolist()
 
 
 class _VLLMBackend:
     name = "vllm"
 
     def __init__(self, model_name: str, *, temperature: float, max_new_tokens: int, class_ids: list[int] | None,
-                 seed: int, dtype: str, vllm_kwargs: dict, confidence_k: int = 0):
+                 seed: int, dtype: str, vllm_kwargs: dict, confidence_k: int = 0, confidence_temperature: str = "raw"):
         import vllm
 
         kwargs = dict(model=model_name, seed=seed, dtype=dtype, **vllm_kwargs)
+        # vLLM returns one kind of log-probs for the whole run. DeepConf's C_i is read from the raw ones by default
+        # (the authors'); away from T = 1 that makes logprob_mean the model's own too, not the sampling
+        # distribution's (transformers records both); --token-confidence-at sampling keeps the sampling one
+        sampling_t = 0 < temperature and abs(temperature - 1.0) > 1e-6
+        mode = "raw_logprobs" if confidence_k and confidence_temperature == "raw" else "processed_logprobs"
+        if sampling_t and mode == "raw_logprobs":
+            logger.warning("vLLM at T=%s with token confidences read raw (the DeepConf authors' reading): "
+                           "logprob_mean is the model's own log-probability (T=1) too; --token-confidence-at "
+                           "sampling reads both at T", temperature)
         try:
-            self.llm = vllm.LLM(logprobs_mode="processed_logprobs", **kwargs)
+            self.llm = vllm.LLM(logprobs_mode=mode, **kwargs)
         except TypeError:  # vLLM without logprobs_mode: raw log-probs (identical at T = 1)
-            if abs(temperature - 1.0) > 1e-6 and temperature > 0:
+            if sampling_t:
                 logger.warning("this vLLM has no logprobs_mode: log-probs are the model's (T=1), not the sampling "
                                "distribution's at T=%s", temperature)
             self.llm = vllm.LLM(**kwargs)
@@ -373,7 +424,7 @@ class _VLLMBackend:
                     return [float(entries[p][c].logprob) if c in entries[p] else float("-inf") for c in class_ids]
 
                 group.append(_Sample(ids=ids, logps=logps, ended=ended, class_logps=class_logps if class_ids else None,
-                                     token_confidence=_topk_confidence(entries, self.confidence_k)))
+                                     token_confidence=_returned_confidence(entries, ids, self.confidence_k)))
             out.append(group)
         return out
 
@@ -453,7 +504,8 @@ def open_backend(config: GenerateConfig, *, model=None, tokenizer=None, classes:
         variants = _decision_variants(AutoTokenizer.from_pretrained(config.model), classes) if decision_task else None
         backend = _VLLMBackend(config.model, temperature=config.temperature, max_new_tokens=config.max_new_tokens,
                                class_ids=variants[0] if variants else None, seed=config.seed, dtype=config.dtype,
-                               vllm_kwargs=config.vllm_kwargs, confidence_k=config.token_confidence_k)
+                               vllm_kwargs=config.vllm_kwargs, confidence_k=config.token_confidence_k,
+                               confidence_temperature=config.token_confidence_at)
     else:
         if model is None:
             model, tokenizer = _load_hf(config)
@@ -464,5 +516,6 @@ def open_backend(config: GenerateConfig, *, model=None, tokenizer=None, classes:
                                        max_new_tokens=config.max_new_tokens,
                                        class_ids=variants[0] if variants else None,
                                        confidence_k=config.token_confidence_k,
-                                       self_certainty=config.self_certainty is not False)  # None: on here
+                                       self_certainty=config.self_certainty is not False,  # None: on here
+                                       confidence_temperature=config.token_confidence_at)
     return backend, variants

@@ -15,17 +15,19 @@ completions and writes one row per completion::
   ``T = 1`` (the papers' setting and the default) this is the model's own mean token log-prob, ``-log PPL``, the
   confidence CAPO ranks; at other temperatures it is the confidence of the distribution the samples came from.
   ``T = 0`` means greedy decoding, and the log-probs are then the model's (``T = 1``) ones.
-* ``token_confidence`` (unless ``token_confidence_k=0``): DeepConf's token confidence of each generated token,
-  ``C_i = -(1/k) sum_{j<=k} log p_T(j-th most probable token at step i)`` with ``k = token_confidence_k``
-  (``--token-confidence-k``, default 20, the DeepConf paper's), read off the same sampling distribution as
-  ``logprob_mean`` (:func:`calibrl.logprobs.chunked_token_confidence` on each step's logits; vLLM: the k largest
-  of ``SamplingParams(logprobs=k)``), written rounded to 4 decimals (at most 5e-5 off; about 7 bytes a token).
-  ``calibrl eval`` reduces it to DeepConf's trace signals (:mod:`calibrl.selection.deepconf`).
+* ``token_confidence`` (unless ``token_confidence_k=0``): DeepConf's token confidence of each generated token as
+  the authors compute it, minus the mean of the log-probs vLLM returns for ``logprobs=k``: the ``k`` most probable
+  tokens at step i (``k = token_confidence_k``, ``--token-confidence-k``, default 20, the DeepConf paper's) and the
+  sampled token when it is not among them (:func:`calibrl.logprobs.chunked_token_confidence` and
+  :func:`calibrl.logprobs.confidence_with_sampled` on each step's logits; vLLM: its own maps). Read from the
+  model's own distribution (``token_confidence_at="raw"``, the authors' reading) or the sampling one
+  (``"sampling"``); written rounded to 4 decimals (at most 5e-5 off; about 7 bytes a token). ``calibrl eval``
+  reduces it to DeepConf's trace signals (:mod:`calibrl.selection.deepconf`).
 * ``self_certainty`` (transformers backend; ``self_certainty=False`` / ``--no-self-certainty`` leaves it out):
   INTUITOR's self-certainty (arXiv 2505.19590, :mod:`calibrl.self_certainty`), the mean over the completion's
   tokens (the same tokens as ``logprob_mean``) of ``KL(U || p_T) = logsumexp(z/T) - mean(z/T) - log V`` >= 0, read
   off each step's logits a chunk of rows at a time (:func:`calibrl.self_certainty.chunked_token_self_certainty`).
-  At the sampling temperature ``T`` (1 when greedy), as ``logprob_mean`` and ``token_confidence``, and as the
+  At the sampling temperature ``T`` (1 when greedy), as ``logprob_mean``, and as the
   authors' verl trainer reads it (it divides the logits by the rollout temperature before every quantity, so the
   reward INTUITOR trains on is this number up to ``log V``); their open-r1 trainer reads raw logits, the same at
   ``T = 1`` (verl-intuitor's rollout temperature and the default here). ``- log V`` is kept (their code drops it, a
@@ -34,8 +36,8 @@ completions and writes one row per completion::
   default) records it wherever the backend can.
 * ``deepconf_online`` (``--deepconf-online``): DeepConf's early-stopped sampling on the transformers backend
   (:mod:`calibrl.evaluation.deepconf_online`); ``n`` is then each problem's budget, and rows add
-  ``deepconf_phase``, ``stop_reason``, ``deepconf_voted``, ``deepconf_threshold``, ``deepconf_traces`` and
-  ``deepconf_consensus``.
+  ``deepconf_phase``, ``stop_reason``, ``deepconf_voted``, ``deepconf_lowest``, ``deepconf_threshold``,
+  ``deepconf_traces`` and ``deepconf_consensus``.
 * ``class_probs`` (decision tasks): at the decision token (the last class letter of the completion, the same
   rule as the ``"decision"`` reward and the trainer's decision term), the probability of each class, summed over
   the class's single-token spellings (``"A"`` and ``" A"``), renormalised over the classes (``class_mass`` is the
@@ -102,10 +104,14 @@ __all__ = ["DECISION_TOP_LOGPROBS", "GenerateConfig", "GenerateError", "batches"
            "load_problems", "problem_rows", "resolve_max_new_tokens", "scan_existing", "seed_for"]
 
 _META_KEYS = ("model", "dataset", "path", "split", "n", "temperature", "max_new_tokens", "template", "reward", "limit",
-              "confidence_prompt", "dtype", "token_confidence_k", "deepconf_online", "self_certainty")
+              "confidence_prompt", "dtype", "token_confidence_k", "token_confidence_at", "deepconf_online",
+              "self_certainty")
 # settings added after the first release: a .meta.json without them was written with these values
-_META_DEFAULTS = {"confidence_prompt": False, "dtype": "auto", "token_confidence_k": 0, "deepconf_online": None,
-                  "self_certainty": False}
+# (token_confidence_at None: files written before it read C_i of the top k alone, at the sampling temperature, so a
+# run recording token confidences does not resume them)
+_META_DEFAULTS = {"confidence_prompt": False, "dtype": "auto", "token_confidence_k": 0, "token_confidence_at": None,
+                  "deepconf_online": None, "self_certainty": False}
+TOKEN_CONFIDENCE_AT = ("raw", "sampling")
 
 
 @dataclass
@@ -130,6 +136,9 @@ class GenerateConfig:
     reward: str | None = None  # default: "decision" for datasets with classes, else "math"
     confidence_prompt: bool = False  # ask for a stated confidence, <confidence>x</confidence>, after the answer
     token_confidence_k: int = 20  # top-k of DeepConf's token_confidence per row (0: not recorded)
+    # the distribution DeepConf's C_i is read from: "raw", the model's own (T = 1, as the authors read vLLM's raw
+    # log-probs), or "sampling", the sampling distribution at ``temperature`` (the same at T = 1)
+    token_confidence_at: str = "raw"
     # INTUITOR's self_certainty per row: None records it where the backend can (transformers), True insists
     # (refused on vLLM, which returns only top-k log-probs), False never
     self_certainty: bool | None = None
@@ -141,6 +150,8 @@ class GenerateConfig:
 
     def meta(self) -> dict:
         d = asdict(self)
+        if not self.token_confidence_k:
+            d["token_confidence_at"] = None  # nothing recorded: the setting says nothing of the file
         return {k: d[k] for k in _META_KEYS}
 
 
@@ -302,6 +313,9 @@ def _check_config(config: GenerateConfig) -> None:
         raise GenerateError(VLLM_NO_SELF_CERTAINTY)
     if config.token_confidence_k < 0:
         raise GenerateError(f"token_confidence_k must be >= 0 (0: no token_confidence); got {config.token_confidence_k}")
+    if config.token_confidence_at not in TOKEN_CONFIDENCE_AT:
+        raise GenerateError(f"token_confidence_at must be one of {', '.join(TOKEN_CONFIDENCE_AT)}; got "
+                            f"{config.token_confidence_at!r}")
     if config.limit is not None and config.limit < 1:
         raise GenerateError(f"limit must be >= 1 (got {config.limit}); leave it out for every problem")
     if not (math.isfinite(config.temperature) and config.temperature >= 0):
@@ -455,15 +469,17 @@ def problem_rows(problem: dict, group: list, texts: list[str], reward_fn, *, dat
 
 
 def _append_batches(out: Path, pending: list[dict], backend, reward_fn, config: GenerateConfig, *, variants,
-                    total: int, done: int, correctness_fn=None) -> tuple[int, int]:
+                    total: int, done: int, correctness_fn=None) -> tuple[int, int, dict]:
     """Sample ``pending`` batch by batch, appending each batch's rows to ``out`` and syncing them to disk (so a
-    killed run loses at most one batch); returns (rows written, rows correct). ``total`` / ``done``: samples of the
+    killed run loses at most one batch); returns (rows written, rows correct, DeepConf online's counts: traces,
+    stopped early, voted). ``total`` / ``done``: samples of the
     whole run / already on disk, for the progress bar. ``out`` (and its ``.meta.json``) is only opened once the
     first batch's rows are ready, truncated then under ``overwrite``: a run that fails earlier changes nothing."""
     from tqdm.auto import tqdm
 
     generated = 0
     n_correct = 0
+    online = {"traces": 0, "stopped": 0, "voted": 0}  # DeepConf online: what happened to the traces
     bar = tqdm(total=total, initial=done, unit="sample", dynamic_ncols=True, disable=not config.progress,
                desc=f"generate {config.dataset}")
 
@@ -480,9 +496,15 @@ def _append_batches(out: Path, pending: list[dict], backend, reward_fn, config: 
                 return problem_rows(problem, group, [backend.decode(s.ids) for s in group], reward_fn,
                                      dataset=config.dataset, variants=variants, correctness_fn=correctness_fn)
 
-            if config.deepconf_online is not None:
+            if config.deepconf_online is not None:  # the bar moves by the traces each sampling call ends
                 batch_rows = sample_online(backend, batch, n=config.n, seed=seed_for(config.seed, pids),
-                                           settings=config.deepconf_online, rows_of=rows_of)
+                                           settings=config.deepconf_online, rows_of=rows_of,
+                                           **({"on_token": on_token} if config.progress else {}),
+                                           on_traces=lambda m: bar.update(m) if config.progress else None)
+                traced = sum(len(r) for r in batch_rows)
+                online["traces"] += traced
+                online["stopped"] += sum(row["stop_reason"] == "deepconf_confidence" for r in batch_rows for row in r)
+                online["voted"] += sum(row["deepconf_voted"] for r in batch_rows for row in r)
             else:
                 groups = backend.generate([p["prompt"] for p in batch], config.n, seed_for(config.seed, pids),
                                           **({"on_token": on_token} if config.progress else {}))
@@ -499,9 +521,10 @@ def _append_batches(out: Path, pending: list[dict], backend, reward_fn, config: 
             handle.flush()
             os.fsync(handle.fileno())
             generated += len(lines)
-            bar.update(len(lines))
+            if config.deepconf_online is None or not config.progress:
+                bar.update(len(lines))
     bar.close()
-    return generated, n_correct
+    return generated, n_correct, online
 
 
 def generate(config: GenerateConfig | None = None, *, hf_model=None, hf_tokenizer=None, **kwargs) -> dict:
@@ -529,15 +552,21 @@ def generate(config: GenerateConfig | None = None, *, hf_model=None, hf_tokenize
     started = time.perf_counter()
     generated = 0
     n_correct = 0
+    online = None
+    if pending and config.deepconf_online is not None and config.deepconf_online.window > config.max_new_tokens:
+        logger.warning("DeepConf online: the window (%d tokens) is longer than max_new_tokens (%d): no trace can be "
+                       "stopped early, and each trace votes by its mean confidence; --deepconf-window of about a "
+                       "quarter of the budget lets the early stop act", config.deepconf_online.window,
+                       config.max_new_tokens)
     if pending:
         classes0 = list(problems[0]["classes"]) if decision_task else None
         if decision_task and any(list(p["classes"]) != classes0 for p in pending):
             raise GenerateError("all problems of a decision dataset must share one class list (classes column)")
         backend, variants = open_backend(config, model=hf_model, tokenizer=hf_tokenizer, classes=classes0)
         started = time.perf_counter()  # throughput counts sampling and scoring, not model loading
-        generated, n_correct = _append_batches(out, pending, backend, reward_fn, config, variants=variants,
-                                               total=len(problems) * config.n, done=kept_rows,
-                                               correctness_fn=correctness_fn)
+        generated, n_correct, online = _append_batches(out, pending, backend, reward_fn, config, variants=variants,
+                                                       total=len(problems) * config.n, done=kept_rows,
+                                                       correctness_fn=correctness_fn)
     seconds = time.perf_counter() - started
     return {
         "out": str(out),
@@ -548,4 +577,6 @@ def generate(config: GenerateConfig | None = None, *, hf_model=None, hf_tokenize
         "seconds": seconds,  # since the model was loaded
         "samples_per_s": generated / seconds if generated and seconds > 0 else float("nan"),
         "backend": backend.name if backend is not None else None,
+        # DeepConf online: {"traces", "stopped" (early, by the window rule), "voted"} of this run's new rows
+        "deepconf_online": online if config.deepconf_online is not None else None,
     }

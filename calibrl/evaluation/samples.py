@@ -17,7 +17,8 @@ One row per sampled completion. Fields (see docs/eval.md for the full table):
   (:func:`calibrl.selection.deepconf.trace_signals`) as it is read and then dropped, so memory grows with the
   rows, not with their lengths; the signals are the confidence sources ``deepconf_mean``, ``deepconf_tail``,
   ``deepconf_bottom10`` and ``deepconf_min`` (:data:`DEEPCONF_SOURCES`: rankings, never the main confidence).
-  ``deepconf_voted`` (bool, ``calibrl generate --deepconf-online``): the row counted in the online vote.
+  ``deepconf_voted`` (bool, ``calibrl generate --deepconf-online``): the row counted in the online vote;
+  ``deepconf_lowest`` (number >= 0 or null): the lowest window confidence that vote weighed it with.
 - ``self_certainty`` (optional; number >= 0, null where absent): INTUITOR's self-certainty, the mean over the
   completion's tokens of KL(uniform || next-token distribution) (``calibrl generate``,
   :mod:`calibrl.self_certainty`). A confidence source that only ranks (:data:`RANKING_SOURCES`: AUROC, PRR, AURC;
@@ -130,6 +131,9 @@ class Samples:
     # [N] float: 1 / 0 whether a row of a `calibrl generate --deepconf-online` file counted in its online vote
     # (deepconf_voted), NaN where the row does not say
     deepconf_voted: np.ndarray | None = None
+    # [N] float: the lowest window confidence the online run weighed the row's vote with (deepconf_lowest), NaN
+    # where the row does not say (a trace without tokens, or a file written before the field)
+    deepconf_lowest: np.ndarray | None = None
     format: str = "calibrl"  # the format the file was read as (calibrl.evaluation.readers.FORMATS)
     notes: list[str] = field(default_factory=list)  # how a foreign format was read (which field gave correct, ...)
     # rows left out, by cause: failed requests / rewards (see readers.Skips) and repeated samples
@@ -252,7 +256,7 @@ class Samples:
         kwargs = {}
         for name in ("prompt_ids", "correct", "reward", "logprob_mean", "decision_prob", "class_probs",
                      "verbalized_confidence", "self_certainty", "labels", "answers", "benchmarks", "completion_ids", "n_tokens",
-                     "truncated", "rows", "deepconf_signals", "deepconf_voted"):
+                     "truncated", "rows", "deepconf_signals", "deepconf_voted", "deepconf_lowest"):
             value = getattr(self, name)
             kwargs[name] = None if value is None else value[mask]
         return replace(self, **kwargs)
@@ -443,7 +447,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
     # floats in compact arrays (8 bytes a row, not a Python float each)
     cols: dict[str, array] = {k: array("d") for k in ("reward", "logprob_mean", "decision_prob",
                                                       "verbalized_confidence", "self_certainty", "n_tokens",
-                                                      "truncated", "deepconf_voted")}
+                                                      "truncated", "deepconf_voted", "deepconf_lowest")}
     n_parsed = 0  # rows whose verbalized confidence was read from the completion text
     class_probs: list[list[float] | None] = []
     labels: list[int] = []
@@ -495,6 +499,8 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         if voted is not None and not isinstance(voted, (bool, np.bool_)):
             raise r.fail("deepconf_voted", f"expected a bool, got {_shown(voted)}")
         cols["deepconf_voted"].append(math.nan if voted is None else float(voted))
+        cols["deepconf_lowest"].append(r.number("deepconf_lowest", low=0) if raw.get("deepconf_lowest") is not None
+                                       else math.nan)
 
         for name in ("reward", "n_tokens"):
             cols[name].append(r.number(name, low=0 if name == "n_tokens" else -math.inf)
@@ -672,6 +678,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         n_tokens=opt_float(cols["n_tokens"]),
         truncated=None if opt_float(cols["truncated"]) is None else opt_float(cols["truncated"]) == 1.0,
         deepconf_voted=opt_float(cols["deepconf_voted"]),
+        deepconf_lowest=opt_float(cols["deepconf_lowest"]),
         deepconf_signals=None if np.isnan(np.frombuffer(signals, dtype=np.float64)).all()
         else np.frombuffer(signals, dtype=np.float64).reshape(-1, len(DEEPCONF_SOURCES)),
         notes=[f"{source}: verbalized_confidence read from the completion's <confidence> tag on {n_parsed} rows"]

@@ -348,7 +348,7 @@ def _deepconf_online_and_tokens(samples: Samples, answer_ids: np.ndarray, sel: d
         step("DeepConf online vote")
         sel["deepconf_online"] = _f(online_vote(answer_ids, samples.correct, samples.prompt_index,
                                                 deepconf_signals=samples.deepconf_signals,
-                                                voted=voted == 1).accuracy)
+                                                voted=voted == 1, lowest=samples.deepconf_lowest).accuracy)
 
 
 def evaluate_samples(

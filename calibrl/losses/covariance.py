@@ -35,7 +35,9 @@ import torch
 
 from calibrl.losses.ppo import aggregate_loss, broadcast_advantages, masked_mean, on_mask, work_dtype
 
-# verl 0.9.1's ActorConfig.policy_loss defaults (verl/workers/config/actor.py), the paper's settings
+# verl 0.9.1's ActorConfig.policy_loss defaults (verl/workers/config/actor.py). The authors' 7B scripts
+# (PRIME-RL/Entropy-Mechanism-of-RL at 8850579, recipe/dapo/7b_*.sh) use Clip-Cov 2e-4 with the PPO clip opened to
+# [0, 2], and KL-Cov k_percent 0.2 (a percentage: ratio 2e-3) with coefficient 1, as the shipped recipes do
 CLIP_COV_RATIO, CLIP_COV_LB, CLIP_COV_UB = 2e-4, 1.0, 5.0
 KL_COV_RATIO, PPO_KL_COEF = 2e-4, 0.1
 

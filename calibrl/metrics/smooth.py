@@ -102,7 +102,8 @@ def _smooth_ece_from(masses: Masses, width: float) -> float:
 
 
 def _fixed_point_width(masses: Masses) -> float:
-    """relplot's ``search_param``: 1 if smECE_1 <= 1, else the bisection's last width s with s >= smECE_s."""
+    """relplot's ``search_param``: 1 if 1 < smECE_1 (its first test, which smECE <= 1 never passes), else the
+    bisection's last width s with s >= smECE_s."""
     def small_enough(width: float) -> bool:
         return width < _MIN_WIDTH or width < _smooth_ece_from(masses, width)
 
@@ -173,8 +174,9 @@ class SmoothReliability(NamedTuple):
 
 def smooth_reliability(confidence: Any, correct: Any) -> SmoothReliability:
     """relplot's smoothed reliability curve (``prepare_rel_diagram`` without its bootstrap band): the outcomes
-    kernel-smoothed at the smooth-ECE width, ``sum_i K(t, f_i) y_i / (sum_i K(t, f_i) + 1e-4)``, and the density
-    of the confidences, on 200 points of [0, 1]."""
+    kernel-smoothed at the smooth-ECE width, ``sum_i K(t, f_i) y_i / (sum_i K(t, f_i) + 1e-4)``, and the kernel
+    density of the confidences, ``(1/n) sum_i K(t, f_i)`` (relplot's ``kde``: it integrates to about 1, not
+    renormalised), on 200 points of [0, 1]."""
     f, y = _inputs(confidence, correct)
     masses = _sample_masses(f, y)
     width = _fixed_point_width(masses)
@@ -183,7 +185,7 @@ def smooth_reliability(confidence: Any, correct: Any) -> SmoothReliability:
     count = _interpolate(mesh, _reflected_smooth(_grid_mass(f, np.ones_like(f), n_nodes), width))
     right = _interpolate(mesh, _reflected_smooth(_grid_mass(f, y, n_nodes), width))
     accuracy = right / (count + _EPS_DENSITY)
-    density = count / (np.trapezoid(count, mesh) or 1.0)
+    density = count / f.size  # relplot's kde: the kernel density of the confidences, weights 1 / n
     return SmoothReliability(mesh, accuracy, density, width, _smooth_ece_from(masses, width))
 
 

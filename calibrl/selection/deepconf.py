@@ -190,14 +190,21 @@ def deepconf_select(method: str, answer_ids, correct, prompt_ids, *, deepconf_si
     return _vote(method, weight / _overflow_scale(weight), a, c, p, n, prompts)
 
 
-def online_vote(answer_ids, correct, prompt_ids, *, deepconf_signals=None, voted=None, **_: Any) -> SelectionResult:
+def online_vote(answer_ids, correct, prompt_ids, *, deepconf_signals=None, voted=None, lowest=None,
+                **_: Any) -> SelectionResult:
     """DeepConf online's answer (``calibrl generate --deepconf-online``): the paths that counted in the online vote
-    (``voted`` [N] bool: warm-up traces at or above the threshold, traces not stopped) each add their lowest window
-    confidence (column ``min`` of ``deepconf_signals``) to their answer's score."""
+    (``voted`` [N] bool: their lowest window confidence at or above the threshold) each add that confidence to
+    their answer's score: ``lowest`` [N] as the run computed it (its window, rounded as the authors round it;
+    ``deepconf_lowest`` in the file) where given and defined, else column ``min`` of ``deepconf_signals``."""
     a, c, p, n, prompts = _prepare(answer_ids, correct, prompt_ids)
     if deepconf_signals is None or voted is None:
         raise ValueError("deepconf_online needs token confidences and each path's deepconf_voted")
-    lowest = np.asarray(deepconf_signals, dtype=np.float64)[:, SIGNALS.index("min")]
+    from_signals = np.asarray(deepconf_signals, dtype=np.float64)[:, SIGNALS.index("min")]
+    if lowest is not None:
+        lowest = np.asarray(lowest, dtype=np.float64)
+        lowest = np.where(np.isnan(lowest), from_signals, lowest)
+    else:
+        lowest = from_signals
     counted = np.asarray(voted, dtype=bool) & ~np.isnan(lowest)
     weight = np.where(counted, lowest, 0.0)
     return _vote("deepconf_online", weight / _overflow_scale(weight), a, c, p, n, prompts)
