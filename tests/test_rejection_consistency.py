@@ -180,3 +180,23 @@ def test_auroc_replicates_from_tie_runs_equal_gathered_rows():
         idx = np.concatenate([np.flatnonzero(group == g) for g in range(n_groups) for _ in range(int(counts[r, g]))])
         assert auc[r] == M.auroc(score[idx], y[idx])  # integer counts: exact
         assert prr[r] == pytest.approx(M.prr(score[idx], y[idx]), rel=1e-9)
+
+
+def test_semantic_entropy_ties_prompts_with_the_same_cluster_sizes_exactly():
+    """Prompts whose answers split alike (sizes 3, 2, 1, 1 in any order of first appearance) get bit-for-bit
+    the same entropy, so a ranking ties them (summing in the order clusters appear gave values a few ulps apart,
+    13 distinct values where the multiple-choice baseline has 11 structures)."""
+    from itertools import permutations
+
+    sizes = [3, 2, 1, 1, 1]
+    answers, prompts = [], []
+    for p, order in enumerate(set(permutations(range(len(sizes))))):
+        for j, cluster in enumerate(order):  # answer ids in this prompt's order: clusters numbered by it
+            answers += [10 * p + j] * sizes[cluster]
+            prompts += [p] * sizes[cluster]
+    se = M.semantic_entropy(answers, prompts)
+    assert np.unique(se).size == 1
+    want = -sum(s / 8 * math.log(s / 8) for s in sizes)
+    assert se[0] == pytest.approx(want, rel=1e-15)
+    # and its AUROC and PRR treat them as ties: one distinct score level
+    assert M.ranking_figures(-se, np.arange(se.size) % 2 == 0).levels.size == 1

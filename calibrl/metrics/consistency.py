@@ -60,5 +60,8 @@ def semantic_entropy(answer_ids: Any, prompt_ids: Any, *, answered: Any | None =
     first = np.unique(cluster, return_index=True)[1]  # one sample per cluster: its prompt
     cluster_prompt = pidx[first]
     share = n_cluster / n_prompt[cluster_prompt]
-    entropy = np.bincount(cluster_prompt, weights=-share * np.log(share), minlength=n_prompt.size)
+    # summed in one canonical order per prompt (by share), not in the order the clusters appear: prompts with the
+    # same cluster sizes then get bit-for-bit the same entropy, so they tie when ranked
+    order = np.lexsort((share, cluster_prompt))
+    entropy = np.bincount(cluster_prompt[order], weights=(-share * np.log(share))[order], minlength=n_prompt.size)
     return np.maximum(entropy, 0.0)[pidx]
