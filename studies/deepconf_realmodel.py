@@ -35,6 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = ROOT / "docs" / "results" / "deepconf_realmodel"
 SAMPLES = DATA_DIR / "samples.jsonl.gz"
 RUN = DATA_DIR / "run.json"
+# the same command run again with the authors' token confidence (calibrl's default since): not an endpoint
+RERUN_SAMPLES = DATA_DIR / "samples_authors_ci.jsonl.gz"
+RERUN = DATA_DIR / "rerun.json"
 PAGE = ROOT / "docs" / "results" / "deepconf_realmodel.md"
 
 WINDOW = 16  # tokens: the protocol's deviation from the paper's 2,048 (completions of at most 64 tokens)
@@ -118,6 +121,7 @@ def analyse(samples, answer_ids, *, n_boot: int = N_BOOT, seed: int = SEED) -> d
         "accuracy": [acc.point, acc.low, acc.high],
         "prompts_any_right": int((per_prompt_right > 0).sum()), "prompts_all_right": int(
             (per_prompt_right == np.bincount(pidx, minlength=samples.n_prompts)).sum()),
+        "prompts_all_wrong": int((per_prompt_right == 0).sum()),
         "truncated": int(samples.truncated.sum()) if samples.truncated is not None else None,
         "no_answer": int(sum(a is None for a in samples.answers)),
         "tokens": [float(tokens.min()), float(np.median(tokens)), float(tokens.max())],
@@ -157,6 +161,35 @@ def analyse(samples, answer_ids, *, n_boot: int = N_BOOT, seed: int = SEED) -> d
             entry["vs_majority"] = _interval(diff, alpha_b)
         selection[method] = entry
     out["selection"] = selection
+    out["dropping_no_answer"] = _dropping_no_answer(samples, answer_ids, n_boot=n_boot, seed=seed, alpha_b=alpha_b)
+    return out
+
+
+def _dropping_no_answer(samples, answer_ids, *, n_boot: int, seed: int, alpha_b: float) -> dict:
+    """The selections as the authors vote (not an endpoint: the protocol's rule is calibrl's): paths without an
+    extracted answer dropped before filtering and voting, a problem left with none counted wrong. {"majority"
+    accuracy, every DeepConf selection's accuracy and its difference from majority's, the same replicates}."""
+    from calibrl.metrics.paired import paired_bootstrap_difference
+    from calibrl.selection import DEEPCONF_METHODS, select
+
+    answered = np.array([a is not None for a in samples.answers.tolist()], dtype=bool)
+    pidx, correct = samples.prompt_index, samples.correct.astype(bool)
+    every = np.arange(samples.n_prompts)
+
+    def per_prompt(method: str) -> np.ndarray:
+        res = select(method, answer_ids[answered], correct[answered], pidx[answered],
+                     logprob_mean=samples.logprob_mean[answered], deepconf_signals=samples.deepconf_signals[answered])
+        full = np.zeros(samples.n_prompts)  # no answered path: the authors' vote returns no answer, wrong
+        full[res.prompts] = res.correct
+        return full
+
+    majority = per_prompt("majority")
+    out = {"majority": float(majority.mean()), "selections": {}}
+    for method in DEEPCONF_METHODS:
+        values = per_prompt(method)
+        diff = paired_bootstrap_difference(_mean, {"correct": values}, {"correct": majority}, prompt_ids_a=every,
+                                           prompt_ids_b=every, n_boot=n_boot, seed=seed)
+        out["selections"][method] = {"accuracy": float(values.mean()), "vs_majority": _interval(diff, alpha_b)}
     return out
 
 
@@ -200,8 +233,9 @@ def _summary(res: dict) -> str:
             f"{names(selections, 1, '-')}; every other difference is not resolved.")
 
 
-def report(res: dict, run: dict) -> str:
-    """The page docs/results/deepconf_realmodel.md, whole, from :func:`analyse`'s numbers and the run's record."""
+def report(res: dict, run: dict, again: tuple[dict, dict] | None = None) -> str:
+    """The page docs/results/deepconf_realmodel.md, whole, from :func:`analyse`'s numbers and the run's record
+    (``again``: the rerun's analysis and record, :func:`rerun_section`)."""
     d = res["descriptive"]
     level = 100 * (1 - d["alpha_bonferroni"])
     acc = d["accuracy"]
@@ -233,8 +267,9 @@ def report(res: dict, run: dict) -> str:
         "## The samples",
         "",
         f"Accuracy {_ci(*acc)}{_level_words(acc[2])} {d['prompts_any_right']} of "
-        f"{d['n_prompts']} problems have at least one right completion, {d['prompts_all_right']} have all "
-        f"{d['n_samples'] // d['n_prompts']} right; {d['truncated']} completions were cut at the token limit and "
+        f"{d['n_prompts']} problems have at least one right completion, {d['prompts_all_wrong']} have every "
+        f"completion wrong and {d['prompts_all_right']} have all {d['n_samples'] // d['n_prompts']} right; "
+        f"{d['truncated']} completions were cut at the token limit and "
         f"{d['no_answer']} have no extracted answer. Completion lengths: {d['tokens'][0]:.0f} to "
         f"{d['tokens'][2]:.0f} tokens (median {d['tokens'][1]:.0f}); {d['shorter_than_window']} completions are "
         f"shorter than the {WINDOW}-token window, so their four signals are one (their mean).",
@@ -302,6 +337,12 @@ def report(res: dict, run: dict) -> str:
         f"and the intervals reach as far as {widest:.3f} from 0. An unresolved difference is not evidence of no "
         "difference: the data are compatible with any value inside its interval.",
         "",
+        "Here a path without an extracted answer votes for its problem's no-answer cluster (calibrl's rule for "
+        "every vote); the authors drop such paths before filtering and voting. Voting as they do (not an endpoint, "
+        f"the same replicates): majority {res['dropping_no_answer']['majority']:.3f}, and each selection minus it "
+        + ", ".join(f"{m} {_ci(e['vs_majority']['point'], e['vs_majority']['low'], e['vs_majority']['high'], signed=True)}"
+                    for m, e in res["dropping_no_answer"]["selections"].items()) + ".",
+        "",
         "## Scope",
         "",
         f"One untrained 135M model on one synthetic task, at accuracy {acc[0]:.3f}, completions of at most 64 tokens "
@@ -310,19 +351,74 @@ def report(res: dict, run: dict) -> str:
         "DeepConf's signals behave on this model; they do not test the paper's claims.",
         "",
     ]
+    if again is not None:
+        lines += [rerun_section(res, *again), ""]
     return "\n".join(lines)
 
 
-def pack(generated: Path, times: dict[str, str], command: str) -> None:
+def rebuild() -> str:
+    """The page from the committed data: the first run, and the rerun when it is committed."""
+    samples, answer_ids = load()
+    again = None
+    if RERUN_SAMPLES.is_file():
+        rerun_samples, rerun_ids = load(RERUN_SAMPLES)
+        again = (analyse(rerun_samples, rerun_ids), json.loads(RERUN.read_text()))
+    return report(analyse(samples, answer_ids), json.loads(RUN.read_text()), again)
+
+
+def rerun_section(res: dict, again: dict, rerun: dict) -> str:
+    """What the authors' reading of C_i changes (the rerun of the same command after calibrl's default became the
+    authors' ``compute_confidence``: the sampled token averaged in when outside the top 20), every figure of both
+    analyses side by side. Not an endpoint: the protocol's data are the first run's."""
+    verdicts = []
+    for kind, d in res["signal_vs_logprob"].items():
+        e = again["signal_vs_logprob"][kind]
+        words = [verdict(x["low"], x["high"], x["low_bonferroni"], x["high_bonferroni"], better="better",
+                         worse="worse") for x in (d, e)]
+        verdicts.append(words[0] == words[1])
+    for method, sel in res["selection"].items():
+        if method not in ("majority", "weighted"):  # the protocol's primary selections
+            d, e = sel["vs_majority"], again["selection"][method]["vs_majority"]
+            verdicts.append(verdict(d["low"], d["high"], d["low_bonferroni"], d["high_bonferroni"], better="g",
+                                    worse="l") == verdict(e["low"], e["high"], e["low_bonferroni"],
+                                                           e["high_bonferroni"], better="g", worse="l"))
+    lines = ["## The authors' token confidence: the same command run again", "",
+             "calibrl's `token_confidence` was at first minus the mean of the top 20 log-probabilities; the authors' "
+             "code (`deepconf/utils.py` `compute_confidence`) averages every entry vLLM returns, the sampled token "
+             "included when it is outside the top 20, and calibrl now does too ([../fidelity.md](../fidelity.md)). "
+             f"The protocol's command was run again from {rerun['started_utc']} to {rerun['finished_utc']} (UTC) "
+             "with that default (data: `docs/results/deepconf_realmodel/samples_authors_ci.jsonl.gz`, `rerun.json`); "
+             f"{again['descriptive']['n_samples']} completions, {rerun['same_completions']} of them the same text as "
+             "the first run's (the rest differ by this machine's float rounding). Not an endpoint: the tables above "
+             "are the protocol's data. The same figures on the rerun:", "",
+             "| figure | first run | rerun (authors' C_i) |", "|---|---:|---:|"]
+    for kind, r in res["ranking"].items():
+        lines.append(f"| {kind} pooled AUROC | {_ci(*r['auroc'])} | {_ci(*again['ranking'][kind]['auroc'])} |")
+    for kind, d in res["signal_vs_logprob"].items():
+        e = again["signal_vs_logprob"][kind]
+        lines.append(f"| {kind} - logprob_mean | {_ci(d['point'], d['low'], d['high'], signed=True)} | "
+                     f"{_ci(e['point'], e['low'], e['high'], signed=True)} |")
+    for method, sel in res["selection"].items():
+        lines.append(f"| {method} accuracy | {sel['accuracy']:.3f} | {again['selection'][method]['accuracy']:.3f} |")
+    same = sum(verdicts)
+    lines += ["", f"The reading of {same} of {len(verdicts)} primary differences is the same on the rerun"
+              + (": every reading holds." if same == len(verdicts) else ".")]
+    return "\n".join(lines)
+
+
+def pack(generated: Path, times: dict[str, str], command: str, *, samples: Path = SAMPLES, run: Path = RUN,
+         extra: dict | None = None) -> None:
     """Commit-ready data from a finished run: the JSONL gzip-compressed with reproducible bytes (mtime 0) and
-    ``run.json`` with the command, the run's UTC times and ``calibrl generate``'s settings file."""
+    ``run.json`` with the command, the run's UTC times and ``calibrl generate``'s settings file (``samples`` /
+    ``run``: the rerun's ``samples_authors_ci.jsonl.gz`` / ``rerun.json``; ``extra``: more fields for it)."""
     DATA_DIR.mkdir(parents=True, exist_ok=True)
-    with open(generated, "rb") as src, open(SAMPLES, "wb") as raw, \
+    with open(generated, "rb") as src, open(samples, "wb") as raw, \
             gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0, filename="") as dst:
         shutil.copyfileobj(src, dst)
     meta_path = generated.with_name(generated.name + ".meta.json")
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else None
-    RUN.write_text(json.dumps({"command": command, **times, "generate_settings": meta}, indent=1) + "\n")
+    run.write_text(json.dumps({"command": command, **times, "generate_settings": meta, **(extra or {})},
+                              indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -338,8 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         pack(args.pack, {"started_utc": args.started_utc, "finished_utc": args.finished_utc}, args.command)
         print(f"wrote {SAMPLES} and {RUN}")
         return 0
-    samples, answer_ids = load()
-    PAGE.write_text(report(analyse(samples, answer_ids), json.loads(RUN.read_text())))
+    PAGE.write_text(rebuild())
     print(f"wrote {PAGE}")
     return 0
 

@@ -481,6 +481,20 @@ def sensitivity_sentence(sensitivity: dict) -> str:
             f"the pre-registered pairs' differences (the seed as the unit) is {mean:+.3f} [{low:+.3f}, {high:+.3f}].")
 
 
+RESUME_CHECK = RECORDS / "resume_check.json"  # studies/realmodel_resume_check.py's record
+
+
+def resume_check_sentence() -> str:
+    """What was checked of a resumed run's equality: the CPU resume check of the decision-CE settings
+    (``resume_check.json``, :mod:`studies.realmodel_resume_check`) when it is in, and what was not."""
+    if not RESUME_CHECK.is_file():
+        return ("On the CPU a resumed run's records equal an uninterrupted run's for CAPO + mask on the tiny model "
+                "(tests/test_realmodel_resume.py); the decision-CE settings and the GPU were not checked.")
+    from studies.realmodel_resume_check import summary
+
+    return summary(json.loads(RESUME_CHECK.read_text()))
+
+
 def scope_sentence(runs: dict[tuple[str, int], dict]) -> str:
     """What the study speaks to: the model's level on the task (start and final accuracies, final AUROCs)."""
     if not runs:
@@ -551,9 +565,9 @@ def report(result: dict, runs: dict[tuple[str, int], dict], *, figure: str | Non
         lines += [f"Runs interrupted and resumed from their newest checkpoint ({len(resumed)}): "
                   + "; ".join(f"{label} seed {seed} at step {step}" for label, seed, step in resumed)
                   + ". The protocol said such runs restart from step 0; its amendment 6 records the deviation. None "
-                  "is a GRPO or CAPO + mask run, so the primary endpoint's runs are not affected. On the CPU a resumed "
-                  "run's records equal an uninterrupted run's (tests/test_realmodel_resume.py); on the GPU that was "
-                  "not checked.", ""]
+                  "is a GRPO or CAPO + mask run, so the primary endpoint's runs are not affected; but every GRPO + "
+                  "decision CE run is among them, so S5 (the decision-letter ECE) rests wholly on resumed runs. "
+                  + resume_check_sentence(), ""]
     if runs and not any(run.get("started_utc") for run in runs.values()):
         lines += ["The records carry no UTC start and end (run records keep them from 2026-11-28 on): the order of "
                   "the runs against the protocol's commits is read from the commits alone.", ""]
@@ -586,7 +600,7 @@ def report(result: dict, runs: dict[tuple[str, int], dict], *, figure: str | Non
         lines += [f"Slow GRPO's mean accuracy gain {slow['slow_mean']:+.3f} against GRPO's {slow['grpo_mean']:+.3f}: "
                   + ("it moved more slowly, as the control is meant to." if slow["slower"] else
                      "it did NOT move more slowly, so S1 and S2 do not answer their questions."), ""]
-    lines += [scope_sentence(runs), ""]
+    lines += ["## Scope", "", scope_sentence(runs), ""]
     if not result["endpoints"]:
         return "\n".join(lines + ["No seed has every arm in yet: nothing to compute.", ""])
     lines += ["## Endpoints", "",

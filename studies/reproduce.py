@@ -35,16 +35,21 @@ Without ``--check`` the figures are redrawn into docs/results/ and every table r
 printed. With ``--check`` nothing is written and the exit status is 1 when a rebuilt table row is missing from its
 document (any rebuilt line, for a page its script writes whole: ``WHOLE_PAGES``), or a copy of ``headline.md``'s
 tables differs from it (README.md's results table, docs/results/README.md's tables), or a study's data file is
-missing while its document is not listed as lacking data. The documents whose raw data is not committed (yet) are
-listed with the command that makes it.
+missing while its document is not listed as lacking data, or a decimal number in the prose of a results page (or
+of README.md's Results section) is vouched for by nothing: neither the rebuilt text of a study the paragraph is
+about (nor a figure :data:`FACTS` derives from its data), nor, on the pages written by hand, a value of the study's
+raw data at the printed precision, nor the page's own declaration of it as not a result (:func:`unchecked_numbers`).
+The documents whose raw data is not committed (yet) are listed with the command that makes it.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -173,19 +178,16 @@ def _baseline_tables(scratch: Path) -> str:
 
 
 def rebuild_realmodel(scratch: Path) -> Rebuilt:
-    study = _script("realmodel_study")
+    study, sources = _script("realmodel_study"), _script("realmodel_sources")
     by_seed = study.load_packed(RESULTS / "realmodel_study")
     scratch.mkdir(parents=True, exist_ok=True)
     figure = study.plot_study(by_seed, scratch / "realmodel_study.png")
-    return Rebuilt({"realmodel.md": _baseline_tables(scratch) + "\n\n" + study.study_text(by_seed)},
-                   {figure.name: figure})
+    return Rebuilt({"realmodel.md": _baseline_tables(scratch) + "\n\n" + study.study_text(by_seed),
+                    "realmodel.md#sources": sources.section(sources.analyse())}, {figure.name: figure})
 
 
 def rebuild_deepconf_realmodel(scratch: Path) -> Rebuilt:
-    study = _script("deepconf_realmodel")
-    samples, answer_ids = study.load(study.SAMPLES)
-    run = json.loads(study.RUN.read_text())
-    return Rebuilt({"deepconf_realmodel.md": study.report(study.analyse(samples, answer_ids), run)}, {})
+    return Rebuilt({"deepconf_realmodel.md": _script("deepconf_realmodel").rebuild()}, {})
 
 
 def rebuild_mask(scratch: Path) -> Rebuilt:
@@ -271,12 +273,12 @@ WHOLE_PAGES = {"realmodel_powered.md", "deepconf_realmodel.md", "newer_methods.m
 
 
 def missing_rows(rebuilt: Rebuilt) -> dict[str, list[str]]:
-    """``{document: rebuilt table rows it lacks}`` (empty lists dropped); for the :data:`WHOLE_PAGES`, every
-    rebuilt line it lacks."""
+    """``{document: rebuilt table rows it lacks}`` (empty lists dropped); for the :data:`WHOLE_PAGES` and for a
+    section a script writes whole (a key ``"<document>#<section>"``), every rebuilt line it lacks."""
     out = {}
     for doc, text in rebuilt.texts.items():
-        committed = (RESULTS / doc).read_text()
-        if doc in WHOLE_PAGES:
+        committed = (RESULTS / doc.split("#")[0]).read_text()
+        if doc in WHOLE_PAGES or "#" in doc:
             have = set(line.rstrip() for line in committed.splitlines())
             lacking = [line.rstrip() for line in text.splitlines() if line.strip() and line.rstrip() not in have]
         else:
@@ -285,6 +287,160 @@ def missing_rows(rebuilt: Rebuilt) -> dict[str, list[str]]:
         if lacking:
             out[doc] = lacking
     return out
+
+
+# ---------------------------------------------------------------------------------------------- prose numbers
+#
+# Every decimal number in a results page's prose (and in README.md's Results section) must come from the data: it
+# appears in the rebuilt text of a study the paragraph is about (its own page's study, and every study whose page
+# the paragraph links), to its printed precision (0.22 for a rebuilt 0.2219, the sign aside); or, for the pages
+# written by hand over rebuilt tables, it is one of the values of the study's raw data file at that precision (a
+# weaker check: it catches a number copied from nowhere, not one copied from the wrong place); or the page declares
+# it as not a result of this study (a paper's figure, a setting, a version) in a comment
+# ``<!-- not from the data: 0.95 (the paper's tau), ... -->``. Numbers in tables are checked by the table rows.
+
+_NUMBER = re.compile(r"(?<![\w.])[+-]?\d*\.\d+(?!\.\d)(?![\d\w])")  # not a version: 0.9.1 is none
+_ARXIV = re.compile(r"\d{4}\.\d{4,5}")
+_LINK = re.compile(r"\]\(((?:\.\./)?(?:docs/)?(?:results/)?([\w.-]+\.md))(?:#[^)]*)?\)")
+_DECLARED = re.compile(r"<!-- not from the data: (.*?)-->", re.S)
+
+
+def prose_paragraphs(text: str) -> list[str]:
+    """The prose of a markdown text as paragraphs (blank-line or bullet separated), without tables, fenced code,
+    inline code spans and HTML comments."""
+    text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
+    text = re.sub(r"```.*?```", " ", text, flags=re.S)
+    out, current = [], []
+    for line in text.splitlines():
+        if line.startswith("|"):
+            continue
+        if not line.strip() or line.lstrip().startswith(("- ", "* ")) or line.startswith("#"):
+            if current:
+                out.append(" ".join(current))
+            current = [] if not line.strip() or line.startswith("#") else [line]
+        else:
+            current.append(line)
+    if current:
+        out.append(" ".join(current))
+    return [re.sub(r"`[^`]*`", " ", p) for p in out]
+
+
+def prose_numbers(paragraph: str) -> list[tuple[str, ...]]:
+    """The decimal numbers of a prose paragraph, unsigned (arXiv ids left out), each as the forms it may take in
+    the data: a percentage as printed and as its fraction (``99.6%``: ``99.6``, ``0.996``)."""
+    out = []
+    for m in _NUMBER.finditer(paragraph):
+        number = m.group(0).lstrip("+-")
+        if _ARXIV.fullmatch(number):
+            continue
+        if paragraph[m.end():m.end() + 1] == "%":
+            decimals = number.split(".")[1]
+            out.append((number, f"{float(number) / 100:.{len(decimals) + 2}f}"))
+        else:
+            out.append((number,))
+    return out
+
+
+def number_pool(text: str) -> set[str]:
+    """Every decimal number of a text, unsigned, as printed."""
+    return {m.group(0).lstrip("+-") for m in _NUMBER.finditer(text)}
+
+
+def declared_numbers(text: str) -> set[str]:
+    """The numbers a page declares as not from its data (:data:`_DECLARED`)."""
+    return {item.strip().split()[0].lstrip("+-") for block in _DECLARED.findall(text)
+            for item in block.split(",") if item.strip()}
+
+
+def _printed_as(number: str, pool: set[str]) -> bool:
+    """Whether ``number`` is a member of ``pool`` shown to its printed precision (``0.22`` for ``0.2219``)."""
+    if number in pool:
+        return True
+    decimals = len(number.split(".")[1])
+    target = float(number)
+    return any(len(q.split(".")[1]) > decimals and abs(float(q) - target) <= 0.5 * 10 ** -decimals + 1e-12
+               and f"{float(q):.{decimals}f}" == f"{target:.{decimals}f}" for q in pool)
+
+
+@functools.lru_cache(maxsize=None)
+def _data_pool(study: str) -> set[str]:
+    """The numbers of a study's raw data (its JSON files, gzipped or not; every value at full precision)."""
+    import gzip
+
+    path = RESULTS / DATA[study]
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in (".json", ".gz", ".jsonl"))
+    pool: set[str] = set()
+    for f in files:
+        raw = gzip.decompress(f.read_bytes()) if f.suffix == ".gz" else f.read_bytes()
+        pool |= number_pool(raw.decode("utf-8", "replace"))
+    return pool
+
+
+def unchecked_numbers(doc: str, text: str, rebuilt: dict[str, set[str]], *, own: list[str],
+                      by_hand: bool) -> list[str]:
+    """The prose numbers of ``text`` (document ``doc``) that nothing vouches for (module comment above):
+    ``rebuilt`` {study: numbers of its rebuilt texts}; ``own``: the studies the document is about; ``by_hand``:
+    the page's prose is written by hand, so the study's raw data may vouch too."""
+    page_of = {DATA_FILES[s][1]: s for s in DATA_FILES}
+    declared = declared_numbers(text)
+    out = []
+    for paragraph in prose_paragraphs(text):
+        studies = set(own) | {page_of[m.group(2)] for m in _LINK.finditer(paragraph) if m.group(2) in page_of}
+        if "headline.md" in paragraph:
+            studies.add("testbed")
+        pool = set().union(*(rebuilt.get(s, set()) for s in studies)) if studies else set().union(*rebuilt.values())
+        for forms in prose_numbers(paragraph):
+            if any(f in declared or _printed_as(f, pool) for f in forms):
+                continue
+            if by_hand and any(_printed_as(f, _data_pool(s)) for s in studies if s in DATA for f in forms):
+                continue
+            out.append(f"{forms[0]} in: {paragraph[:160]}")
+    return out
+
+
+def _testbed_facts() -> list[float]:
+    """Figures testbed.md and docs/results/README.md derive from the data by hand: the addition control's AUROC and
+    expected accuracy averaged over the evaluations at steps 100-200 and over seeds, GRPO's and CAPO's."""
+    import numpy as np
+
+    data = json.loads((RESULTS / "testbed_results.json").read_text())["results"]
+    out = []
+    for method in ("grpo", "capo"):
+        runs = [[h for h in r["history"] if 100 <= h["step"] <= 200] for r in data
+                if r["task"] == "addition" and r["method"] == method]
+        for key in ("auroc", "expected_accuracy"):
+            out.append(float(np.mean([np.mean([h[key] for h in run]) for run in runs])))
+    return out
+
+
+# study -> figures its pages derive from its data by hand (a mean over steps, say): computed here, so they are
+# checked like the rebuilt text's numbers
+FACTS: dict[str, Callable[[], list[float]]] = {"testbed": _testbed_facts}
+
+
+def _check_prose(pools: dict[str, set[str]], *, complete: bool) -> int:
+    """Print and count the prose numbers nothing vouches for (:func:`unchecked_numbers`) in the pages of the
+    rebuilt studies, and, when every study was rebuilt, in docs/results/README.md and README.md's Results."""
+    pages: list[tuple[str, str, list[str], bool]] = []
+    for study in pools:
+        docs = {DATA_FILES[study][1]} | ({"headline.md"} if study == "testbed" else set())
+        for doc in sorted(docs):
+            pages.append((f"docs/results/{doc}", (RESULTS / doc).read_text(), [study], doc not in WHOLE_PAGES))
+    if complete:
+        pages.append(("docs/results/README.md", (RESULTS / "README.md").read_text(), [], True))
+        readme = (ROOT / "README.md").read_text()
+        results = readme.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+        pages.append(("README.md (Results)", results, [], False))
+    count = 0
+    for name, text, own, by_hand in pages:
+        unchecked = unchecked_numbers(name, text, pools, own=own, by_hand=by_hand)
+        count += len(unchecked)
+        if unchecked:
+            print(f"{name}: {len(unchecked)} number(s) in its prose that no rebuilt text or data vouches for, e.g.\n  "
+                  + "\n  ".join(unchecked[:5]))
+    if not count:
+        print(f"prose numbers: every one of {len(pages)} page(s) checked against the rebuilt data")
+    return count
 
 
 def readme_differences() -> dict[str, list[str]]:
@@ -316,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown study {unknown[0]!r}; choose from {', '.join(STUDIES)}")
     failures = 0
+    pools: dict[str, set[str]] = {}  # study -> the numbers of its rebuilt texts
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             data, doc, how = DATA_FILES[name]
@@ -325,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: docs/results/{data} is missing; make it with: {how}")
                 continue
             rebuilt = STUDIES[name](Path(tmp))
+            pools[name] = set().union(*(number_pool(t) for t in rebuilt.texts.values()))
+            pools[name] |= {repr(float(v)) for v in FACTS.get(name, lambda: [])()}
             lacking = missing_rows(rebuilt)
             for doc, rows in lacking.items():
                 failures += len(rows)
@@ -342,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
                 for figure, path in rebuilt.figures.items():
                     shutil.copyfile(path, RESULTS / figure)
                 print(f"{name}: redrew {', '.join(sorted(rebuilt.figures))}")
+    failures += _check_prose(pools, complete=set(names) == set(STUDIES))
     for copy, lacking in readme_differences().items():
         failures += len(lacking)
         print(f"{copy} copy of headline.md's tables: "

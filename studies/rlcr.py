@@ -139,7 +139,7 @@ def run_arm(arm: str, *, seed: int, steps: int, eval_every: int, lr: float, sett
 TITLES = ("expected accuracy", "share stating a confidence", "stated ECE ↓", "stated AUROC ↑",
           "mean abs(stated - true p) ↓", "Brier ↓", "sequence-confidence AUROC ↑")
 STATED = ("stated_ece", "stated_auroc", "stated_calib_err", "brier")  # read over the completions that state one
-RARE = 0.01  # an arm whose mean share stating a confidence is below this: its stated figures in parentheses
+RARE = 0.01  # a seed whose share stating a confidence is below this: left out of its arm's stated figures
 
 
 MATCHED = (("stated_ece", "stated ECE ↓"), ("stated_auroc", "stated AUROC ↑"),
@@ -148,23 +148,31 @@ MATCHED = (("stated_ece", "stated ECE ↓"), ("stated_auroc", "stated AUROC ↑"
 
 def tables(results: dict, *, metrics: tuple[str, ...] = METRICS, titles: tuple[str, ...] = TITLES,
            matched: tuple[tuple[str, str], ...] = MATCHED, matched_arms: tuple[str, ...] | None = None) -> str:
-    """Markdown (docs/results/rlcr.md): the warm start and each arm's last evaluation (mean ± std over seeds; the
-    stated-confidence figures of an arm that almost never states one in parentheses, mean only), then each metric
-    at matched expected accuracy (each run's curve read where it first reaches the level, mean over seeds).
+    """Markdown (docs/results/rlcr.md): the warm start and each arm's last evaluation (mean ± std over seeds), then
+    each metric at matched expected accuracy (each run's curve read where it first reaches the level, mean over
+    seeds). The stated-confidence figures (:data:`STATED`) of a seed that almost never states one (under
+    :data:`RARE` of its completions) are left out of its arm's: the others' mean ± std with "(k of n seeds)", or,
+    when no seed states, the mean of all in parentheses.
     ``metrics`` / ``titles``: the columns of the first table; ``matched``: (key, title) of the second's;
     ``matched_arms``: the arms of the second table and of its levels (default all)."""
     lines = ["| arm | " + " | ".join(titles) + " |", "|---|" + "---:|" * len(metrics)]
     first = next(iter(next(iter(results.values())).values()))
     lines.append("| warm start | " + " | ".join(f"{first[0][k]:.3f}" for k in metrics) + " |")
+    def cell(v: np.ndarray) -> str:
+        return f"{np.nanmean(v):.3f} ± {np.nanstd(v):.3f}" if len(v) > 1 else f"{v[0]:.3f}"
+
     for arm, runs in results.items():
-        rare = np.nanmean([h[-1]["stated_fraction"] for h in runs.values()]) < RARE
+        states = np.array([h[-1]["stated_fraction"] >= RARE for h in runs.values()])  # per seed
         cells = []
         for key in metrics:
             v = np.array([h[-1][key] for h in runs.values()], dtype=float)
-            if rare and key in STATED:
+            if key not in STATED or states.all():
+                cells.append(cell(v))
+            elif not states.any():
                 cells.append(f"({np.nanmean(v):.3f})")
-            else:
-                cells.append(f"{np.nanmean(v):.3f} ± {np.nanstd(v):.3f}" if len(v) > 1 else f"{v[0]:.3f}")
+            else:  # a mixed arm: the seeds that state a confidence, said
+                kept = v[states]
+                cells.append(f"{cell(kept)} ({int(np.isfinite(kept).sum())} of {len(v)} seeds)")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     results = {arm: runs for arm, runs in results.items() if matched_arms is None or arm in matched_arms}
     start = min(h[0]["expected_accuracy"] for runs in results.values() for h in runs.values())

@@ -23,8 +23,8 @@ class Interrupted(Exception):
     pass
 
 
-def _config(model: str, **kw) -> RealModelRunConfig:
-    return RealModelRunConfig(model=model, method="capo_mask", steps=4, prompts_per_step=4, num_generations=4,
+def _config(model: str, method: str = "capo_mask", **kw) -> RealModelRunConfig:
+    return RealModelRunConfig(model=model, method=method, steps=4, prompts_per_step=4, num_generations=4,
                               max_completion_length=8, train_prompts=40, eval_prompts=8, eval_k=4, eval_every=2,
                               threads=1, learning_rate=1e-2, **kw)
 
@@ -33,8 +33,11 @@ def _logs(result: dict) -> dict[int, dict]:
     return {h["step"]: {k: h.get(k) for k in LOG_KEYS} for h in result["log_history"] if "reward" in h}
 
 
-def test_an_interrupted_run_resumes_from_its_checkpoint_with_the_uninterrupted_records(tiny_chat_model, tmp_path):
-    config = _config(tiny_chat_model)
+@pytest.mark.parametrize("method", ["capo_mask", "grpo_decision"])
+def test_an_interrupted_run_resumes_from_its_checkpoint_with_the_uninterrupted_records(tiny_chat_model, tmp_path,
+                                                                                        method):
+    """CAPO + frozen mask (the most state) and the decision-CE arm the powered study resumed (its amendment 6)."""
+    config = _config(tiny_chat_model, method)
     whole = train_real_model(config, tmp_path / "whole")  # no checkpoints: the path every earlier run took
     assert not list((tmp_path / "whole").glob("checkpoint-*")) and whole["resumed_from"] is None
 

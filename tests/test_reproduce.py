@@ -164,3 +164,27 @@ def test_a_study_data_file_read_and_written_again_gives_the_same_bytes(tmp_path,
     committed = ROOT / "docs" / "results" / name
     save_data(load_data(committed), tmp_path / name)
     assert (tmp_path / name).read_bytes() == committed.read_bytes()
+
+
+def test_prose_numbers_are_vouched_for_by_the_rebuilt_text_the_data_or_a_declaration(monkeypatch):
+    """A prose number passes when a study its paragraph is about prints it (to its printed precision: 0.22 for a
+    rebuilt 0.2219), when the page is written by hand and the study's raw data holds it, or when the page declares
+    it as not a result; a percentage is also read as its fraction. Any other number is named with its paragraph,
+    and a number in a table or a code span is not prose."""
+    reproduce = _reproduce()
+    monkeypatch.setattr(reproduce, "_data_pool", lambda study: {"0.4321"})
+    pools = {"rlcr": {"0.2219", "0.513"}, "decision": {"0.996"}}
+    page = ("<!-- not from the data: 25.3 (the paper's figure) -->\n\n# Page\n\n"
+            "Accuracy 0.22 and 0.513; the paper's 25.3; 99.6% of decisions ([decision.md](decision.md)).\n\n"
+            "- A number from the raw data, 0.432, and one from nowhere, 0.777.\n\n"
+            "| a | 0.999 |\n|---|---|\n\n`--lr 0.0003` and arXiv 2604.12632.\n")
+    found = reproduce.unchecked_numbers("rlcr.md", page, pools, own=["rlcr"], by_hand=True)
+    assert [f.split(" in: ")[0] for f in found] == ["0.777"]
+    assert "one from nowhere" in found[0]
+    # a page its script writes whole: the raw data does not vouch, only the rebuilt text
+    found = reproduce.unchecked_numbers("rlcr.md", page, pools, own=["rlcr"], by_hand=False)
+    assert [f.split(" in: ")[0] for f in found] == ["0.432", "0.777"]
+    # 99.6% is vouched for only by the study the paragraph links (decision's 0.996), not by rlcr's own numbers
+    unlinked = page.replace(" ([decision.md](decision.md))", "")
+    assert "99.6" in [f.split(" in: ")[0] for f in
+                      reproduce.unchecked_numbers("rlcr.md", unlinked, pools, own=["rlcr"], by_hand=True)]

@@ -505,7 +505,8 @@ def matched_accuracy_differences(summary: dict, task: str, *, reference: str = "
     Returns ``{method: {"label", "accuracy" (mean matched accuracy), "seeds", "reached" (seeds read at the
     method's final accuracy, the reference's curve reaching it), "at_reference_end" (seeds read at the
     reference's final accuracy instead), key: (mean, low, high) for each of keys}}`` (:func:`paired_t_interval`
-    over seeds, the method minus the reference)."""
+    over seeds, the method minus the reference), with ``"readings"``: {key: [(method's value, reference's value)
+    per seed]} at the matched points."""
     runs = _runs_by_method(summary, task)
     if reference not in runs:
         return {}
@@ -516,6 +517,7 @@ def matched_accuracy_differences(summary: dict, task: str, *, reference: str = "
             continue
         pairs = [([_with_derived(h) for h in r["history"]], ref[r["seed"]]) for r in records if r["seed"] in ref]
         diffs: dict[str, list[float]] = {k: [] for k in keys}
+        readings: dict[str, list[tuple[float, float]]] = {k: [] for k in keys}
         matched, reached, at_end = [], 0, 0
         for history, ref_history in pairs:
             final, ref_final = history[-1], ref_history[-1]
@@ -523,19 +525,21 @@ def matched_accuracy_differences(summary: dict, task: str, *, reference: str = "
             if np.isfinite(ref_at[keys[0]]):  # the reference's curve reaches the method's final accuracy
                 reached += 1
                 matched.append(final["expected_accuracy"])
-                values = {k: final.get(k, math.nan) - ref_at[k] for k in keys}
+                pair = {k: (final.get(k, math.nan), ref_at[k]) for k in keys}
             else:  # the method went further: read its own curve at the reference's final accuracy
                 own_at = {k: at_accuracy(history, k, ref_final["expected_accuracy"]) for k in keys}
                 at_end += int(np.isfinite(own_at[keys[0]]))
                 matched.append(ref_final["expected_accuracy"] if np.isfinite(own_at[keys[0]]) else math.nan)
-                values = {k: own_at[k] - ref_final.get(k, math.nan) for k in keys}
+                pair = {k: (own_at[k], ref_final.get(k, math.nan)) for k in keys}
             for k in keys:
-                diffs[k].append(values[k])
+                diffs[k].append(pair[k][0] - pair[k][1])
+                readings[k].append(pair[k])
         finite = [a for a in matched if np.isfinite(a)]
         entry = {"label": records[0]["label"], "seeds": len(pairs), "reached": reached, "at_reference_end": at_end,
                  "accuracy": float(np.mean(finite)) if finite else math.nan}
         entry.update({k: paired_t_interval(v) for k, v in diffs.items()})
         entry["p_values"] = {k: paired_t_p_value(v) for k, v in diffs.items()}
+        entry["readings"] = readings
         out[method] = entry
     return out
 
