@@ -34,7 +34,7 @@ from pathlib import Path
 
 __all__ = ["BF16_LOGPROB_TOLERANCE", "BUILTIN_MODELS", "CHARACTERS", "DTYPES", "SPECIAL_TOKENS", "TINY",
            "TinyModelConfig", "build_char_tokenizer", "build_tiny_model", "builtin_model_path", "check_dtype",
-           "convert_gguf", "converted_path", "cpu_bf16_supported", "resolve_dtype",
+           "convert_gguf", "converted_path", "cpu_bf16_supported", "hub_problem", "resolve_dtype",
            "resolve_model", "save_tiny_model"]
 
 # builtin name -> (distribution that ships the file, pip requirement, file name inside the distribution)
@@ -149,6 +149,35 @@ def _resolve_gguf(gguf_file: Path, *, quiet: bool) -> str:
         shutil.rmtree(staging, ignore_errors=True)
     _say(f"converted in {time.perf_counter() - start:.1f} s", quiet=quiet)
     return str(target)
+
+
+def hub_problem(name: str, *, cache_dir: str | None = None, revision: str | None = None) -> str | None:
+    """Why the hub id ``name`` cannot be had, in a few words, or None: it is in the local hub cache, or the hub's
+    host answers. With ``HF_HUB_OFFLINE`` set, or when the host does not answer within 5 seconds, this says so at
+    once rather than after the hub client's retries (about a minute); a name that is not a valid repo id passes
+    (transformers names the problem when it loads)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json", cache_dir=cache_dir, revision=revision)
+        if isinstance(cached, str):
+            return None
+    except ValueError:  # not a valid repo id
+        return None
+    if constants.HF_HUB_OFFLINE:
+        return (f"{name} is not in the local hub cache and HF_HUB_OFFLINE is set; download it first "
+                "(huggingface-cli download) or give a local folder")
+    endpoint = urlparse(constants.ENDPOINT)
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as exc:
+        return (f"{name} is not in the local hub cache and {host} cannot be reached "
+                f"({exc.strerror or type(exc).__name__}); download it first or give a local folder")
+    return None
 
 
 def resolve_model(name_or_path: str, *, quiet: bool = False) -> str:

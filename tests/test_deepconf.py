@@ -736,3 +736,19 @@ def test_cli_generate_deepconf_online_and_its_refusals(tmp_path):
                            (["--deepconf-warmup", "5"], "between 1 and n = 3")):
         bad = CliRunner().invoke(app, args + extra + ["--overwrite"])
         assert bad.exit_code == 2 and problem in bad.output, bad.output
+
+
+def test_the_report_says_why_the_four_signals_agree_when_no_trace_fills_a_window(tmp_path):
+    from typer.testing import CliRunner
+
+    from calibrl.cli import app
+
+    rng = np.random.default_rng(4)
+    rows = [{"prompt_id": p, "correct": bool(rng.random() < 0.5), "answer": str(k % 3), "logprob_mean": -0.5,
+             "token_confidence": rng.uniform(0, 3, size=30).tolist()} for p in range(10) for k in range(4)]
+    path = str(_write_jsonl(tmp_path / "s.jsonl", rows))
+    for out, extra, said in (("short", [], True), ("window", ["--deepconf-window", "8", "--deepconf-tail", "8"], False)):
+        result = CliRunner().invoke(app, ["eval", path, "--out", str(tmp_path / out), "--methods", "", *extra])
+        assert result.exit_code == 0, result.output
+        text = " ".join((tmp_path / out / "report.md").read_text().split())
+        assert ("the four DeepConf signals are equal on every row" in text) is said

@@ -3,6 +3,7 @@ row names, one accuracy row, and the scaling plot's dodged series."""
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -224,3 +225,55 @@ def test_scaling_plot_coinciding_methods_stay_apart(tmp_path, monkeypatch):
     assert np.all(np.diff(xs, axis=0) > 0)  # the same values, drawn side by side in method order
     assert np.all((xs / ns > 2 ** -0.1 - 1e-12) & (xs / ns < 2 ** 0.1 + 1e-12))  # within 0.2 octave of N
     assert "±1 std over random draws of N paths" in ax.get_title()
+
+
+def test_every_figure_of_an_eval_draws_its_texts_as_words(tmp_path, monkeypatch):
+    """Every figure `calibrl eval` writes, drawn: no text on it, tick labels included, is raw TeX ("$" or
+    "\\mathdefault", which plain-text drawing would show as such), and the scaling plot's x ticks are the Ns."""
+    from typer.testing import CliRunner
+
+    from calibrl.cli import app
+
+    drawn = []
+    save = plots._save
+
+    def keep(fig, path):
+        out = save(fig, path)  # drawn: the tick labels exist now
+        drawn.append((Path(path).name, [t.get_text() for t in fig.findobj(plots.Text) if t.get_visible()],
+                      [[t.get_text() for t in ax.get_xticklabels()] for ax in fig.axes]))
+        return out
+
+    monkeypatch.setattr(plots, "_save", keep)
+    rng = np.random.default_rng(0)
+    rows = [{"prompt_id": p, "correct": bool(rng.random() < 0.5), "answer": str(rng.integers(0, 3)),
+             "logprob_mean": float(-rng.random())} for p in range(12) for _ in range(8)]
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = CliRunner().invoke(app, ["eval", str(tmp_path / "s.jsonl"), "--out", str(tmp_path / "e")])
+    assert result.exit_code == 0, result.output
+    names = {name for name, _, _ in drawn}
+    assert any(name.endswith("scaling.png") for name in names), names
+    for name, texts, ticks in drawn:
+        bad = [t for t in texts if "$" in t or "mathdefault" in t]
+        assert not bad, (name, bad)
+        if name.endswith("scaling.png"):
+            assert ticks[0] == ["1", "2", "4", "8"], ticks
+
+
+def test_training_curves_that_lie_on_another_are_drawn_beside_it_and_say_so(tmp_path, monkeypatch):
+    """GCPO whose scale stays near 1 draws GRPO's curves to within a marker: it would hide them. It is moved a
+    little to the side and its legend names whose curves it lies on; a distinct curve is left where it is."""
+    from calibrl.evaluation.plots import plot_training_curves
+
+    seen = {}
+    save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: seen.setdefault("fig", fig) and save(fig, path))
+    steps = [0, 25, 50]
+    grpo = [{"step": s, "auroc": 0.8 - 0.001 * s, "ece": 0.05 + 0.002 * s} for s in steps]
+    gcpo = [{**r, "auroc": r["auroc"] + 1e-4} for r in grpo]  # within 1.5% of the panel's range
+    capo = [{**r, "auroc": r["auroc"] + 0.02} for r in grpo]
+    plot_training_curves({"GRPO": grpo, "GCPO": gcpo, "CAPO": capo}, metrics=("auroc", "ece"), path=tmp_path / "c.png")
+    ax = seen["fig"].axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert "GCPO (on GRPO's curves: drawn beside them)" in lines and "CAPO" in lines
+    assert np.all(lines["GCPO (on GRPO's curves: drawn beside them)"].get_xdata() > np.array(steps))
+    np.testing.assert_array_equal(lines["CAPO"].get_xdata(), steps)

@@ -501,3 +501,23 @@ def test_progress_moves_at_every_token_step(tiny):
     groups = backend.generate(["1+1="], 2, seed=0, on_token=steps.append)
     longest = max(len(s.ids) for g in groups for s in g)
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= longest >= 1
+
+
+@pytest.mark.parametrize("offline", [True, False], ids=["offline", "unreachable"])
+def test_a_hub_model_that_cannot_be_had_is_one_line_at_once(tmp_path, monkeypatch, offline):
+    """Not cached, and the hub offline or its host refusing connections: one line naming the model and why, before
+    anything loads (not a minute of the hub client's retry lines)."""
+    from huggingface_hub import constants
+    from typer.testing import CliRunner
+
+    from calibrl.cli import app
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    result = CliRunner().invoke(app, ["generate", "--model", "calibrl-test/not-cached-model", "--dataset", "arithmetic",
+                                      "--limit", "1", "--n", "1", "--out", str(tmp_path / "s.jsonl")])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "calibrl-test/not-cached-model is not in the local hub cache" in lines[0], lines
+    assert ("HF_HUB_OFFLINE" if offline else "127.0.0.1 cannot be reached") in lines[0]
+    assert not (tmp_path / "s.jsonl").exists()

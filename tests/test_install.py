@@ -70,11 +70,11 @@ def test_the_check_sees_an_extra_that_is_imported():
 
 
 @pytest.mark.parametrize(("argv", "hidden", "line"), [
-    (["train", "tiny_cpu"], "trl", "error: calibrl train needs TRL: pip install 'calibrl[trl]'"),
-    (["train", "--list"], "trl", "error: calibrl train needs TRL: pip install 'calibrl[trl]'"),
-    (["demo", "--quick"], "trl", "error: calibrl demo needs TRL: pip install 'calibrl[trl]'"),
+    (["train", "tiny_cpu"], "trl", "error: calibrl train needs TRL: install calibrl's [trl] extra (from a clone: pip install '.[trl]')"),
+    (["train", "--list"], "trl", "error: calibrl train needs TRL: install calibrl's [trl] extra (from a clone: pip install '.[trl]')"),
+    (["demo", "--quick"], "trl", "error: calibrl demo needs TRL: install calibrl's [trl] extra (from a clone: pip install '.[trl]')"),
     (["generate", "-m", "builtin:tiny", "-d", "math500", "-o", "x.jsonl"], "transformers",
-     "error: calibrl generate needs transformers: pip install 'calibrl[generate]'"),
+     "error: calibrl generate needs transformers: install calibrl's [generate] extra (from a clone: pip install '.[generate]')"),
 ])
 def test_a_command_without_its_extra_says_which_in_one_line(argv, hidden, line):
     """The missing package is simulated by a None entry in sys.modules (what Python does for a blocked import);

@@ -200,3 +200,35 @@ def test_the_library_never_imports_the_studies():
     offenders = [str(path.relative_to(ROOT)) for path in (ROOT / "calibrl").rglob("*.py")
                  if re.search(r"^\s*(from|import)\s+studies\b", path.read_text(), re.M)]
     assert not offenders, offenders
+
+
+@pytest.mark.slow
+def test_the_readmes_install_lines_install_calibrl(tmp_path):
+    """No release is on PyPI: the README's install lines are a clone's (`pip install .`, `'.[trl]'`, ...) or the
+    wheel built from it. Each is run here as pip reads it, without the network: the wheel is built
+    (`pip wheel --no-deps -w dist .`, as the README says) and each line is resolved by `pip install --dry-run` with
+    its dependencies left out; the wheel installs into a folder and its `calibrl` imports from there."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    specs = re.findall(r"\| `pip install ((?:'[^']*')|\.)` \|", readme)
+    assert specs == [".", "'.[generate]'", "'.[trl]'", "'.[all]'"], specs
+    assert "pip wheel --no-deps -w dist ." in readme and "'dist/calibrl-0.1.0-py3-none-any.whl[trl]'" in readme
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    clone = _source_copy(tmp_path / "clone")  # a clone's files: building leaves build/ and egg-info there
+    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), "."],
+                           cwd=clone, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+    [wheel] = (tmp_path / "dist").glob("calibrl-*.whl")
+    assert wheel.name == f"calibrl-{_pyproject()['project']['version']}-py3-none-any.whl"
+    for spec in specs:
+        target = spec.strip("'").replace(".", str(clone), 1)
+        dry = subprocess.run([*pip, "install", "--dry-run", "--no-deps", "--no-build-isolation", "--no-index",
+                              target], capture_output=True, text=True, timeout=300)
+        assert dry.returncode == 0, (spec, dry.stderr[-3000:])
+    installed = subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", str(tmp_path / "site"),
+                                f"{wheel}[trl]"], capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    found = subprocess.run([sys.executable, "-c", "import calibrl; print(calibrl.__file__)"], capture_output=True,
+                           text=True, env={**os.environ, "PYTHONPATH": str(tmp_path / "site")}, cwd=tmp_path)
+    assert found.stdout.strip().startswith(str(tmp_path / "site")), found.stderr[-2000:]

@@ -245,7 +245,8 @@ def test_calibrl_train_runs_the_shipped_real_model_recipe(model_dir, tmp_path):
     recipe = yaml.safe_load(shipped_recipes()["smollm2_cpu_capo"].read_text())
     assert recipe["model"]["name_or_path"] == BUILTIN
     recipe["calibration_eval"].update(prompts=2, k=2, batch_size=2)
-    recipe["eval_dataset"]["limit"] = 2
+    recipe["calibration_eval"]["dataset"]["limit"] = 2
+    assert "eval_dataset" not in recipe  # the held-out calibration is the one evaluation: a short run stays short
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     out = tmp_path / "run"

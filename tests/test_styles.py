@@ -37,10 +37,11 @@ def test_labels_naming_no_method_get_colours_no_method_uses():
 def test_figures_draw_each_method_in_its_colour_whatever_the_order(tmp_path, monkeypatch):
     drawn = []
     monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig) or path)
-    records = [{"step": 0, "auroc": 0.8, "accuracy": 0.3}, {"step": 10, "auroc": 0.7, "accuracy": 0.5}]
+    records = {m: [{"step": 0, "auroc": 0.8 + lift, "accuracy": 0.3}, {"step": 10, "auroc": 0.7 + lift, "accuracy": 0.5}]
+               for m, lift in (("GRPO", 0.0), ("CAPO (tau 0.6)", 0.05))}  # apart: neither curve lies on the other
     for order in (("GRPO", "CAPO (tau 0.6)"), ("CAPO (tau 0.6)", "GRPO")):
-        plots.plot_training_curves({m: records for m in order}, ("auroc",), tmp_path / "c.png")
-        plots.plot_metric_paths({m: records for m in order}, x="accuracy", y="auroc", path=tmp_path / "p.png")
+        plots.plot_training_curves({m: records[m] for m in order}, ("auroc",), tmp_path / "c.png")
+        plots.plot_metric_paths({m: records[m] for m in order}, x="accuracy", y="auroc", path=tmp_path / "p.png")
     for fig in drawn:
         by_label = {line.get_label(): to_hex(line.get_color()) for line in fig.axes[0].get_lines()}
         assert by_label["GRPO"] == series_style("GRPO").color

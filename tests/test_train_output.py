@@ -57,6 +57,16 @@ def test_summary_notes_a_run_whose_rewards_never_differ_within_a_group():
     assert "note: in none of the 7 logged step(s)" in out and "reward was 0" in out and "taught the model nothing" in out
 
 
+def test_no_note_when_the_estimator_moved_though_the_rewards_did_not():
+    """An estimator that reads a confidence gives equal rewards non-zero advantages (docs/custom-estimator.md's
+    example): the run learned something, so no "every advantage was zero" note."""
+    history = [{"loss": 0.0, "reward": 1.0, "frac_reward_zero_std": 1.0, "calibration/advantage_abs_mean": a}
+               for a in (0.018, 0.016)]
+    console, buffer = _console()
+    print_summary(console, summarize(history), _trainer(history))
+    assert "note:" not in buffer.getvalue()
+
+
 @pytest.mark.slow
 def test_train_prints_a_line_per_logging_step_when_output_is_not_a_terminal(tmp_path):
     from calibrl.trl.train import load_recipe, train

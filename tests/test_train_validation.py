@@ -315,3 +315,18 @@ def test_generation_batch_check_matches_trls_sampler():
                 _check_fills_a_generation_batch(data, args, "r.yaml")
         assert bool(drawn) == (n_prompts >= 4)
     _check_fills_a_generation_batch(iter(()), args, "r.yaml")  # a stream: its length is unknown, nothing refused
+
+
+def test_a_gpu_recipe_on_a_machine_without_one_says_to_rehearse(monkeypatch):
+    """bf16 on a machine with no GPU: one line naming the setting and the two ways on, not TRL's message."""
+    import torch
+    from typer.testing import CliRunner
+
+    from calibrl.cli import app
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = CliRunner().invoke(app, ["train", "capo_qwen2.5-math-1.5b_deepscaler"])
+    assert result.exit_code == 2, result.output
+    line = " ".join(result.output.split())
+    assert "trainer.bf16: true needs a GPU" in line and "calibrl train capo_qwen2.5-math-1.5b_deepscaler --rehearse" \
+        in line and "--set bf16=false" in line, line

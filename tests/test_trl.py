@@ -1100,3 +1100,11 @@ def test_intuitor_reads_self_certainty_from_an_independent_forward(tmp_path):
     torch.testing.assert_close(batch.self_certainty, expected, rtol=1e-4, atol=1e-5)
     assert batch.self_certainty.std() > 0
     torch.testing.assert_close(rec["rollout"]["advantages"], compute_advantages(batch, "intuitor"))
+
+
+def test_the_trainer_takes_the_builtin_tiny_model_by_name(tmp_path):
+    """`model="builtin:tiny"`, as recipes name it: the char-level model and its tokenizer, built here (no hub)."""
+    trainer = CalibratedGRPOTrainer(model="builtin:tiny", reward_funcs=parity_reward,
+                                    args=_config(tmp_path, advantage_estimator="grpo"), train_dataset=_dataset())
+    assert type(trainer.model).__name__ == "LlamaForCausalLM"
+    assert trainer.processing_class.__class__.__name__ == type(build_tiny_model()[1]).__name__

@@ -28,7 +28,8 @@ EXTRA_MODULES = {
 
 def require_extra(command: str, extra: str) -> None:
     """Exit 2 with one line when a module of ``extra`` is not installed, before anything loads:
-    ``calibrl train needs TRL: pip install 'calibrl[trl]'``. Only looks the modules up (no import)."""
+    ``calibrl train needs TRL: install calibrl's [trl] extra (from a clone: pip install '.[trl]')``. Only looks
+    the modules up (no import)."""
     import importlib.util
 
     for module, name in EXTRA_MODULES[extra].items():
@@ -37,7 +38,8 @@ def require_extra(command: str, extra: str) -> None:
         except (ImportError, ValueError):  # a parent package missing, or an entry of None in sys.modules
             found = False
         if not found:
-            typer.echo(f"error: calibrl {command} needs {name}: pip install 'calibrl[{extra}]'", err=True)
+            typer.echo(f"error: calibrl {command} needs {name}: install calibrl's [{extra}] extra (from a clone: "
+                       f"pip install '.[{extra}]')", err=True)
             raise typer.Exit(2)
 
 

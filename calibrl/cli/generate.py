@@ -92,7 +92,7 @@ def generate_command(
     if summary["samples_written"]:
         console.print(
             f"wrote {summary['samples_written']} samples to {summary['out']} with {summary['backend']} "
-            f"({summary['samples_per_s']:.1f} samples/s, accuracy {summary['accuracy_new']:.3f}); "
+            f"({summary['samples_per_s']:.1f} samples/s, accuracy (mean@k, as calibrl eval) {summary['accuracy_new']:.3f}); "
             f"{summary['problems_skipped']} of {summary['problems']} problems were already done"
         )
     else:

@@ -488,9 +488,15 @@ def open_backend(config: GenerateConfig, *, model=None, tokenizer=None, classes:
 
         config = resolve_max_new_tokens(config)
     if model is None:
-        from calibrl.models import resolve_model
+        from pathlib import Path
+
+        from calibrl.models import hub_problem, resolve_model
 
         config = dataclasses.replace(config, model=resolve_model(config.model))
+        if not Path(config.model).expanduser().exists() and not config.model.startswith("builtin:"):
+            problem = hub_problem(config.model)  # a hub id that cannot be had: one line now, not minutes of retries
+            if problem:
+                raise GenerateError(f"--model {problem}")
     use_vllm = config.backend == "vllm" or (config.backend == "auto" and model is None and _vllm_usable()
                                             and not config.model.startswith("builtin:")
                                             and config.deepconf_online is None  # online stop: transformers only

@@ -469,16 +469,16 @@ def problem_rows(problem: dict, group: list, texts: list[str], reward_fn, *, dat
 
 
 def _append_batches(out: Path, pending: list[dict], backend, reward_fn, config: GenerateConfig, *, variants,
-                    total: int, done: int, correctness_fn=None) -> tuple[int, int, dict]:
+                    total: int, done: int, correctness_fn=None) -> tuple[int, list[float], dict]:
     """Sample ``pending`` batch by batch, appending each batch's rows to ``out`` and syncing them to disk (so a
-    killed run loses at most one batch); returns (rows written, rows correct, DeepConf online's counts: traces,
-    stopped early, voted). ``total`` / ``done``: samples of the
+    killed run loses at most one batch); returns (rows written, each problem's share of right rows, DeepConf
+    online's counts: traces, stopped early, voted). ``total`` / ``done``: samples of the
     whole run / already on disk, for the progress bar. ``out`` (and its ``.meta.json``) is only opened once the
     first batch's rows are ready, truncated then under ``overwrite``: a run that fails earlier changes nothing."""
     from tqdm.auto import tqdm
 
     generated = 0
-    n_correct = 0
+    shares: list[float] = []  # each new problem's share of right completions
     online = {"traces": 0, "stopped": 0, "voted": 0}  # DeepConf online: what happened to the traces
     bar = tqdm(total=total, initial=done, unit="sample", dynamic_ncols=True, disable=not config.progress,
                desc=f"generate {config.dataset}")
@@ -511,8 +511,9 @@ def _append_batches(out: Path, pending: list[dict], backend, reward_fn, config: 
                 batch_rows = [rows_of(problem, group) for problem, group in zip(batch, groups)]
             lines = []
             for rows_of_problem in batch_rows:
+                if rows_of_problem:  # the problem's share right: calibrl eval's accuracy is their mean (mean@k)
+                    shares.append(sum(row["correct"] for row in rows_of_problem) / len(rows_of_problem))
                 for row in rows_of_problem:
-                    n_correct += row["correct"]
                     lines.append(json.dumps(row, ensure_ascii=False) + "\n")
             if handle is None:
                 _write_meta(config, out)
@@ -524,7 +525,7 @@ def _append_batches(out: Path, pending: list[dict], backend, reward_fn, config: 
             if config.deepconf_online is None or not config.progress:
                 bar.update(len(lines))
     bar.close()
-    return generated, n_correct, online
+    return generated, shares, online
 
 
 def generate(config: GenerateConfig | None = None, *, hf_model=None, hf_tokenizer=None, **kwargs) -> dict:
@@ -551,7 +552,7 @@ def generate(config: GenerateConfig | None = None, *, hf_model=None, hf_tokenize
     backend = None
     started = time.perf_counter()
     generated = 0
-    n_correct = 0
+    shares: list[float] = []
     online = None
     if pending and config.deepconf_online is not None and config.deepconf_online.window > config.max_new_tokens:
         logger.warning("DeepConf online: the window (%d tokens) is longer than max_new_tokens (%d): no trace can be "
@@ -564,7 +565,7 @@ def generate(config: GenerateConfig | None = None, *, hf_model=None, hf_tokenize
             raise GenerateError("all problems of a decision dataset must share one class list (classes column)")
         backend, variants = open_backend(config, model=hf_model, tokenizer=hf_tokenizer, classes=classes0)
         started = time.perf_counter()  # throughput counts sampling and scoring, not model loading
-        generated, n_correct, online = _append_batches(out, pending, backend, reward_fn, config, variants=variants,
+        generated, shares, online = _append_batches(out, pending, backend, reward_fn, config, variants=variants,
                                                        total=len(problems) * config.n, done=kept_rows,
                                                        correctness_fn=correctness_fn)
     seconds = time.perf_counter() - started
@@ -573,7 +574,9 @@ def generate(config: GenerateConfig | None = None, *, hf_model=None, hf_tokenize
         "problems": len(problems),
         "problems_skipped": len(problems) - len(pending),
         "samples_written": generated,
-        "accuracy_new": (n_correct / generated) if generated else float("nan"),
+        # the mean over this run's problems of each one's share of right completions: calibrl eval's accuracy
+        # (mean@k), the same as the share of right rows when every problem has n rows
+        "accuracy_new": sum(shares) / len(shares) if shares else float("nan"),
         "seconds": seconds,  # since the model was loaded
         "samples_per_s": generated / seconds if generated and seconds > 0 else float("nan"),
         "backend": backend.name if backend is not None else None,

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from matplotlib import rc_context
 from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 from matplotlib.text import Text
 
 from calibrl.evaluation.styles import SELECTION_NAMES, series_style
@@ -310,6 +311,12 @@ def plot_scaling_curves(
                 ax.fill_between(xs, acc - std, acc + std, color=color, alpha=0.12, linewidth=0)
                 banded = banded or bool(np.any(std > 0))
     ax.set_xscale("log", base=2)
+    # ticks at the Ns drawn, labelled as plain numbers: the log axis's default labels are TeX (2^{k}), which
+    # _save draws as plain text
+    ns_drawn = sorted({n for n in all_ns if n > 0})
+    ax.xaxis.set_major_locator(FixedLocator(ns_drawn))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("N sampled paths per prompt" + (" (methods drawn slightly apart at each N)" if n_series > 1 else ""))
     ax.set_ylabel("accuracy of the selected answer")
     note = "higher is better; bands: ±1 std over random draws of N paths" if banded else "higher is better"
@@ -332,7 +339,8 @@ def plot_training_curves(
     step only (an evaluation-only baseline such as the warm start) is a marker at that step and a dotted
     horizontal reference line. Known metrics (:data:`METRIC_LABELS`) get a readable title, a y label and which
     direction is better; each method has its own colour, marker and line style; one legend for all panels sits
-    below them.
+    below them. A method whose every curve lies on an earlier method's (within 1.5% of each panel's range) is drawn a
+    little to the side, and its legend entry says whose curves it lies on.
     """
     if path is None:
         raise TypeError("plot_training_curves() needs path= (where to write the PNG)")
@@ -340,34 +348,63 @@ def plot_training_curves(
     fig = Figure(figsize=(4.2 * len(metrics), 4.0), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(metrics)))
     handles: dict[str, Any] = {}
+
+    def series(records, metric: str) -> dict[float, list[float]]:
+        by_step: dict[float, list[float]] = {}
+        for rec in records:
+            value = rec.get(metric)
+            if value is None or rec.get("step") is None:
+                continue
+            value = float(value)
+            if np.isfinite(value):
+                by_step.setdefault(float(rec["step"]), []).append(value)
+        return by_step
+
+    # a method whose every curve lies on an earlier method's (within 1.5% of a panel's range, a marker, at every step: GCPO
+    # whose scale stays near 1, say) would hide it: it is drawn a little to the side and its legend says so
+    same_as: dict[str, str] = {}
+    curves = {m: [series(r, metric) for metric in metrics] for m, r in history.items()}
+    ranges = []
+    for k in range(len(metrics)):
+        values = [np.mean(v) for c in curves.values() for v in c[k].values()]
+        ranges.append(max(values) - min(values) if values else 0.0)
+
+    def on_top(a: dict, b: dict, scale: float) -> bool:
+        return a.keys() == b.keys() and all(abs(np.mean(a[s]) - np.mean(b[s])) <= 0.015 * scale for s in a)
+
+    for j, method in enumerate(curves):
+        for earlier in list(curves)[:j]:
+            pairs = list(zip(curves[method], curves[earlier]))
+            if earlier not in same_as and max(len(a) for a, _ in pairs) > 1 and all(
+                    on_top(a, b, r) for (a, b), r in zip(pairs, ranges)):
+                same_as[method] = earlier
+                break
+    all_steps = [k for c in curves.values() for by_step in c for k in by_step]
+    span = (max(all_steps) - min(all_steps)) if all_steps else 0.0
     for ax, metric in zip(axes, metrics):
         drawn = False
         for i, (method, records) in enumerate(history.items()):
-            by_step: dict[float, list[float]] = {}
-            for rec in records:
-                value = rec.get(metric)
-                if value is None or rec.get("step") is None:
-                    continue
-                value = float(value)
-                if np.isfinite(value):
-                    by_step.setdefault(float(rec["step"]), []).append(value)
+            by_step = curves[method][metrics.index(metric)]
             if not by_step:
                 continue
             steps = np.array(sorted(by_step))
             vals = [np.asarray(by_step[s]) for s in steps]
             mean = np.array([v.mean() for v in vals])
             style = series_style(method, i)
+            if method in same_as:
+                steps = steps + 0.012 * span  # beside the curve it equals
+            label = (f"{method} (on {same_as[method]}'s curves: drawn beside them)" if method in same_as else method)
             color, marker = style.color, style.marker
             if len(steps) == 1:
                 # one evaluation (a baseline): a reference line across the panel, marked where it was measured
                 ax.axhline(mean[0], color=color, linestyle=":", linewidth=1.2, zorder=1)
                 (line,) = ax.plot(steps, mean, color=color, marker=marker, markersize=7, linestyle=":",
-                                  label=method, zorder=3)
+                                  label=label, zorder=3)
             else:
                 (line,) = ax.plot(steps, mean, color=color, marker=marker if len(steps) < 30 else None,
                                   markersize=5, markerfacecolor="none", markeredgewidth=1.3,
-                                  linestyle=style.linestyle, linewidth=1.6, label=method)
-            handles.setdefault(method, line)
+                                  linestyle=style.linestyle, linewidth=1.6, label=label)
+            handles.setdefault(label, line)
             if any(len(v) > 1 for v in vals):
                 ax.fill_between(steps, [v.min() for v in vals], [v.max() for v in vals], color=color, alpha=0.15,
                                 linewidth=0)

@@ -130,6 +130,12 @@ def _sources_section(by_label: Mapping[str, Mapping[str, Any]], labels: Sequence
            "first (AUROC and PRR: higher is better, PRR 0 = random rejection, 1 = the oracle; smooth ECE: lower is "
            "better, blank for a score that only ranks):", "", markdown_table(header, rows), ""]
     out += [t + "\n" for t in sentences]
+    equal = [l for l in labels if by_label[l].get("deepconf_signals_equal")]
+    if equal:
+        out += [("" if len(labels) == 1 else f"{', '.join(equal)}: ") + "the four DeepConf signals are equal on "
+                "every row, so their figures are too: no trace is longer than DeepConf's window and tail (2,048 "
+                "tokens unless `--deepconf-window` / `--deepconf-tail` set them), so each signal is the trace's "
+                "mean confidence.\n"]
     out += ["`logprob_mean` is scored as exp(logprob_mean) (AUROC and PRR rank logprob_mean itself); `class_probs` "
             "as the top class probability against whether the top class is the label; `answer_consistency` is the "
             "share of the prompt's samples giving the sample's answer, `semantic_entropy` ranks by minus the entropy "

@@ -417,6 +417,11 @@ def evaluate_samples(
             source_plots[kind] = (s_conf, s_target)
     if sources:
         out["confidence_sources"] = sources
+    signals = samples.deepconf_signals
+    if signals is not None:  # every trace within one window: the four signals are each trace's mean, one number
+        defined = ~np.isnan(signals).any(axis=1)
+        if defined.any() and (signals[defined] == signals[defined][:, :1]).all():
+            out["deepconf_signals_equal"] = True
     if abstain_precision is not None:
         if has_conf:
             found = M.calibrated_abstention(conf, target, pidx, target_precision=abstain_precision,

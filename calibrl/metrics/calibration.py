@@ -35,6 +35,7 @@ __all__ = [
     "PerPromptAUROC",
     "ReliabilityBins",
     "auroc",
+    "auroc_standard_error",
     "brier",
     "bin_edges",
     "ece",
@@ -317,3 +318,15 @@ def top_label(class_probs: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
     pred = probs.argmax(axis=1)
     conf = probs[np.arange(probs.shape[0]), pred]
     return conf, pred == lab
+
+
+def auroc_standard_error(auroc: float, n_pos: int, n_neg: int) -> float:
+    """Hanley & McNeil (1982) standard error of an AUROC from n_pos positives and n_neg negatives (nan when a
+    class is empty): the width one evaluation can resolve."""
+    import math
+
+    if n_pos < 1 or n_neg < 1 or not math.isfinite(auroc):
+        return float("nan")
+    q1, q2 = auroc / (2 - auroc), 2 * auroc ** 2 / (1 + auroc)
+    var = (auroc * (1 - auroc) + (n_pos - 1) * (q1 - auroc ** 2) + (n_neg - 1) * (q2 - auroc ** 2)) / (n_pos * n_neg)
+    return math.sqrt(max(var, 0.0))

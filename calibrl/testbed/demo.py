@@ -149,11 +149,11 @@ def run_demo(config: DemoConfig, out: str | Path, *, console=None, write_report:
         info = warm_start_info(path)
         target = info.get("target")
         reached = "" if target is None else (
-            f", target {target:.2f} reached" if info["chosen_accuracy"] >= target else
-            f", below the SFT target {target:.2f} within its step limit: the best evaluation is the warm start "
+            f", target {target:.3f} reached" if info["chosen_accuracy"] >= target else
+            f", below the SFT target {target:.3f} within its step limit: the best evaluation is the warm start "
             "(every method starts from this less accurate model alike)")
         console.print(f"  warm start {task}: step {info['chosen_step']}, greedy accuracy "
-                      f"{info['chosen_accuracy']:.2f}{reached} ({path})", soft_wrap=True)
+                      f"{info['chosen_accuracy']:.3f}{reached} ({path})", soft_wrap=True)  # 0.969 < 0.97: 3 digits
     jobs = build_jobs(config, Path(runs_dir) if runs_dir else out / "runs", warm)
     with ProgressDisplay(console) as display:
         names = {}

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from calibrl._files import write_then_rename
+from calibrl.metrics import auroc_standard_error
 BUILTIN_REAL_MODEL = "builtin:smollm2-135m-instruct"
 # CalibratedGRPOConfig fields of each method (CAPO tau 0.6 as the paper; decision-token CE lambda 1 as the testbed)
 REAL_MODEL_METHODS: dict[str, dict] = {
@@ -86,7 +87,8 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
     return ``{"records": evaluation records, "log_history": trainer logs, "seconds": wall time, "started_utc",
     "finished_utc" (:func:`calibrl.testbed.runner.utc_now`; of this call, so a resumed run's start is its
     resumption's), ...}``.
-    ``on_log(step, logs)`` receives every training log (one per step) and every evaluation.
+    ``on_log(step, logs)`` receives every training log (one per step) and every evaluation, and
+    ``{"train_begin": True}`` once the model is loaded, before the first evaluation.
 
     ``checkpoints``: a run that survives interruptions. At every evaluation point (every ``eval_every`` steps,
     after that step's evaluation) the trainer saves ``checkpoint-<step>`` (the LoRA adapter, AdamW's state, the
@@ -136,6 +138,9 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
     callbacks = []
     if on_log is not None:
         class Forward(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):  # before the start's evaluation (added later)
+                on_log(state.global_step, {"train_begin": True})
+
             def on_log(self, args, state, control, logs=None, **kwargs):
                 if logs:
                     on_log(state.global_step, dict(logs))
@@ -348,18 +353,6 @@ def plot_runs(runs: dict[str, list[dict]], path: str | Path, *, title: str | Non
     return _save(fig, path)
 
 
-def auroc_standard_error(auroc: float, n_pos: int, n_neg: int) -> float:
-    """Hanley & McNeil (1982) standard error of an AUROC from n_pos positives and n_neg negatives (nan when a
-    class is empty): the width a short run's evaluation can resolve."""
-    import math
-
-    if n_pos < 1 or n_neg < 1 or not math.isfinite(auroc):
-        return float("nan")
-    q1, q2 = auroc / (2 - auroc), 2 * auroc ** 2 / (1 + auroc)
-    var = (auroc * (1 - auroc) + (n_pos - 1) * (q1 - auroc ** 2) + (n_neg - 1) * (q2 - auroc ** 2)) / (n_pos * n_neg)
-    return math.sqrt(max(var, 0.0))
-
-
 def evaluation_error_bars(record: dict, *, n_boot: int = 1000, seed: int = 0):
     """Prompt-level bootstrap 95% error bars of one evaluation record with per-sample arrays (``"samples"``):
     ``((accuracy - low, high - accuracy), (auroc - low, high - auroc))`` from
@@ -446,7 +439,10 @@ def run_real_model_demo(out: str | Path, *, model: str = BUILTIN_REAL_MODEL, met
 
     def on_log(step: int, logs: dict) -> None:
         elapsed = time.perf_counter() - start
-        if "eval_calibration/accuracy" in logs:
+        if logs.get("train_begin"):  # the model is loaded; the start's evaluation is the next long wait
+            print_fn(f"model loaded ({elapsed:.0f} s elapsed); held-out evaluation at step {step}: sampling "
+                     f"{eval_prompts} prompts x {eval_k} ...")
+        elif "eval_calibration/accuracy" in logs:
             line = (f"held-out evaluation at step {step}: accuracy {logs['eval_calibration/accuracy']:.3f}, "
                     f"AUROC {logs.get('eval_calibration/auroc', float('nan')):.3f}, "
                     f"ECE {logs.get('eval_calibration/ece', float('nan')):.3f} ({elapsed:.0f} s elapsed)")

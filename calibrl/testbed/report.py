@@ -396,6 +396,26 @@ def figure_caption(summary: dict, task: str, path: Path) -> str:
     return ""
 
 
+def _ceiling_noise(summary: dict, cfg: dict) -> str:
+    """", of the order of the ceiling's standard error on these samples, about X-Y" (Hanley and McNeil, from each
+    final evaluation's ceiling, accuracy and sample count), or "" when the records do not say."""
+    from calibrl.metrics import auroc_standard_error
+
+    n = int(cfg.get("eval_prompts") or 0) * int(cfg.get("eval_samples") or 0)
+    errors = []
+    for run in summary.get("results", []):
+        final = (run.get("history") or [{}])[-1]
+        ceiling, accuracy = final.get("auroc_ceiling"), final.get("expected_accuracy", final.get("accuracy"))
+        if n and isinstance(ceiling, (int, float)) and isinstance(accuracy, (int, float)):
+            errors.append(auroc_standard_error(ceiling, round(n * accuracy), n - round(n * accuracy)))
+    errors = [e for e in errors if np.isfinite(e)]
+    if not errors:
+        return ""
+    low, high = min(errors), max(errors)
+    return (f", of the order of the ceiling's standard error on these samples, about {low:.3f}"
+            + (f"-{high:.3f}" if f"{high:.3f}" != f"{low:.3f}" else ""))
+
+
 def write_demo_report(summary: dict, out: str | Path, *, title: str = "calibrl demo", command: str | None = None,
                       extra: str = "") -> Path:
     """``report.md`` (tables per task, figures, setup) in ``out``; returns its path."""
@@ -414,7 +434,8 @@ def write_demo_report(summary: dict, out: str | Path, *, title: str = "calibrl d
         f"Evaluation: {cfg.get('eval_prompts')} held-out prompts x {cfg.get('eval_samples')} samples, outcomes drawn "
         "from the true distribution with one fixed stream for all methods (common random numbers). "
         "'AUROC ceiling' = AUROC of the true success probability on the same samples (no confidence can beat "
-        "it). Two accuracies: 'accuracy (expected)' = mean true success probability of the sampled completions "
+        "it in expectation; on finite samples one can land above it by chance, so a 'ceiling − AUROC' a little "
+        f"below 0 is sampling noise{_ceiling_noise(summary, cfg)}). Two accuracies: 'accuracy (expected)' = mean true success probability of the sampled completions "
         "(noise-free; the one the findings and the progress lines quote), 'accuracy (drawn)' = share of the "
         "outcomes drawn from it that came out right. ↑: higher is better, ↓: lower is better.",
         "",

@@ -38,7 +38,8 @@ def _check_trl_version() -> None:
     try:
         installed = importlib.metadata.version("trl")
     except importlib.metadata.PackageNotFoundError:
-        raise ImportError("calibrl.trl needs TRL: pip install 'calibrl[trl]'") from None
+        raise ImportError("calibrl.trl needs TRL: install calibrl's [trl] extra (from a clone: "
+                          "pip install '.[trl]')") from None
     low, high = (Version(v) for v in TRL_TESTED)
     if Version(installed) < low:
         raise ImportError(f"calibrl.trl needs TRL {TRL_TESTED[0]}.x, found TRL {installed}; install the tested "

@@ -261,10 +261,14 @@ def _last_column_label(summary: dict) -> str:
 
 
 def _print_no_signal_note(console, log_history: list[dict]) -> None:
-    """Says so when no step had a group whose completions scored differently: every advantage was zero, so the
-    policy gradient was zero and the run did not learn (e.g. a model that never gets a reward)."""
+    """Says so when no step had a group whose completions scored differently and no advantage was other than zero
+    (calibrl's telemetry ``calibration/advantage_abs_mean``, when logged): the policy gradient was zero and the run
+    did not learn (e.g. a model that never gets a reward). An estimator that reads more than the rewards (a
+    confidence, say) can give non-zero advantages to equal rewards: then nothing is said."""
     fractions = [h["frac_reward_zero_std"] for h in log_history if isinstance(h.get("frac_reward_zero_std"), (int, float))]
-    if fractions and all(f >= 1.0 for f in fractions):
+    moved = any(isinstance(h.get("calibration/advantage_abs_mean"), (int, float))
+                and h["calibration/advantage_abs_mean"] > 0 for h in log_history)
+    if fractions and all(f >= 1.0 for f in fractions) and not moved:
         rewards = {h["reward"] for h in log_history if isinstance(h.get("reward"), (int, float))}
         same = f" (every completion's reward was {rewards.pop():g})" if len(rewards) == 1 else ""
         console.print(f"note: in none of the {len(fractions)} logged step(s) did a group's completions score "

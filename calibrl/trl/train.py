@@ -185,32 +185,13 @@ def _check_model_folder(path: Path, name: str, source: str) -> None:
 
 
 def _check_hub_model(name: str, source: str, init_kwargs: dict) -> None:
-    """A hub id that is not in the local hub cache must be downloadable: with ``HF_HUB_OFFLINE`` set, or when the
-    hub's host does not answer within a few seconds, this is one line now rather than a traceback after
-    transformers' retries (about 30 s)."""
-    import socket
-    from urllib.parse import urlparse
+    """A hub id that is not in the local hub cache must be downloadable (:func:`calibrl.models.hub_problem`): one
+    line now rather than a traceback after transformers' retries."""
+    from calibrl.models import hub_problem
 
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    try:
-        cached = try_to_load_from_cache(name, "config.json", cache_dir=init_kwargs.get("cache_dir"),
-                                        revision=init_kwargs.get("revision"))
-        if isinstance(cached, str):
-            return
-    except ValueError:  # not a valid repo id: transformers says so when it loads
-        return
-    if constants.HF_HUB_OFFLINE:
-        raise RecipeError(f"{source}: model.name_or_path: {name} is not in the local hub cache and HF_HUB_OFFLINE is "
-                          "set; download it first (huggingface-cli download) or give a local folder")
-    endpoint = urlparse(constants.ENDPOINT)
-    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
-    try:
-        socket.create_connection((host, port), timeout=5).close()
-    except OSError as exc:
-        raise RecipeError(f"{source}: model.name_or_path: {name} is not in the local hub cache and {host} cannot be "
-                          f"reached ({exc.strerror or type(exc).__name__}); download it first or give a local "
-                          "folder") from None
+    problem = hub_problem(name, cache_dir=init_kwargs.get("cache_dir"), revision=init_kwargs.get("revision"))
+    if problem:
+        raise RecipeError(f"{source}: model.name_or_path: {problem}")
 
 
 def _check_decision_classes(spec: ModelSpec, classes: list[str] | None, tokenizer, source: str) -> None:
@@ -393,7 +374,17 @@ def validate_recipe(recipe: Recipe, *, overrides: dict | None = None, stand_in_m
     try:
         args = CalibratedGRPOConfig(**trainer_kwargs)
     except (TypeError, ValueError, ZeroDivisionError) as exc:
-        raise RecipeError(f"{source}: section 'trainer': {' '.join(str(exc).split())}") from exc
+        message = " ".join(str(exc).split())
+        if "bf16/gpu" in message or "fp16" in message.lower() and "gpu" in message.lower():
+            from calibrl.trl.recipes import RECIPES_DIR
+
+            half = "bf16" if trainer_kwargs.get("bf16") else "fp16"
+            name = Path(source).stem if Path(source).parent == RECIPES_DIR else source
+            raise RecipeError(
+                f"{source}: trainer.{half}: true needs a GPU, and this machine has none; rehearse the recipe on the "
+                f"CPU with `calibrl train {name} --rehearse` (2 steps at tiny width, no download), or train on the "
+                f"CPU with --set {half}=false") from None
+        raise RecipeError(f"{source}: section 'trainer': {message}") from exc
     names = available_estimators()
     if args.advantage_estimator not in names:
         close = difflib.get_close_matches(args.advantage_estimator, names, n=1)

@@ -115,7 +115,13 @@ class CalibratedGRPOTrainer(GRPOTrainer):
 
     def __init__(self, model, reward_funcs=None, args: CalibratedGRPOConfig | None = None, *pargs, **kwargs):
         """Mirrors ``GRPOTrainer.__init__`` (TRL 1.16): TRL's, with the reference planned around it."""
-        if isinstance(model, str):  # a .gguf file or builtin:smollm2-135m-instruct -> its converted folder
+        if model == "builtin:tiny":  # the testbed's char-level model, built here (no hub), with its tokenizer
+            from calibrl.models import build_tiny_model
+
+            model, tiny_tokenizer = build_tiny_model()
+            if kwargs.get("processing_class") is None and len(pargs) < 3:  # pargs: train, eval dataset, processing
+                kwargs["processing_class"] = tiny_tokenizer
+        elif isinstance(model, str):  # a .gguf file or builtin:smollm2-135m-instruct -> its converted folder
             model = resolve_model(model)
         if args is None:
             name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model") or "model"
