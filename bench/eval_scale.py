@@ -65,7 +65,7 @@ def stages_child(path: str) -> None:
     """Run the stages of ``calibrl eval`` (defaults) on ``path`` and print ``[[stage, seconds], ...]`` as JSON."""
     from calibrl.evaluation.pipeline import write_eval_report
     from calibrl.evaluation.samples import load_samples
-    from calibrl.selection import METHODS
+    from calibrl.evaluation.settings import EvalSettings
 
     times: list[list] = []
     start = time.perf_counter()
@@ -80,9 +80,8 @@ def stages_child(path: str) -> None:
         last[:] = [now, desc]
 
     with tempfile.TemporaryDirectory() as out:
-        write_eval_report(Path(out), [samples], labels=["x"], files=[Path(path)], posthoc=None, n_bins=10,
-                          n_boot=1000, use_math_verify=True, methods=list(METHODS), scaling_draws=10, rpc_draws=2,
-                          seed=0, step=step)
+        write_eval_report(Path(out), [samples], labels=["x"], files=[Path(path)], settings=EvalSettings(),
+                          step=step)
         step(None)
     print(json.dumps(times))
 

@@ -64,7 +64,7 @@ def evaluate(model, tok, prompts, *, step: int) -> dict:
     testbed's per-token entropy estimate) and ``auroc_ceiling`` (the true probability's AUROC on the same draws)."""
     from calibrl import metrics as M
     from calibrl.testbed import tasks as tb
-    from calibrl.testbed.evaluate import token_entropy_estimate
+    from calibrl.metrics import metric
     from calibrl.testbed.methods import stated_confidence_metrics
     from calibrl.testbed.warmstart import sample_completions
 
@@ -78,7 +78,7 @@ def evaluate(model, tok, prompts, *, step: int) -> dict:
     mixed = 0 < correct.mean() < 1
     out["seq_auroc"] = float(M.auroc(np.asarray(res["logprob_mean"]), correct)) if mixed else math.nan
     out["auroc_ceiling"] = float(M.auroc(q, correct)) if mixed else math.nan
-    out["entropy"] = token_entropy_estimate(res["logprob_mean"], res["n_tokens"])
+    out["entropy"] = metric("entropy").compute({"logprob_mean": res["logprob_mean"], "n_tokens": res["n_tokens"]})
     out.update(step=step, expected_accuracy=float(q.mean()))
     model.train()
     return out

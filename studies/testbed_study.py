@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from calibrl.testbed.demo import run_demo
-from calibrl.testbed.evaluate import greedy_decision_accuracy
+from calibrl.metrics import metric
 from calibrl.testbed.methods import DemoConfig
 from calibrl.testbed.report import (aggregate, final_samples_path, format_interval, matched_accuracy_differences,
                                    holm_sentence, matched_note, write_demo_report)
@@ -152,7 +152,7 @@ def headline(summary: dict, command: str) -> str:
 
 def backfill(summary: dict) -> None:
     """Runs made before ``greedy_decision_accuracy`` existed: compute it for their final evaluation from the
-    saved final samples (the same formula, :func:`calibrl.testbed.evaluate.greedy_decision_accuracy`)."""
+    saved final samples (the same declared metric, ``calibrl.metrics.metric("greedy_decision_accuracy")``)."""
     for rec in summary["results"]:
         final = rec["history"][-1]
         if rec["task"] != "decision" or "greedy_decision_accuracy" in final:
@@ -160,7 +160,8 @@ def backfill(summary: dict) -> None:
         path = Path(rec.get("run_dir", "")) / "final_samples.npz"
         if path.exists():
             d = np.load(path)
-            final["greedy_decision_accuracy"] = greedy_decision_accuracy(d["p_yes"], d["p_true_yes"], d["q_true"])
+            final["greedy_decision_accuracy"] = metric("greedy_decision_accuracy").compute(
+                {"p_yes": d["p_yes"], "p_true_yes": d["p_true_yes"], "p_true": d["q_true"]})
             if len(rec["history"]) == 1 or rec["method"] == "sft":
                 rec["history"][0]["greedy_decision_accuracy"] = final["greedy_decision_accuracy"]
 

@@ -146,3 +146,23 @@ def test_no_transformers_progress_bar_among_a_commands_own_output(command, tiny_
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert not TRANSFORMERS_BAR.search(result.stderr), result.stderr
+
+
+def test_every_choice_of_calibrl_eval_is_its_registrys():
+    """The option Enums of ``calibrl eval`` hold exactly what the registries they name declare. They are spelled out
+    in calibrl.cli.eval because building them from the registries would import numpy and scipy on every
+    ``calibrl --help`` (bench/cli_startup.py); this test is what keeps them one list."""
+    from calibrl.cli import eval as cli_eval
+    from calibrl.evaluation.readers import FORMATS, GRADERS
+    from calibrl.evaluation.samples import CONFIDENCE_KINDS
+    from calibrl.metrics.abstention import ABSTENTION_METHODS
+    from calibrl.posthoc import available_posthoc
+
+    def values(enum):
+        return sorted(e.value for e in enum)
+
+    assert values(cli_eval.Posthoc) == sorted(available_posthoc())
+    assert values(cli_eval.Grader) == sorted(GRADERS)
+    assert values(cli_eval.SampleFormat) == sorted(FORMATS)
+    assert values(cli_eval.AbstainMethod) == sorted(ABSTENTION_METHODS)
+    assert values(cli_eval.Confidence) == sorted(CONFIDENCE_KINDS)

@@ -247,6 +247,7 @@ def test_token_confidences_near_the_float_maximum_keep_signals_and_votes_finite(
     means in units of the largest value, and the votes weigh them without overflowing."""
     from calibrl.evaluation.samples import load_samples
     from calibrl.evaluation.scoring import evaluate_samples
+    from calibrl.evaluation.settings import EvalSettings
 
     huge = [1e308, 1e308, 1.5e308]
     np.testing.assert_allclose(trace_signals(huge, window=2, tail=2),
@@ -256,7 +257,8 @@ def test_token_confidences_near_the_float_maximum_keep_signals_and_votes_finite(
     s = load_samples(_write_jsonl(tmp_path / "s.jsonl", rows))
     assert np.isfinite(s.deepconf_signals).all()
     ids = np.unique(s.answers, return_inverse=True)[1] + 10 * s.prompt_index
-    res = evaluate_samples(s, label="x", answer_ids=ids, methods=("deepconf_mean", "deepconf_tail_top10"))
+    res = evaluate_samples(s, label="x", answer_ids=ids,
+                           settings=EvalSettings(methods=("deepconf_mean", "deepconf_tail_top10"), bootstrap=0))
     # the path holding 1e308 wins each prompt's vote (its answer, '0', is the only right one), with a finite share
     assert res.metrics["selection"] == {"deepconf_mean": 1.0, "deepconf_tail_top10": 1.0}
 
@@ -320,6 +322,7 @@ def test_openai_chat_top_logprobs_and_vllm_topk_maps_give_token_confidence(tmp_p
 def test_eval_scores_signals_as_ranking_sources_and_runs_the_selections(tmp_path):
     from calibrl.evaluation.samples import load_samples
     from calibrl.evaluation.scoring import evaluate_samples
+    from calibrl.evaluation.settings import EvalSettings
     from calibrl.selection import DEEPCONF_METHODS
 
     rng = np.random.default_rng(3)
@@ -331,18 +334,20 @@ def test_eval_scores_signals_as_ranking_sources_and_runs_the_selections(tmp_path
             rows.append({"prompt_id": p, "correct": right, "answer": "1" if right else str(2 + k % 2),
                          "logprob_mean": -0.5, "token_confidence": rng.normal(level, 0.2, size=30).clip(0).tolist()})
     s = load_samples(_write_jsonl(tmp_path / "s.jsonl", rows), deepconf_window=8, deepconf_tail=8)
-    res = evaluate_samples(s, label="x", answer_ids=None, methods=())
+    res = evaluate_samples(s, label="x", answer_ids=None, settings=EvalSettings(methods=(), bootstrap=0))
     src = res.metrics["confidence_sources"]["deepconf_mean"]
     assert src["auroc"] > 0.9 and src["ece"] is None and src["brier"] is None
     assert "deepconf_mean" not in res.sources  # no reliability curve for a non-probability
     ids = np.unique(s.answers, return_inverse=True)[1] + 10 * s.prompt_index
-    res = evaluate_samples(s, label="x", answer_ids=ids, methods=("majority",) + DEEPCONF_METHODS, scaling_draws=2)
+    res = evaluate_samples(s, label="x", answer_ids=ids,
+                           settings=EvalSettings(methods=("majority",) + DEEPCONF_METHODS, scaling_draws=2, bootstrap=0))
     for method in DEEPCONF_METHODS:
         want = select(method, ids, s.correct, s.prompt_index, deepconf_signals=s.deepconf_signals).accuracy
         assert res.metrics["selection"][method] == pytest.approx(want)
         assert method in res.curves
     missing = load_samples(_write_jsonl(tmp_path / "m.jsonl", rows[:-1] + [{**rows[-1], "token_confidence": None}]))
-    res = evaluate_samples(missing, label="x", answer_ids=ids, methods=("majority", "deepconf_min"), scaling_draws=2)
+    res = evaluate_samples(missing, label="x", answer_ids=ids,
+                           settings=EvalSettings(methods=("majority", "deepconf_min"), scaling_draws=2, bootstrap=0))
     assert "deepconf_min" not in res.metrics["selection"]
     assert res.metrics["selection_skipped"]["deepconf_min"] == "token_confidence missing or empty on 1 of 120 rows"
 
@@ -610,6 +615,7 @@ def test_resume_counts_a_problem_stopped_at_consensus_as_done(tmp_path):
 def test_eval_of_an_online_file_votes_like_the_sampler_and_counts_every_token(tmp_path):
     from calibrl.evaluation.samples import load_samples
     from calibrl.evaluation.scoring import evaluate_samples
+    from calibrl.evaluation.settings import EvalSettings
 
     # prompt 0: A (voted, lowest window 2) against B (voted, 3) and B stopped (not voted, 9): B wins, right
     # prompt 1: A voted (1) alone; B (0.5) not voted: A wins, wrong
@@ -620,7 +626,8 @@ def test_eval_of_an_online_file_votes_like_the_sampler_and_counts_every_token(tm
             row(1, "A", [1, 1], True, False), row(1, "B", [0.5] * 4, False, True)]
     s = load_samples(_write_jsonl(tmp_path / "o.jsonl", rows), deepconf_window=2)
     ids = np.unique(s.answers, return_inverse=True)[1] + 10 * s.prompt_index
-    res = evaluate_samples(s, label="o", answer_ids=ids, methods=("majority", "deepconf_min"), scaling_draws=2)
+    res = evaluate_samples(s, label="o", answer_ids=ids,
+                           settings=EvalSettings(methods=("majority", "deepconf_min"), scaling_draws=2, bootstrap=0))
     assert res.metrics["selection"]["deepconf_online"] == 0.5
     assert res.metrics["selection"]["deepconf_min"] == 0.0  # every path voting: A's 2 + 9 beats B's 3; A's 1 B's 0.5
     assert res.metrics["selection_tokens_per_prompt"] == pytest.approx((7 + 6) / 2)

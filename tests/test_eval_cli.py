@@ -55,7 +55,7 @@ def test_end_to_end_jsonl_metrics_match_library(tmp_path):
     assert m["accuracy"] == pytest.approx(M.mean_at_k(y, pid))
     assert m["pass@4"] == pytest.approx(M.pass_at_k(y, pid, 4))
     assert m["auroc"] == pytest.approx(M.auroc(s.logprob_mean, y))
-    assert m["per_prompt_auroc"]["mean"] == pytest.approx(M.per_prompt_auroc(s.logprob_mean, y, pid).mean)
+    assert m["auroc_per_prompt"] == pytest.approx(M.per_prompt_auroc(s.logprob_mean, y, pid).mean)
     assert m["ece"] == pytest.approx(M.ece(conf, y, n_bins=10))
     assert m["ece_quantile"] == pytest.approx(M.ece(conf, y, n_bins=10, strategy="quantile"))
     assert m["brier"] == pytest.approx(M.brier(conf, y))
@@ -187,8 +187,8 @@ def test_same_prompt_id_in_two_benchmarks_is_two_prompts(tmp_path):
     assert m["n_prompts"] == 40 and m["samples_per_prompt"] == {"min": 4, "max": 4}
     assert m["pass@4"] == pytest.approx(M.pass_at_k(y, key, 4))
     ppa = M.per_prompt_auroc(lpm, y, key)
-    assert m["per_prompt_auroc"]["n_prompts"] == ppa.n_prompts
-    assert m["per_prompt_auroc"]["mean"] == pytest.approx(ppa.mean)
+    assert m["auroc_n_prompts"] == ppa.n_prompts
+    assert m["auroc_per_prompt"] == pytest.approx(ppa.mean)
     ids = S.answer_clusters(ans, key, use_math_verify=False)
     assert m["selection"]["majority"] == pytest.approx(S.majority_vote(ids, y, key).accuracy)
     assert m["selection"]["weighted"] == pytest.approx(S.weighted_vote(ids, y, key, logprob_mean=lpm).accuracy)

@@ -9,7 +9,8 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from calibrl import metrics as M
-from calibrl.evaluation.scoring import _orders_like, prompt_bootstrap, source_bootstrap
+from calibrl.evaluation.scoring import prompt_bootstrap, source_bootstrap
+from calibrl.metrics.registry import _orders_like
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from calibrl import metrics as M
-from calibrl.metrics.registry import METRICS, confidence_source, higher_is_better, register_confidence_source
+from calibrl.metrics.registry import METRICS, confidence_source, higher_is_better, metric, register_confidence_source
 
 
 def _polygraph_area(uncertainty, target, max_rejection=1.0):
@@ -89,7 +89,14 @@ def test_metric_table_directions():
     assert not higher_is_better("smooth_ece") and higher_is_better("prr")
     assert not higher_is_better("eval_calibration/ece") and not higher_is_better("decision_ece")
     assert not higher_is_better("brier") and not higher_is_better("nll")
-    assert higher_is_better("accuracy") and higher_is_better("unknown_key")
+    assert higher_is_better("accuracy") and not higher_is_better("eval_calibration/mce")
+    # older names resolve to the metric they were renamed to, in its direction
+    assert not higher_is_better("frac_conf_99") and not higher_is_better("eval_calibration/decision_frac_above_099")
+    assert metric("per_prompt_auroc").name == "auroc_per_prompt" and metric("dec_ece").name == "decision_ece"
+    with pytest.raises(KeyError, match="unknown_key"):  # never a guess
+        higher_is_better("unknown_key")
+    with pytest.raises(ValueError, match="neither"):  # a count has no direction
+        higher_is_better("auroc_n_prompts")
     assert METRICS["prr"].higher and METRICS["smooth_ece"].higher is False
     assert confidence_source("answer_consistency").probability
     assert not confidence_source("semantic_entropy").probability
@@ -151,12 +158,13 @@ def test_trl_and_verl_files_get_the_answer_confidences(fixture):
 
     from calibrl.evaluation.samples import load_samples
     from calibrl.evaluation.scoring import evaluate_samples
+    from calibrl.evaluation.settings import EvalSettings
     from calibrl.selection import answer_clusters
 
     samples = load_samples(Path(__file__).parent / "fixtures" / "formats" / fixture)
     assert samples.answers is not None
     ids = answer_clusters(samples.answers, samples.prompt_index, use_math_verify=False)
-    result = evaluate_samples(samples, label="x", answer_ids=ids, methods=())
+    result = evaluate_samples(samples, label="x", answer_ids=ids, settings=EvalSettings(methods=(), bootstrap=0))
     srcs = result.metrics["confidence_sources"]
     answered = np.array([a is not None for a in samples.answers.tolist()])
     expected = M.answer_consistency(ids, samples.prompt_index, answered=answered)

@@ -127,6 +127,7 @@ def test_eval_scores_self_certainty_as_a_ranking_source_equal_to_sklearn(tmp_pat
 
     from calibrl.evaluation.samples import load_samples
     from calibrl.evaluation.scoring import evaluate_samples
+    from calibrl.evaluation.settings import EvalSettings
     from calibrl.metrics.registry import confidence_source
 
     rows = _rows()
@@ -138,7 +139,7 @@ def test_eval_scores_self_certainty_as_a_ranking_source_equal_to_sklearn(tmp_pat
     have = [r for r in rows if "self_certainty" in r]
     np.testing.assert_array_equal(s.self_certainty[s.source_mask("self_certainty")],
                                   [r["self_certainty"] for r in have])
-    res = evaluate_samples(s, label="x", answer_ids=None, methods=())
+    res = evaluate_samples(s, label="x", answer_ids=None, settings=EvalSettings(methods=(), bootstrap=0))
     src = res.metrics["confidence_sources"]["self_certainty"]
     want = roc_auc_score([r["correct"] for r in have], [r["self_certainty"] for r in have])
     assert src["auroc"] == pytest.approx(want, abs=1e-12) and src["auroc"] > 0.6

@@ -324,7 +324,10 @@ def test_evaluate_reports_each_tiers_expected_accuracy():
 def test_token_entropy_estimate_weights_each_completion_by_its_tokens():
     """-sum(n_i lpm_i) / sum(n_i): completions of 2 tokens at mean log-prob -1 and 4 at -0.5 give (2 + 2) / 6; a
     plain mean of the completions' means (0.75) would be wrong; no tokens at all: 0."""
-    from calibrl.testbed.evaluate import token_entropy_estimate
+    from calibrl.metrics import metric
 
-    assert token_entropy_estimate(np.array([-1.0, -0.5]), np.array([2, 4])) == pytest.approx(4 / 6)
-    assert token_entropy_estimate(np.array([0.0]), np.array([0])) == 0.0
+    def entropy(lpm, n):
+        return metric("entropy").compute({"logprob_mean": np.array(lpm), "n_tokens": np.array(n)})
+
+    assert entropy([-1.0, -0.5], [2, 4]) == pytest.approx(4 / 6)
+    assert entropy([0.0], [0]) == 0.0

@@ -387,7 +387,8 @@ def test_calibration_metrics_hand_values():
     assert m["auroc"] == pytest.approx(4 / 8)
     # group 0 only (group 1 has no wrong sample): correct {-.1,-.3} vs wrong {-.5,-.2}: (2 + 1) / 4
     assert m["auroc_per_prompt"] == pytest.approx(3 / 4) and m["auroc_n_prompts"] == 1
-    assert m["accuracy"] == pytest.approx(4 / 6)
+    # mean@k, as calibrl eval and the callback: group 0 is 2 / 4 right, group 1 2 / 2 (the row mean would be 4 / 6)
+    assert m["accuracy"] == pytest.approx((2 / 4 + 2 / 2) / 2)
     assert m["mixed_group_fraction"] == pytest.approx(0.5)
     assert m["confidence_correct"] == pytest.approx(sum(math.exp(x) for x in (-0.1, -0.3, -0.4, -0.6)) / 4)
     assert m["estimator/mask_fraction"] == 0.25 and "estimator/note" not in m

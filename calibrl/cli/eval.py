@@ -36,7 +36,14 @@ import typer
 from calibrl.cli.app import app
 
 
+# The choices below are the registries' (calibrl.posthoc, readers.GRADERS and FORMATS, calibrl.metrics.abstention,
+# samples.CONFIDENCE_KINDS), spelled out so that `calibrl --help` imports neither numpy nor scipy;
+# tests/test_cli.py checks each against its registry.
+
+
 class Posthoc(str, Enum):
+    """The calibrators of :func:`calibrl.posthoc.available_posthoc`."""
+
     isotonic = "isotonic"
     temperature = "temperature"
     platt = "platt"
@@ -68,6 +75,8 @@ class AbstainMethod(str, Enum):
 
 
 class Confidence(str, Enum):
+    """The main confidence inputs of :data:`calibrl.evaluation.samples.CONFIDENCE_KINDS`."""
+
     logprob_mean = "logprob_mean"
     decision_prob = "decision_prob"
     class_probs = "class_probs"
@@ -237,12 +246,18 @@ def eval_command(
         help="How --abstain-precision certifies: betting (every sample, prompt-level betting test, fixed-sequence "
              "testing; the stronger) or bonferroni (one sample per prompt, Clopper-Pearson, Bonferroni over the "
              "grid)."),
+    plugins: list[str] = typer.Option(
+        [], "--plugins",
+        help="A module (on PYTHONPATH) or .py file to import first, e.g. one declaring your own metrics with "
+             "calibrl.metrics.register_metric (docs/custom-metric.md); repeat or separate with commas."),
 ) -> None:
     """Evaluate calibration (AUROC, ECE, Brier, reliability), abstention (precision-coverage, AURC), post-hoc
     calibration and inference-time answer selection (majority, weighted, PC, RPC, best-of-N) of sampled
     completions; several FILEs are compared side by side."""
+    from calibrl._registry import PluginError, import_plugins
     from calibrl.evaluation.pipeline import write_eval_report
     from calibrl.evaluation.samples import SamplesError, load_answers, load_samples
+    from calibrl.evaluation.settings import EvalSettings
     from calibrl.selection import ALL_METHODS
 
     for name, value in (("--abstain-precision", abstain_precision), ("--abstain-delta", abstain_delta)):
@@ -252,6 +267,11 @@ def eval_command(
     unknown = [m for m in method_list if m not in ALL_METHODS]
     if unknown:
         _fail(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(ALL_METHODS)}")
+    plugin_list = [p.strip() for entry in plugins for p in entry.split(",") if p.strip()]
+    try:  # before anything is read: a plugin's metrics are part of every figure
+        import_plugins(plugin_list, "--plugins")
+    except PluginError as exc:
+        _fail(str(exc))
     _check_inputs_resolve(files)
     _recover_interrupted(out)
     _check_out_dir(out, files)
@@ -288,13 +308,13 @@ def eval_command(
                   "inputs held, each about 400 bytes); free memory, or evaluate fewer or smaller files at once")
 
     # 2. build the report in a temporary folder, then swap it in
-    options = dict(labels=labels, files=paths, posthoc=posthoc.value if posthoc else None, n_bins=n_bins,
-                   n_boot=bootstrap, use_math_verify=not no_math_verify, methods=method_list,
-                   scaling_draws=scaling_draws, rpc_draws=rpc_draws, seed=seed,
-                   abstain_precision=abstain_precision, abstain_delta=abstain_delta,
-                   abstain_method=abstain_method.value)
-    results = _write_report(out, lambda folder, step, track: write_eval_report(folder, loaded, step=step,
-                                                                               track=track, **options))
+    settings = EvalSettings(n_bins=n_bins, bootstrap=bootstrap, posthoc=posthoc.value if posthoc else None,
+                            math_verify=not no_math_verify, methods=tuple(method_list), scaling_draws=scaling_draws,
+                            rpc_draws=rpc_draws, seed=seed, abstain_precision=abstain_precision,
+                            abstain_delta=abstain_delta, abstain_method=abstain_method.value,
+                            plugins=tuple(plugin_list))
+    results = _write_report(out, lambda folder, step, track: write_eval_report(
+        folder, loaded, labels=labels, files=paths, settings=settings, step=step, track=track))
     _print_summary(results, out)
 
 

@@ -29,6 +29,7 @@ from calibrl.evaluation.plots import (
 from calibrl.evaluation.report import render_eval_report
 from calibrl.evaluation.samples import Samples
 from calibrl.evaluation.scoring import ScopeResult, evaluate_samples
+from calibrl.evaluation.settings import EvalSettings
 from calibrl.selection import answer_clusters
 
 __all__ = ["SCOPE_OVERALL", "write_eval_report"]
@@ -75,24 +76,20 @@ def _single_benchmark(samples: Samples) -> str | None:
     return _scope_name(benches.pop()) if len(benches) == 1 else None
 
 
-def _score_inputs(loaded: Sequence[Samples], labels: Sequence[str], *, posthoc, n_bins, n_boot, use_math_verify,
-                  methods, scaling_draws, rpc_draws, seed, abstain_precision, abstain_delta, step,
-                  track, abstain_method="betting") -> dict[str, dict[str, ScopeResult]]:
+def _score_inputs(loaded: Sequence[Samples], labels: Sequence[str], settings: EvalSettings, *, step,
+                  track) -> dict[str, dict[str, ScopeResult]]:
     """``{scope: {label: ScopeResult}}`` of every input, scope "overall" first."""
     scoped: dict[str, dict[str, ScopeResult]] = {}
     for samples, label in zip(loaded, labels):
         ids = None
         if samples.answers is not None:  # selection and the answer-agreement confidences
-            step(f"{label}: clustering answers" + (" (math-verify)" if use_math_verify else ""))
-            ids = answer_clusters(samples.answers, samples.prompt_index, use_math_verify=use_math_verify,
+            step(f"{label}: clustering answers" + (" (math-verify)" if settings.math_verify else ""))
+            ids = answer_clusters(samples.answers, samples.prompt_index, use_math_verify=settings.math_verify,
                                   progress=track)
         for scope, part, part_ids in _scope_parts(samples, ids):
             step(f"{label}/{scope}: metrics")
-            scoped.setdefault(scope, {})[label] = evaluate_samples(
-                part, label=label, scope=scope, answer_ids=part_ids, n_bins=n_bins, n_boot=n_boot,
-                posthoc=posthoc, methods=methods, scaling_draws=scaling_draws, rpc_draws=rpc_draws, seed=seed,
-                abstain_precision=abstain_precision, abstain_delta=abstain_delta, step=step,
-                abstain_method=abstain_method)
+            scoped.setdefault(scope, {})[label] = evaluate_samples(part, label=label, scope=scope, answer_ids=part_ids,
+                                                                   settings=settings, step=step)
         single = _single_benchmark(samples)
         if single is not None:  # the benchmark's scope is every sample: the same figures, scored once
             scoped.setdefault(single, {})[label] = scoped[SCOPE_OVERALL][label]
@@ -155,33 +152,20 @@ def write_eval_report(
     *,
     labels: Sequence[str],
     files: Sequence[Path],
-    posthoc: str | None,
-    n_bins: int,
-    n_boot: int,
-    use_math_verify: bool,
-    methods: Sequence[str],
-    scaling_draws: int,
-    rpc_draws: int,
-    seed: int,
-    abstain_precision: float | None = None,
-    abstain_delta: float = 0.05,
+    settings: EvalSettings,
     step: Callable[[str], Any] | None = None,
     track: Callable[[Iterable, int], Iterable] | None = None,
-    abstain_method: str = "betting",
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """Score every input (``loaded``, labelled ``labels``, read from ``files``) per scope and write the PNG figures,
-    ``metrics.json`` and ``report.md`` into the existing ``folder``; returns ``{scope: {label: metrics}}``.
+    """Score every input (``loaded``, labelled ``labels``, read from ``files``) per scope under ``settings`` and
+    write the PNG figures, ``metrics.json`` and ``report.md`` into the existing ``folder``; returns
+    ``{scope: {label: metrics}}``.
 
     ``step(description)`` is called before each slow stage and ``track(iterable, total)`` wraps answer
-    clustering's loop over prompts (progress reporting; both optional). The other options are ``calibrl eval``'s
-    and are listed in metrics.json's and report.md's settings.
+    clustering's loop over prompts (progress reporting; both optional). ``settings`` are written as they are to
+    metrics.json and listed in report.md.
     """
     step = step or (lambda _desc: None)
-    scoped = _score_inputs(loaded, labels, posthoc=posthoc, n_bins=n_bins, n_boot=n_boot,
-                           use_math_verify=use_math_verify, methods=methods, scaling_draws=scaling_draws,
-                           rpc_draws=rpc_draws, seed=seed, abstain_precision=abstain_precision,
-                           abstain_delta=abstain_delta, step=step, track=track or False,
-                           abstain_method=abstain_method)
+    scoped = _score_inputs(loaded, labels, settings, step=step, track=track or False)
     figures: dict[str, list[str]] = {}
     taken: set[str] = set()
     repeats = _repeats_overall(scoped)
@@ -192,21 +176,18 @@ def write_eval_report(
         step(f"{scope}: figures")
         base = _figure_base(scope, taken, len(scoped))
         shown = f"{scope} (= {', '.join(repeats)})" if scope == SCOPE_OVERALL and repeats else scope
-        figures[scope] = _scope_figures(shown, by_label, folder, base, n_bins=n_bins, posthoc=posthoc)
+        figures[scope] = _scope_figures(shown, by_label, folder, base, n_bins=settings.n_bins,
+                                        posthoc=settings.posthoc)
 
     metrics = {scope: {lab: r.metrics for lab, r in by_label.items()} for scope, by_label in scoped.items()}
     inputs = [{"label": lab, "file": str(f), "rows": len(s), "prompts": s.n_prompts,
                "confidence": s.confidence_kind, "confidence_sources": s.confidence_sources(), "format": s.format,
                "notes": list(s.notes), "skipped": dict(s.skipped)}
               for s, lab, f in zip(loaded, labels, files)]
-    settings = {"n_bins": n_bins, "bootstrap": n_boot, "posthoc": posthoc, "math_verify": use_math_verify,
-                "methods": ",".join(methods), "scaling_draws": scaling_draws, "rpc_draws": rpc_draws, "seed": seed}
-    if abstain_precision is not None:
-        settings.update(abstain_precision=abstain_precision, abstain_delta=abstain_delta,
-                        abstain_method=abstain_method)
-    payload = {"inputs": inputs, "settings": settings, "results": metrics, "figures": figures}
+    payload = {"inputs": inputs, "settings": settings.to_dict(), "results": metrics, "figures": figures}
     (folder / "metrics.json").write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
     # a lone surrogate in a label (an undecodable byte of a file name) is written as its escape, \udcff
-    (folder / "report.md").write_text(render_eval_report(metrics, figures, inputs=inputs, settings=settings),
+    (folder / "report.md").write_text(render_eval_report(metrics, figures, inputs=inputs,
+                                                                          settings=settings.to_dict()),
                                       encoding="utf-8", errors="backslashreplace")
     return metrics

@@ -21,10 +21,10 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 from matplotlib.text import Text
 
 from calibrl.evaluation.styles import SELECTION_NAMES, series_style
-from calibrl.metrics.registry import METRICS
+from calibrl.metrics.registry import metric as _declared_metric
 
 __all__ = [
-    "METRIC_LABELS",
+    "metric_labels",
     "plot_precision_coverage",
     "plot_reliability",
     "plot_roc",
@@ -40,10 +40,14 @@ _LINESTYLES = ("-", "--", ":", "-.")
 # per series (calibrl.evaluation.styles): a marker and line style as well as a colour, so lines lying on top of
 # each other stay visible, and the same ones for the same method in every figure
 
-# Known metric keys: (panel title, y-axis label, higher is better? None: neither), from the one metric table
-METRIC_LABELS: dict[str, tuple[str, str, bool | None]] = {
-    name: (m.title, m.axis, m.higher) for name, m in METRICS.items()
-}
+def metric_labels(key: str) -> tuple[str, str, bool | None]:
+    """(panel title, y-axis label, higher is better? None: neither) of a declared metric (its name, an alias or a
+    prefixed key: :func:`calibrl.metrics.metric`); the key itself and no direction for any other logged value."""
+    try:
+        m = _declared_metric(key)
+    except KeyError:
+        return key, key, None
+    return m.title, m.axis, m.higher
 
 
 def _series(data: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -337,7 +341,7 @@ def plot_training_curves(
     sharing a step (e.g. several seeds) are averaged and their min-max range shaded. Missing or None values
     are skipped; a metric no method reports is drawn as an empty panel with a note. A method with values at one
     step only (an evaluation-only baseline such as the warm start) is a marker at that step and a dotted
-    horizontal reference line. Known metrics (:data:`METRIC_LABELS`) get a readable title, a y label and which
+    horizontal reference line. Declared metrics (:func:`metric_labels`) get a readable title, a y label and which
     direction is better; each method has its own colour, marker and line style; one legend for all panels sits
     below them. A method whose every curve lies on an earlier method's (within 1.5% of each panel's range) is drawn a
     little to the side, and its legend entry says whose curves it lies on.
@@ -409,7 +413,7 @@ def plot_training_curves(
                 ax.fill_between(steps, [v.min() for v in vals], [v.max() for v in vals], color=color, alpha=0.15,
                                 linewidth=0)
             drawn = True
-        title, ylabel, higher = METRIC_LABELS.get(metric, (metric, metric, None))
+        title, ylabel, higher = metric_labels(metric)
         if higher is not None:
             title += f"\n({'higher' if higher else 'lower'} is better)"
         ax.set_title(title, fontsize="medium")
@@ -468,8 +472,8 @@ def plot_metric_paths(
             ref_x, ref_y, label = references[key]
             (line,) = ax.plot(ref_x, ref_y, color="black", linestyle="--", linewidth=1.2, label=label)
             handles.setdefault(label, line)
-        x_title = METRIC_LABELS.get(x, (x, x, None))[0]
-        y_title, y_label, higher = METRIC_LABELS.get(key, (key, key, None))
+        x_title = metric_labels(x)[0]
+        y_title, y_label, higher = metric_labels(key)
         x_short = x_title.split(" (")[0].lower()
         hint = "" if higher is None else f"\n({'higher' if higher else 'lower'} is better at equal {x_short})"
         ax.set_title(f"{y_title} against {x_title.lower()}{hint}", fontsize="medium")

@@ -8,32 +8,24 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from calibrl.evaluation.styles import SELECTION_NAMES
+from calibrl.evaluation.scoring import SOURCE_INTERVALS
+from calibrl.metrics.registry import metric, metrics_for
 
 __all__ = ["markdown_table", "render_eval_report", "repeated_scopes", "what_this_shows"]
 
 _OVERALL = "overall"
 
-# (key in the metrics dict, row label)
-_ROWS = [
-    ("n_samples", "samples"),
-    ("n_prompts", "prompts"),
-    ("confidence", "confidence input"),
-    ("accuracy", "accuracy (mean@k = pass@1)"),
-    ("n_truncated", "samples cut at the token limit"),
-    ("n_no_answer", "samples with no extracted answer"),
-    ("auroc", "AUROC (pooled)"),
-    ("per_prompt_auroc", "AUROC (mean per prompt)"),
-    ("ece", "ECE (uniform bins)"),
-    ("ece_quantile", "ECE (equal-count bins)"),
-    ("smooth_ece", "smooth ECE (kernel, no bins)"),
-    ("prr", "PRR (0 = random, 1 = oracle)"),
-    ("mce", "MCE"),
-    ("brier", "Brier"),
-    ("nll", "NLL"),
-    ("aurc", "AURC (lower is better)"),
-    ("mean_confidence", "mean confidence"),
-]
-_NAMES = dict(_ROWS)
+# (key in the metrics dict, row label): what the input is, then every declared ``eval`` metric in declaration
+# order (calibrl.metrics.registry; accuracy first), with the counts of what the accuracy is made of after it
+
+
+def _rows() -> list[tuple[str, str]]:
+    declared = [(m.name, m.label) for m in metrics_for("eval")]
+    head = [("n_samples", "samples"), ("n_prompts", "prompts"), ("confidence", "confidence input")]
+    counts = [("n_truncated", "samples cut at the token limit"), ("n_no_answer", "samples with no extracted answer")]
+    return head + declared[:1] + counts + declared[1:]
+
+
 _COUNT_ROWS = ("n_truncated", "n_no_answer")  # shown "k of n" where some input's rows say it
 _POSTHOC_ROWS = ["auroc", "ece", "ece_quantile", "brier", "nll", "aurc"]
 _SAME_FLOAT = 1e-9  # pass@1 and mean@k agree to float rounding (both are the mean over prompts of c / n)
@@ -49,8 +41,6 @@ def _fmt(value: Any) -> str:
         return str(value)
     if isinstance(value, float):
         return f"{value:.4f}"
-    if isinstance(value, Mapping) and "mean" in value:
-        return f"{_fmt(value['mean'])} ({value['n_prompts']} prompts)"
     return str(value)
 
 
@@ -84,10 +74,13 @@ def repeated_scopes(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> l
 
 
 def _ci_cell(m: Mapping[str, Any], key: str) -> str:
-    """``0.712 [0.685, 0.738]``, blank where the figure does not apply (a ranking-only source has no smooth ECE)."""
+    """``0.712 [0.685, 0.738]`` (3 decimals with an interval, else the table's 4), blank where the figure does not
+    apply (a ranking-only source has no calibration figures), n/a where it is undefined."""
     if m.get(key) is None:
-        return "" if key == "smooth_ece" and m.get("probability") is False else "n/a"
-    ci = (m.get("intervals") or {}).get(key)
+        return "" if m.get("probability") is False and "confidence" in metric(key).needs else "n/a"
+    if key not in SOURCE_INTERVALS:
+        return _fmt(m[key])
+    ci = (m.get("intervals") or {}).get(key)  # read against their intervals: at the intervals' 3 decimals
     return _value(m[key], tuple(ci) if ci and None not in ci else None)
 
 
@@ -111,21 +104,21 @@ def _sources_section(by_label: Mapping[str, Mapping[str, Any]], labels: Sequence
     if not any(by_label[l].get("confidence_sources") for l in labels):
         return []
     rows, sentences = [], []
+    # the figures with bootstrap intervals first, then the other declared ones
+    columns = sorted(metrics_for("sources"), key=lambda c: (SOURCE_INTERVALS + (c.name,)).index(c.name))
     for l in labels:
         srcs = by_label[l].get("confidence_sources") or {}
         ranking = by_label[l].get("confidence_ranking") or {}
         for kind in ranking.get("order") or list(srcs):
             m = srcs[kind]
             main = " (main)" if kind == by_label[l].get("confidence") else ""
-            rows.append(([l] if len(labels) > 1 else []) + [
-                f"`{kind}`{main}", _ci_cell(m, "auroc"), _ci_cell(m, "prr"), _ci_cell(m, "smooth_ece"),
-                *("" if m.get("probability") is False else _fmt(m.get(k)) for k in ("ece", "brier")), f"{m['n']} ({m['n_excluded']} excluded)"])
+            rows.append(([l] if len(labels) > 1 else []) + [f"`{kind}`{main}"]
+                        + [_ci_cell(m, c.name) for c in columns] + [f"{m['n']} ({m['n_excluded']} excluded)"])
         said = [t for t in (_lead_sentence(ranking, "auroc", "AUROC"), _lead_sentence(ranking, "prr", "PRR"),
                             _lead_sentence(ranking, "smooth_ece", "smooth ECE (lowest)")) if t]
         if said:
             sentences.append(("" if len(labels) == 1 else f"{l}: ") + " ".join(said))
-    header = (["input"] if len(labels) > 1 else []) + ["confidence source", "AUROC", "PRR", "smooth ECE", "ECE",
-                                                          "Brier", "rows"]
+    header = (["input"] if len(labels) > 1 else []) + ["confidence source"] + [c.short for c in columns] + ["rows"]
     out = ["", "Which confidence to trust: every confidence source, each on the rows that have it, best AUROC "
            "first (AUROC and PRR: higher is better, PRR 0 = random rejection, 1 = the oracle; smooth ECE: lower is "
            "better, blank for a score that only ranks):", "", markdown_table(header, rows), ""]
@@ -390,15 +383,13 @@ def render_eval_report(
         else:
             out += [f"## {scope}", ""]
         rows = []
-        for key, name in _ROWS:
+        for key, name in _rows():
             if key in _COUNT_ROWS:
                 if any(key in by_label[l] for l in labels):
                     rows.append([name] + [f"{by_label[l][key]} of {by_label[l]['n_samples']}" if key in by_label[l]
                                           else "n/a" for l in labels])
-            elif key in ("accuracy", "auroc", "ece"):
-                rows.append([name] + [_with_ci(by_label[l], key) for l in labels])
             else:
-                rows.append([name] + [_fmt(by_label[l].get(key)) for l in labels])
+                rows.append([name] + [_with_ci(by_label[l], key) for l in labels])
         if any(_pass1_differs(by_label[l]) for l in labels):  # never beyond float rounding: shown if it did
             rows.insert(4, ["pass@1"] + [_fmt(by_label[l].get("pass@1")) for l in labels])
         passk = sorted({k for l in labels for k in by_label[l] if k.startswith("pass@") and k != "pass@1"},
@@ -426,7 +417,7 @@ def render_eval_report(
             method = next(by_label[l]["posthoc"]["method"] for l in labels if "posthoc" in by_label[l])
             out += ["", f"Post-hoc `{method}` calibration, cross-validated out-of-fold (folds split by prompt):", ""]
             out.append(markdown_table(["metric"] + labels, [
-                [_NAMES[k]] + [_fmt(by_label[l].get("posthoc", {}).get(k)) for l in labels] for k in _POSTHOC_ROWS
+                [metric(k).label] + [_fmt(by_label[l].get("posthoc", {}).get(k)) for l in labels] for k in _POSTHOC_ROWS
             ]))
             out += ["", "The post-hoc AUROC pools out-of-fold values from maps fit on different folds, so it can differ "
                     "from the uncalibrated AUROC even for monotone maps (temperature, Platt); compare discrimination "

@@ -25,7 +25,7 @@ only decides which arrays go in:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -33,10 +33,11 @@ import numpy as np
 
 from calibrl import metrics as M
 from calibrl.evaluation.samples import DEEPCONF_SOURCES, Samples
-from calibrl.metrics.registry import confidence_source
+from calibrl.evaluation.settings import EvalSettings
+from calibrl.metrics.registry import MetricInputs, compute_metrics, confidence_source, metric, metrics_for
 from calibrl.metrics.rejection import PRRReplicates
 from calibrl.metrics.smooth import SmoothECEReplicates
-from calibrl.selection import DEEPCONF_METHODS, METHODS, ScalingCurve, scaling_curve, select
+from calibrl.selection import ScalingCurve, scaling_curve, select
 from calibrl.selection.voting import confidence_weighted_vote
 
 __all__ = ["ScopeResult", "answer_sources", "evaluate_samples", "rank_sources", "source_arrays", "source_bootstrap"]
@@ -59,41 +60,38 @@ class ScopeResult:
     sources: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
-def _f(x: Any) -> float | None:
-    """JSON-friendly float (nan -> None)."""
+def _f(x: Any) -> float | int | None:
+    """JSON-friendly number (nan -> None; a count stays an int)."""
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        return int(x)
     x = float(x)
     return None if np.isnan(x) else x
 
 
 def _confidence_metrics(conf: np.ndarray, target: np.ndarray, score: np.ndarray, pidx: np.ndarray, n_bins: int):
-    ppa = M.per_prompt_auroc(score, target, pidx)
-    ranked = M.ranking_figures(score, target, coverages=_COVERAGES)  # AUROC and PRR rank the score
-    # AURC and precision at coverage rank the confidence: the score's figures when the confidence splits and orders
-    # the samples as the score does (exp of distinct log-probabilities can round to one value), else its own sort
-    by_conf = ranked if _orders_like(score, conf, ranked.levels) else M.ranking_figures(conf, target,
-                                                                                        coverages=_COVERAGES)
-    return {
-        "auroc": _f(ranked.auroc),
-        "per_prompt_auroc": {"mean": _f(ppa.mean), "n_prompts": int(ppa.n_prompts)},
-        "ece": _f(M.ece(conf, target, n_bins=n_bins, strategy="uniform")),
-        "ece_quantile": _f(M.ece(conf, target, n_bins=n_bins, strategy="quantile")),
-        "smooth_ece": _f(M.smooth_ece(conf, target)),
-        "prr": _f(ranked.prr),
-        "mce": _f(M.mce(conf, target, n_bins=n_bins, strategy="uniform")),
-        "brier": _f(M.brier(conf, target)),
-        "nll": _f(M.nll(conf, target)),
-        "aurc": _f(by_conf.aurc),
-        "mean_confidence": _f(np.mean(conf)),
-        "precision_at_coverage": {str(k): _f(v) for k, v in by_conf.precision_at_coverage.items()},
-    }
+    """Every declared ``eval`` metric that reads a confidence (:mod:`calibrl.metrics.registry`) of ``conf`` [N]
+    (ranked by ``score`` [N]) against ``target`` [N], and the precision at each coverage of answering the most
+    confident samples."""
+    inputs = MetricInputs({"confidence": conf, "score": score, "correct": target, "prompt_index": pidx},
+                          {"n_bins": n_bins})
+    out = {m.name: _f(v) for m, v in _declared("eval", inputs, reads_confidence=True)}
+    by_conf = inputs["confidence_ranking"]  # AURC's ranking: the confidence thresholded to answer or abstain
+    out["precision_at_coverage"] = {str(k): _f(v) for k, v in by_conf.precision_at_coverage.items()}
+    return out
 
 
-def _orders_like(score: np.ndarray, conf: np.ndarray, levels: np.ndarray) -> bool:
-    """Whether ``conf`` [N] splits and orders the samples exactly as ``score`` [N] (distinct values ``levels``,
-    highest first) does: it equals the score, or is exp(score) with every level still distinct."""
-    if np.array_equal(conf, score):
-        return True
-    return np.array_equal(conf, np.exp(score)) and bool(np.all(np.diff(np.exp(levels)) < 0))
+_CONFIDENCE_INPUTS = frozenset({"confidence", "score", "ranking", "confidence_ranking", "per_prompt", "decision_prob"})
+
+
+def _declared(context: str, inputs: MetricInputs, *, reads_confidence: bool):
+    """``(metric, value)`` of the declared metrics of ``context`` that apply to ``inputs``: those that read a
+    confidence (``reads_confidence``) or those that read correctness alone (accuracy), so each is computed
+    against its own target (a class_probs confidence predicts the top class, the accuracy counts ``correct``)."""
+    for m in metrics_for(context):
+        if bool(m.needs & _CONFIDENCE_INPUTS) == reads_confidence and m.applies(inputs):
+            value = m.compute(inputs)
+            if value is not None:
+                yield m, value
 
 
 def source_arrays(samples: Samples, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -130,27 +128,24 @@ def answer_sources(samples: Samples, answer_ids: np.ndarray) -> dict[str, tuple[
     return {"answer_consistency": (consistency, consistency), "semantic_entropy": (negated, negated)}
 
 
-def _source_metrics(conf: np.ndarray, score: np.ndarray, target: np.ndarray, n_rows: int,
+def _source_metrics(conf: np.ndarray, score: np.ndarray, target: np.ndarray, pidx: np.ndarray, n_rows: int,
                     probability: bool, n_bins: int) -> dict[str, Any]:
-    """One confidence source's figures on the rows that have it (``conf``, ``score``, ``target`` [n]): AUROC and
-    PRR of ``score``; for a probability also ECE, smooth ECE and Brier of ``conf`` (None otherwise)."""
+    """One confidence source's figures on the rows that have it (``conf``, ``score``, ``target``, ``pidx`` [n]):
+    every declared ``sources`` metric (AUROC, PRR and AURC rank ``score``; for a probability also ECE, smooth ECE,
+    Brier and the mean of ``conf``), None where one does not apply (a ranking-only source has no ECE)."""
     n = len(target)
     figures: dict[str, Any] = {"n": n, "n_excluded": n_rows - n, "probability": probability}
-    keys = ("auroc", "prr", "ece", "smooth_ece", "brier", "aurc", "mean_confidence")
+    names = [m.name for m in metrics_for("sources")]
     if n == 0:
-        return {**figures, **dict.fromkeys(keys)}
-    ranked = M.ranking_figures(score, target, coverages=())  # AUROC, PRR and AURC from one sort of the score
-    figures.update({"auroc": _f(ranked.auroc), "prr": _f(ranked.prr), "aurc": _f(ranked.aurc)})
-    if probability:
-        figures.update({"ece": _f(M.ece(conf, target, n_bins=n_bins, strategy="uniform")),
-                        "smooth_ece": _f(M.smooth_ece(conf, target)), "brier": _f(M.brier(conf, target)),
-                        "mean_confidence": _f(np.mean(conf))})
-    else:
-        figures.update(dict.fromkeys(("ece", "smooth_ece", "brier", "mean_confidence")))
+        return {**figures, **dict.fromkeys(names)}
+    inputs = MetricInputs({"confidence": conf if probability else None, "score": score, "correct": target,
+                           "prompt_index": pidx}, {"n_bins": n_bins})
+    found = compute_metrics("sources", inputs)
+    figures.update({k: _f(found[k]) if k in found else None for k in names})
     return figures
 
 
-_SOURCE_CI = ("auroc", "prr", "smooth_ece")
+SOURCE_INTERVALS = ("auroc", "prr", "smooth_ece")  # the source figures with bootstrap intervals
 
 
 def source_bootstrap(arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]],
@@ -166,7 +161,7 @@ def source_bootstrap(arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray,
     prr_of = {k: PRRReplicates(score, target, pidx, n_groups) for k, (pidx, _, score, target, _) in arrays.items()}
     smooth_of = {k: SmoothECEReplicates(conf, target, pidx, n_groups)
                  for k, (pidx, conf, _, target, probability) in arrays.items() if probability}
-    reps: dict[str, dict[str, list[np.ndarray]]] = {k: {m: [] for m in _SOURCE_CI} for k in arrays}
+    reps: dict[str, dict[str, list[np.ndarray]]] = {k: {m: [] for m in SOURCE_INTERVALS} for k in arrays}
     done = 0
     for _, counts in resampled_prompt_counts(n_groups, n_boot=n_boot, seed=seed):
         if progress is not None:
@@ -195,8 +190,8 @@ def rank_sources(sources: dict[str, dict[str, Any]], replicates: dict[str, dict[
         return sorted(defined, key=lambda k: -sources[k][key] if higher else sources[k][key])
 
     out: dict[str, Any] = {"order": order("auroc", True) + [k for k in sources if sources[k].get("auroc") is None]}
-    for key, higher in (("auroc", True), ("prr", True), ("smooth_ece", False)):
-        ranked = order(key, higher)
+    for key in ("auroc", "prr", "smooth_ece"):
+        ranked = order(key, metric(key).higher)
         if len(ranked) < 2:
             continue
         best, over = ranked[:2]
@@ -351,45 +346,34 @@ def _deepconf_online_and_tokens(samples: Samples, answer_ids: np.ndarray, sel: d
                                                 voted=voted == 1, lowest=samples.deepconf_lowest).accuracy)
 
 
-def evaluate_samples(
-    samples: Samples,
-    *,
-    label: str,
-    scope: str = "overall",
-    answer_ids: np.ndarray | None = None,
-    n_bins: int = 10,
-    n_boot: int = 0,
-    alpha: float = 0.05,
-    posthoc: str | None = None,
-    n_splits: int = 5,
-    methods: Sequence[str] = METHODS,
-    scaling_draws: int = 10,
-    rpc_draws: int = 2,
-    seed: int = 0,
-    abstain_precision: float | None = None,
-    abstain_delta: float = 0.05,
-    step: Callable[[str], Any] | None = None,
-    abstain_method: str = "betting",
-) -> ScopeResult:
-    """Every reported figure for ``samples``. ``answer_ids``: answer clusters (from
-    :func:`calibrl.selection.answer_clusters`) enabling selection; ``abstain_precision``: also choose an abstention
-    threshold with precision >= it with probability >= 1 - ``abstain_delta`` (main confidence, prompt split by
-    ``seed``, procedure ``abstain_method``: "betting" or "bonferroni"); ``step(description)`` is called before
-    each slow stage (progress reporting)."""
-    step = step or (lambda _desc: None)
-    pidx = samples.prompt_index
-    sizes = samples.group_sizes()
-    has_conf = samples.confidence_kind is not None  # other tools' logs may carry correctness only
-    conf = samples.confidence() if has_conf else None
-    target = samples.confidence_target() if has_conf else None
-    score = samples.score() if has_conf else None
+@dataclass
+class _Arrays:
+    """What every block of :func:`evaluate_samples` reads: the main confidence ``conf`` [N] in [0, 1], the
+    ``score`` [N] it ranks by and the ``target`` [N] it predicts (all None when the input has none)."""
+
+    conf: np.ndarray | None
+    score: np.ndarray | None
+    target: np.ndarray | None
+
+    @classmethod
+    def of(cls, samples: Samples) -> _Arrays:
+        if samples.confidence_kind is None:  # other tools' logs may carry correctness only
+            return cls(None, None, None)
+        return cls(samples.confidence(), samples.score(), samples.confidence_target())
+
+
+def _counts_block(samples: Samples) -> dict[str, Any]:
+    """What the input is and its accuracy figures: sizes, the declared metrics of correctness alone (accuracy =
+    mean@k), pass@1 and pass@k, the completions cut short and without an answer."""
+    pidx, sizes = samples.prompt_index, samples.group_sizes()
     kmax = int(sizes.min())
     out: dict[str, Any] = {
         "n_samples": len(samples),
         "n_prompts": samples.n_prompts,
         "samples_per_prompt": {"min": kmax, "max": int(sizes.max())},
         "confidence": samples.confidence_kind,
-        "accuracy": _f(M.mean_at_k(samples.correct, pidx)),
+        **{m.name: _f(v) for m, v in _declared("eval", MetricInputs({"correct": samples.correct, "prompt_index": pidx}),
+                                                reads_confidence=False)},  # accuracy, and any other of correctness alone
         "pass@1": _f(M.pass_at_k(samples.correct, pidx, 1)),
     }
     if samples.truncated is not None:  # what the accuracy is made of: completions cut short, answers not found
@@ -398,23 +382,174 @@ def evaluate_samples(
         out["n_no_answer"] = int(np.equal(samples.answers, None).sum())
     if kmax > 1:
         out[f"pass@{kmax}"] = _f(M.pass_at_k(samples.correct, pidx, kmax))
-    if samples.confidence_kind == "class_probs":
-        out["top_label_accuracy"] = _f(M.mean_at_k(target, pidx))
-    if has_conf:
-        out.update(_confidence_metrics(conf, target, score, pidx, n_bins))
-    source_plots: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    sources: dict[str, Any] = {}
-    source_rows: dict[str, tuple] = {}  # {source: (prompt index, confidence, score, target, probability)}
+    return out
+
+
+def _source_rows(samples: Samples, answer_ids: np.ndarray | None) -> dict[str, tuple]:
+    """``{source: (prompt index, confidence, score, target, is probability)}`` of every confidence source of the
+    input, on the rows that have it, and of the answer-agreement ones when answers are clustered."""
+    pidx = samples.prompt_index
+    rows_of: dict[str, tuple] = {}
     for kind in samples.confidence_sources():
         rows, s_conf, s_score, s_target = source_arrays(samples, kind)
-        source_rows[kind] = (pidx[rows], s_conf, s_score, s_target, confidence_source(kind).probability)
+        rows_of[kind] = (pidx[rows], s_conf, s_score, s_target, confidence_source(kind).probability)
     if answer_ids is not None and samples.answers is not None:
         for kind, (s_conf, s_score) in answer_sources(samples, answer_ids).items():
-            source_rows[kind] = (pidx, s_conf, s_score, samples.correct, confidence_source(kind).probability)
-    for kind, (s_pidx, s_conf, s_score, s_target, probability) in source_rows.items():
-        sources[kind] = _source_metrics(s_conf, s_score, s_target, len(samples), probability, n_bins)
-        if probability and len(s_target):
-            source_plots[kind] = (s_conf, s_target)
+            rows_of[kind] = (pidx, s_conf, s_score, samples.correct, confidence_source(kind).probability)
+    return rows_of
+
+
+def _abstention_block(samples: Samples, arrays: _Arrays, settings: EvalSettings) -> dict[str, Any]:
+    """The certified abstention threshold of the main confidence (``--abstain-precision``)."""
+    if arrays.conf is not None:
+        found = M.calibrated_abstention(arrays.conf, arrays.target, samples.prompt_index,
+                                        target_precision=settings.abstain_precision, delta=settings.abstain_delta,
+                                        seed=settings.seed, method=settings.abstain_method)
+        return {"confidence": samples.confidence_kind, **found.to_dict()}
+    return {"confidence": None, "threshold": None, "coverage": None, "precision_heldout": None,
+            "target_precision": settings.abstain_precision, "delta": settings.abstain_delta,
+            "grid_size": len(M.DEFAULT_THRESHOLD_GRID), "method_name": settings.abstain_method,
+            "note": "no confidence in the input"}
+
+
+def _bootstrap_block(samples: Samples, arrays: _Arrays, source_rows: dict[str, tuple], sources: dict[str, Any],
+                     settings: EvalSettings, step: Callable[[str], Any]) -> tuple[dict[str, Any], dict | None]:
+    """Prompt-bootstrap intervals: each source's (into ``sources``), then the main figures' (returned with the
+    sources' replicates, which the confidence ranking pairs)."""
+    n_boot, alpha, seed, pidx = settings.bootstrap, settings.alpha, settings.seed, samples.prompt_index
+    ranked_rows = {k: v for k, v in source_rows.items() if len(v[3])}
+    replicates = None
+    if ranked_rows:
+        step("bootstrap of the confidence sources")
+        found = source_bootstrap(ranked_rows, samples.n_prompts, n_boot=n_boot, alpha=alpha, seed=seed,
+                                 progress=lambda d: step(f"bootstrap, {d}"))
+        replicates = found["replicates"]
+        for kind, by_metric in found["intervals"].items():
+            sources[kind]["intervals"] = {m: [_f(lo), _f(hi)] for m, (lo, hi) in by_metric.items()
+                                          if sources[kind].get(m) is not None}
+    # the main confidence is one of the sources on every row: its AUROC replicates are counted once
+    main = ranked_rows.get(samples.confidence_kind) if replicates is not None else None
+    same = (main is not None and len(main[3]) == len(samples) and int(pidx.max()) + 1 == samples.n_prompts
+            and np.array_equal(main[0], pidx) and np.array_equal(main[2], arrays.score)
+            and np.array_equal(main[3], arrays.target))
+    step(f"bootstrap ({n_boot} prompt resamples)")
+    boot = prompt_bootstrap(samples.correct, pidx, arrays.score, arrays.conf, arrays.target, n_bins=settings.n_bins,
+                            n_boot=n_boot, alpha=alpha, seed=seed, progress=lambda d: step(f"bootstrap, {d}"),
+                            auroc_replicates=replicates[samples.confidence_kind]["auroc"] if same else None)
+    return ({"n_boot": n_boot, "alpha": alpha, **{k: [_f(lo), _f(hi)] for k, (lo, hi) in boot.items()}},
+            replicates)
+
+
+def _posthoc_block(samples: Samples, arrays: _Arrays, settings: EvalSettings) -> tuple[dict[str, Any],
+                                                                                       np.ndarray | None]:
+    """The confidence figures of the out-of-fold post-hoc calibrated confidence (``--posthoc``), and it."""
+    from calibrl.posthoc import cross_validated_posthoc
+
+    method = settings.posthoc
+    if arrays.conf is None:
+        return {"method": method, "skipped": "no confidence in the input"}, None
+    if samples.n_prompts < 2:
+        return {"method": method, "skipped": "needs at least 2 prompts"}, None
+    pidx = samples.prompt_index
+    cal = cross_validated_posthoc(method, arrays.conf, arrays.target, pidx, n_splits=settings.n_splits,
+                                  seed=settings.seed)
+    # AUROC of the pooled out-of-fold values: per-fold maps differ, so it can move even for monotone maps
+    return ({"method": method, "n_splits": int(min(settings.n_splits, samples.n_prompts)),
+             **_confidence_metrics(cal, arrays.target, cal, pidx, settings.n_bins)}, cal)
+
+
+def _selection_block(samples: Samples, answer_ids: np.ndarray, arrays: _Arrays, settings: EvalSettings,
+                     result: ScopeResult, out: dict[str, Any], step: Callable[[str], Any]) -> None:
+    """Answer selection over all of each prompt's paths and the scaling curves (into ``result.curves``), with
+    what each needs (:func:`calibrl.selection.registry.method_needs`): the methods an input cannot run are listed
+    with the reason in ``selection_skipped``."""
+    from calibrl.selection.registry import method_needs
+
+    pidx, sizes = samples.prompt_index, samples.group_sizes()
+    lpm = samples.logprob_mean
+    missing = {"logprob_mean": "no logprob_mean in the input"}
+    if lpm is not None and np.isnan(lpm).any():
+        # a partial logprob_mean column counts as absent: weighted / pc / rpc need it on every path
+        missing["logprob_mean"] = f"logprob_mean missing on {int(np.isnan(lpm).sum())} of {lpm.size} rows"
+        lpm = None
+    if lpm is not None:
+        del missing["logprob_mean"]
+    if arrays.conf is None:  # best-of-N ranks paths by their confidence
+        missing["confidence"] = "no confidence in the input"
+    signals, why_not = _deepconf_inputs(samples)
+    if signals is None:
+        missing["deepconf_signals"] = why_not
+    skipped: dict[str, str] = {}
+    usable = []
+    for method in settings.methods:
+        lacking = [missing[n] for n in ("confidence", "logprob_mean", "deepconf_signals")
+                   if n in method_needs(method) and n in missing]
+        if lacking:
+            skipped[method] = lacking[0]
+        else:
+            usable.append(method)
+    kwargs = {"logprob_mean": lpm, "completions": samples.completion_ids, "confidence": arrays.score,
+              "deepconf_signals": signals}
+    sel: dict[str, Any] = {}  # accuracy of each method on all of each prompt's paths
+    for method in usable:
+        step(f"selection '{method}' and its scaling curve")
+        sel[method] = _f(select(method, answer_ids, samples.correct, pidx, **kwargs).accuracy)
+        draws = settings.rpc_draws if method == "rpc" else settings.scaling_draws  # rpc: one fit per prompt per draw
+        result.curves[method] = scaling_curve(method, answer_ids, samples.correct, pidx, n_draws=draws,
+                                              seed=settings.seed,
+                                              progress=lambda d, m=method: step(f"scaling curve '{m}', {d}"), **kwargs)
+    verbal = samples.verbalized_confidence
+    if verbal is not None and not np.isnan(verbal).all():
+        # RLCR's confidence-weighted vote; paths stating no confidence add nothing to their answer's score
+        step("selection 'weighted_verbalized' and its scaling curve")
+        sel["weighted_verbalized"] = _f(confidence_weighted_vote(answer_ids, samples.correct, pidx,
+                                                                 confidence=verbal).accuracy)
+        result.curves["weighted_verbalized"] = scaling_curve(
+            "confidence_weighted", answer_ids, samples.correct, pidx, confidence=verbal,
+            n_draws=settings.scaling_draws, seed=settings.seed)
+    _deepconf_online_and_tokens(samples, answer_ids, sel, result, out, step=step)
+    out["selection"] = sel
+    if skipped:
+        out["selection_skipped"] = skipped
+    out["scaling"] = {m: c.to_dict() for m, c in result.curves.items()}
+    if result.curves and int(sizes.min()) < int(sizes.max()):
+        short = int((sizes == sizes.min()).sum())
+        out["scaling_note"] = (f"the scaling curves stop at N = {int(sizes.min())}: {short} of {len(sizes)} "
+                               f"prompts have only {int(sizes.min())} path(s) (others up to {int(sizes.max())})")
+
+
+def evaluate_samples(
+    samples: Samples,
+    *,
+    label: str,
+    scope: str = "overall",
+    answer_ids: np.ndarray | None = None,
+    settings: EvalSettings | None = None,
+    step: Callable[[str], Any] | None = None,
+) -> ScopeResult:
+    """Every reported figure for ``samples`` under ``settings`` (default :class:`EvalSettings`, with its bootstrap).
+    ``answer_ids``: answer clusters (from :func:`calibrl.selection.answer_clusters`) enabling selection and the
+    answer-agreement confidences; ``step(description)`` is called before each slow stage (progress reporting).
+
+    Blocks, each returning its part: the counts and accuracy; the main confidence's declared metrics; every
+    confidence source's; the abstention certificate; the bootstrap intervals; the post-hoc calibration; answer
+    selection and its scaling curves."""
+    settings = settings or EvalSettings()
+    report = step or (lambda _desc: None)
+
+    def step(description: str) -> None:
+        report(f"{label}/{scope}: {description}")
+
+    pidx = samples.prompt_index
+    arrays = _Arrays.of(samples)
+    out = _counts_block(samples)
+    if samples.confidence_kind == "class_probs":
+        out["top_label_accuracy"] = _f(M.mean_at_k(arrays.target, pidx))
+    if arrays.conf is not None:
+        out.update(_confidence_metrics(arrays.conf, arrays.target, arrays.score, pidx, settings.n_bins))
+    source_rows = _source_rows(samples, answer_ids)
+    sources = {kind: _source_metrics(s_conf, s_score, s_target, s_pidx, len(samples), probability, settings.n_bins)
+               for kind, (s_pidx, s_conf, s_score, s_target, probability) in source_rows.items()}
     if sources:
         out["confidence_sources"] = sources
     signals = samples.deepconf_signals
@@ -422,100 +557,19 @@ def evaluate_samples(
         defined = ~np.isnan(signals).any(axis=1)
         if defined.any() and (signals[defined] == signals[defined][:, :1]).all():
             out["deepconf_signals_equal"] = True
-    if abstain_precision is not None:
-        if has_conf:
-            found = M.calibrated_abstention(conf, target, pidx, target_precision=abstain_precision,
-                                            delta=abstain_delta, seed=seed, method=abstain_method)
-            out["abstention"] = {"confidence": samples.confidence_kind, **found.to_dict()}
-        else:
-            out["abstention"] = {"confidence": None, "threshold": None, "coverage": None, "precision_heldout": None,
-                                 "target_precision": abstain_precision, "delta": abstain_delta,
-                                 "grid_size": len(M.DEFAULT_THRESHOLD_GRID), "method_name": abstain_method,
-                                 "note": "no confidence in the input"}
-
-    ranked_rows = {k: v for k, v in source_rows.items() if len(v[3])}
+    if settings.abstain_precision is not None:
+        out["abstention"] = _abstention_block(samples, arrays, settings)
     replicates = None
-    if n_boot > 0 and ranked_rows:
-        step(f"{label}/{scope}: bootstrap of the confidence sources")
-        found = source_bootstrap(ranked_rows, samples.n_prompts, n_boot=n_boot, alpha=alpha, seed=seed,
-                                 progress=lambda d: step(f"{label}/{scope}: bootstrap, {d}"))
-        replicates = found["replicates"]
-        for kind, by_metric in found["intervals"].items():
-            sources[kind]["intervals"] = {m: [_f(lo), _f(hi)] for m, (lo, hi) in by_metric.items()
-                                          if sources[kind].get(m) is not None}
-    if n_boot > 0:
-        # the main confidence is one of the sources on every row: its AUROC replicates are counted once
-        main = ranked_rows.get(samples.confidence_kind) if replicates is not None else None
-        same = (main is not None and len(main[3]) == len(samples) and int(pidx.max()) + 1 == samples.n_prompts
-                and np.array_equal(main[0], pidx) and np.array_equal(main[2], score)
-                and np.array_equal(main[3], target))
-        step(f"{label}/{scope}: bootstrap ({n_boot} prompt resamples)")
-        boot = prompt_bootstrap(samples.correct, pidx, score, conf, target, n_bins=n_bins, n_boot=n_boot,
-                                alpha=alpha, seed=seed, progress=lambda d: step(f"{label}/{scope}: bootstrap, {d}"),
-                                auroc_replicates=replicates[samples.confidence_kind]["auroc"] if same else None)
-        out["bootstrap"] = {"n_boot": n_boot, "alpha": alpha, **{k: [_f(lo), _f(hi)] for k, (lo, hi) in boot.items()}}
+    if settings.bootstrap > 0:
+        out["bootstrap"], replicates = _bootstrap_block(samples, arrays, source_rows, sources, settings, step)
     if sources:
-        out["confidence_ranking"] = rank_sources(sources, replicates, alpha=alpha)
+        out["confidence_ranking"] = rank_sources(sources, replicates, alpha=settings.alpha)
 
-    result = ScopeResult(label, scope, out, conf, target, sources=source_plots)
-    if posthoc:
-        from calibrl.posthoc import cross_validated_posthoc
-
-        step(f"{label}/{scope}: {posthoc} post-hoc calibration ({n_splits} folds by prompt)")
-        if not has_conf:
-            out["posthoc"] = {"method": posthoc, "skipped": "no confidence in the input"}
-        elif samples.n_prompts < 2:
-            out["posthoc"] = {"method": posthoc, "skipped": "needs at least 2 prompts"}
-        else:
-            cal = cross_validated_posthoc(posthoc, conf, target, pidx, n_splits=n_splits, seed=seed)
-            result.posthoc_confidence = cal
-            # AUROC of the pooled out-of-fold values: per-fold maps differ, so it can move even for monotone maps
-            out["posthoc"] = {"method": posthoc, "n_splits": int(min(n_splits, samples.n_prompts)),
-                              **_confidence_metrics(cal, target, cal, pidx, n_bins)}
-
-    if answer_ids is not None and methods:
-        lpm = samples.logprob_mean
-        reason = "no logprob_mean in the input"
-        if lpm is not None and np.isnan(lpm).any():
-            # a partial logprob_mean column counts as absent: weighted / pc / rpc need it on every path
-            reason = f"logprob_mean missing on {int(np.isnan(lpm).sum())} of {lpm.size} rows"
-            lpm = None
-        usable = [m for m in methods if lpm is not None or m in ("majority", "best_of_n") or m in DEEPCONF_METHODS]
-        if not has_conf:  # best-of-N ranks paths by their confidence
-            reason = "no confidence in the input"
-            usable = [m for m in usable if m == "majority" or m in DEEPCONF_METHODS]
-        skipped = {m: reason for m in methods if m not in usable}
-        signals, why_not = _deepconf_inputs(samples)
-        if signals is None:
-            skipped.update({m: why_not for m in usable if m in DEEPCONF_METHODS})
-            usable = [m for m in usable if m not in DEEPCONF_METHODS]
-        kwargs = {"logprob_mean": lpm, "completions": samples.completion_ids, "confidence": score,
-                  "deepconf_signals": signals}
-        sel: dict[str, Any] = {}  # accuracy of each method on all of each prompt's paths
-        for method in usable:
-            step(f"{label}/{scope}: selection '{method}' and its scaling curve")
-            sel[method] = _f(select(method, answer_ids, samples.correct, pidx, **kwargs).accuracy)
-            draws = rpc_draws if method == "rpc" else scaling_draws  # rpc fits one mixture per prompt per draw
-            curve = scaling_curve(method, answer_ids, samples.correct, pidx, n_draws=draws, seed=seed,
-                                  progress=lambda d, m=method: step(f"{label}/{scope}: scaling curve '{m}', {d}"),
-                                  **kwargs)
-            result.curves[method] = curve
-        verbal = samples.verbalized_confidence
-        if verbal is not None and not np.isnan(verbal).all():
-            # RLCR's confidence-weighted vote; paths stating no confidence add nothing to their answer's score
-            step(f"{label}/{scope}: selection 'weighted_verbalized' and its scaling curve")
-            sel["weighted_verbalized"] = _f(confidence_weighted_vote(answer_ids, samples.correct, pidx,
-                                                                     confidence=verbal).accuracy)
-            result.curves["weighted_verbalized"] = scaling_curve(
-                "confidence_weighted", answer_ids, samples.correct, pidx, confidence=verbal, n_draws=scaling_draws,
-                seed=seed)
-        _deepconf_online_and_tokens(samples, answer_ids, sel, result, out, step=lambda d: step(f"{label}/{scope}: {d}"))
-        out["selection"] = sel
-        if skipped:
-            out["selection_skipped"] = skipped
-        out["scaling"] = {m: c.to_dict() for m, c in result.curves.items()}
-        if result.curves and int(sizes.min()) < int(sizes.max()):
-            short = int((sizes == sizes.min()).sum())
-            out["scaling_note"] = (f"the scaling curves stop at N = {int(sizes.min())}: {short} of {len(sizes)} "
-                                   f"prompts have only {int(sizes.min())} path(s) (others up to {int(sizes.max())})")
+    plots = {kind: (v[1], v[3]) for kind, v in source_rows.items() if v[4] and len(v[3])}
+    result = ScopeResult(label, scope, out, arrays.conf, arrays.target, sources=plots)
+    if settings.posthoc:
+        step(f"{settings.posthoc} post-hoc calibration ({settings.n_splits} folds by prompt)")
+        out["posthoc"], result.posthoc_confidence = _posthoc_block(samples, arrays, settings)
+    if answer_ids is not None and settings.methods:
+        _selection_block(samples, answer_ids, arrays, settings, result, out, step)
     return result

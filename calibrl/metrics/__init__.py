@@ -36,6 +36,15 @@ from calibrl.metrics.smooth import (
     smooth_ece_replicates,
     smooth_reliability,
 )
+from calibrl.metrics.registry import (
+    Metric,
+    MetricError,
+    compute_metrics,
+    higher_is_better,
+    metric,
+    metrics_for,
+    register_metric,
+)
 from calibrl.metrics.calibration import (
     PerPromptAUROC,
     ReliabilityBins,
@@ -54,6 +63,13 @@ from calibrl.metrics.calibration import (
 )
 
 __all__ = [
+    "Metric",
+    "MetricError",
+    "compute_metrics",
+    "higher_is_better",
+    "metric",
+    "metrics_for",
+    "register_metric",
     "ABSTENTION_METHODS",
     "AbstentionThreshold",
     "BootstrapCI",

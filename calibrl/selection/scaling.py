@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from calibrl.selection.registry import _FUNCS, _NEEDS_LOGPROB, ALL_METHODS
+from calibrl.selection.registry import selection_method
 from calibrl.selection.voting import _need_logprob, _prepare, _text_ids
 
 __all__ = ["ScalingCurve", "maj_at_k", "scaling_curve"]
@@ -73,14 +73,13 @@ def scaling_curve(
     prompt's whole group, a single draw is exact too. ``progress(description)`` is called before each draw.
     """
     a, c, p, n_prompts, _ = _prepare(answer_ids, correct, prompt_ids)
-    if method not in _FUNCS:
-        raise ValueError(f"unknown selection method {method!r}; choose one of {', '.join(ALL_METHODS)}")
+    spec = selection_method(method)
     sizes = np.bincount(p, minlength=n_prompts)
     ns = _default_ns(int(sizes.min())) if ns is None else [int(n) for n in ns]
     if any(n < 1 for n in ns):
         raise ValueError(f"ns must be >= 1, got {ns}")
     lpm = None if logprob_mean is None else np.asarray(logprob_mean, dtype=np.float64).reshape(-1)
-    if method in _NEEDS_LOGPROB:
+    if "logprob_mean" in spec.needs:
         _need_logprob(method, lpm)
     conf = None if confidence is None else np.asarray(confidence, dtype=np.float64).reshape(-1)
     signals = None if deepconf_signals is None else np.asarray(deepconf_signals, dtype=np.float64)
@@ -113,7 +112,7 @@ def scaling_curve(
                 order = np.lexsort((key, p))
                 rank[order] = np.arange(len(a)) - start[p[order]]
             m = rank < n
-            res = _FUNCS[method](
+            res = spec.fn(
                 a[m], c[m], p[m],
                 logprob_mean=None if lpm is None else lpm[m],
                 completions=text_ids[m],

@@ -8,8 +8,6 @@ their outcomes from the true distribution with a FIXED stream (common random num
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 
@@ -21,7 +19,6 @@ def evaluate(model, tokenizer, task: str, prompts: list[str], p_true: list[float
     success probabilities) for reliability diagrams. Outcomes are drawn from the true distribution with a stream
     seeded by ``seed`` (common random numbers: the same uniforms for every method and step).
     """
-    from calibrl import metrics as M
     from calibrl.testbed import tasks as tb
     from calibrl.testbed.warmstart import sample_completions
 
@@ -39,26 +36,10 @@ def evaluate(model, tokenizer, task: str, prompts: list[str], p_true: list[float
     lpm = res["logprob_mean"]
     seq_prob = np.exp(lpm * res["n_tokens"])  # probability of the whole completion
     pid = res["prompt_index"]
-    pp = M.per_prompt_auroc(lpm, correct, pid)
-    out: dict[str, float] = {
-        "accuracy": float(correct.mean()),
-        "expected_accuracy": float(q.mean()),
-        "reasoning_accuracy": float(reasoning_ok.mean()),
-        "auroc": float(M.auroc(lpm, correct)),
-        "auroc_per_prompt": float(pp[0]),
-        "auroc_ceiling": float(M.auroc(q, correct)),
-        "seq_ece": float(M.ece(seq_prob, correct, n_bins=10, strategy="uniform")),
-        "mean_confidence": float(np.exp(lpm).mean()),
-        # selective answering by the same confidence (the CAPO paper's precision-coverage claim): area under the
-        # risk-coverage curve and the precision of the most confident half / quarter, on the drawn outcomes
-        "aurc": float(M.aurc(lpm, correct)),
-        **{f"precision_at_{int(c * 100)}": v for c, v in M.precision_at_coverage(lpm, correct, (0.25, 0.5)).items()},
-        "entropy": token_entropy_estimate(lpm, res["n_tokens"]),
-    }
-    # tasks with prompt tiers (scratchpad, forms): the expected accuracy of each tier
-    tiers = np.array([tb.prompt_tier(task, p) or "" for p in res["prompt"]])
-    for tier in sorted(set(tiers.tolist()) - {""}):
-        out[f"expected_accuracy_{tier}"] = float(q[tiers == tier].mean())
+    tiers = np.array([tb.prompt_tier(task, p) or "" for p in res["prompt"]])  # scratchpad, forms: easy and hard
+    inputs = {"correct": correct, "prompt_index": pid, "p_true": q, "reasoning_ok": reasoning_ok,
+              "score": lpm, "confidence": np.exp(lpm), "logprob_mean": lpm, "n_tokens": res["n_tokens"],
+              "sequence_probability": seq_prob, "prompt_tier": tiers if (tiers != "").any() else None}
     # answers for answer selection (majority, PC, RPC): one id per distinct answer_key within the evaluation
     answer_id = np.unique(np.array(answer_keys(task, parsed), dtype=str), return_inverse=True)[1].reshape(-1)
     samples = {"prompt_index": pid, "logprob_mean": lpm, "seq_prob": seq_prob, "correct": correct, "q_true": q,
@@ -70,25 +51,20 @@ def evaluate(model, tokenizer, task: str, prompts: list[str], p_true: list[float
         choice = np.array([x["choice"] for x in parsed], dtype=object)
         chosen = np.where(choice == spec.classes[0], 0, 1)
         conf = np.where(has, cp[np.arange(len(cp)), chosen], np.nan)
-        ok = has & reasoning_ok
         p_y = np.array([tb.DECISION_P[tb._digit_sum(p) % 8] for p in res["prompt"]])
-        d_conf, d_corr = conf[has], correct[has]
-        out.update({
-            "dec_ece": float(M.ece(d_conf, d_corr, n_bins=10, strategy="quantile")) if has.any() else math.nan,
-            "dec_ece_uniform": float(M.ece(d_conf, d_corr, n_bins=10, strategy="uniform")) if has.any() else math.nan,
-            "dec_auroc": float(M.auroc(d_conf, d_corr)) if has.any() else math.nan,
-            "calib_err": float(np.abs(cp[ok, 0] - p_y[ok]).mean()) if ok.any() else math.nan,
-            "frac_conf_99": float((d_conf > 0.99).mean()) if has.any() else math.nan,
-            "dec_conf_mean": float(d_conf.mean()) if has.any() else math.nan,
-            # accuracy of deciding by argmax q instead of sampling (sampling a calibrated decision costs accuracy)
-            "greedy_decision_accuracy": greedy_decision_accuracy(cp[:, 0], p_y, q),
-        })
+        inputs.update(decision_prob=conf, p_yes=cp[:, 0], p_true_yes=p_y)
         samples.update({"dec_conf": conf, "p_yes": cp[:, 0], "p_true_yes": p_y})
-        out["ece"] = out["dec_ece"]
-    else:
-        out["ece"] = out["seq_ece"]
+    from calibrl.metrics.registry import compute_metrics
+
+    out = {_RECORD_KEYS.get(k, k): v for k, v in compute_metrics("testbed", inputs).items()}
+    # the task's headline ECE: the decision's (equal-count bins) on decision tasks, else the sequence probability's
+    out["ece"] = out["dec_ece"] if spec.classes else out["seq_ece"]
     return out, samples
 
+
+# The testbed's records (and its studies' committed data) name these declared metrics by their older names
+_RECORD_KEYS = {"decision_ece": "dec_ece", "decision_ece_uniform": "dec_ece_uniform", "decision_auroc": "dec_auroc",
+                "decision_frac_above_099": "frac_conf_99", "decision_prob_mean": "dec_conf_mean"}
 
 # tasks whose reward needs the reasoning (the digit sum) right as well as the choice
 _REASONING_GATED = ("decision", "decision_copy", "stochastic_reasoning", "verbalized")
@@ -112,22 +88,6 @@ def answer_keys(task: str, parsed: list[dict]) -> list[str]:
     return keys
 
 
-def greedy_decision_accuracy(p_yes: np.ndarray, p_true_yes: np.ndarray, q_true: np.ndarray) -> float:
-    """Expected accuracy when each sampled completion's decision is replaced by argmax q (Y iff q(Y) >= 0.5):
-    samples with a wrong sum or no decision (q_true == 0) count as wrong."""
-    ok = (q_true > 0) & np.isfinite(p_yes)
-    acc = np.where(p_yes >= 0.5, p_true_yes, 1.0 - p_true_yes)
-    return float(np.where(ok, acc, 0.0).mean())
-
-
-def token_entropy_estimate(logprob_mean, n_tokens) -> float:
-    """Per-token entropy of the policy on its own samples, estimated by their mean negative log-prob over all
-    sampled tokens: -sum_i n_i lpm_i / sum_i n_i (``logprob_mean`` [M] each completion's mean token log-prob,
-    ``n_tokens`` [M] its tokens; 0 tokens in all: 0)."""
-    n = np.asarray(n_tokens, dtype=np.float64)
-    return float(-(np.asarray(logprob_mean, dtype=np.float64) * n).sum() / max(1.0, n.sum()))
-
-
 def eval_prompts_for(task: str, n: int, *, split: str = "test") -> list[str]:
     """The ``n`` held-out prompts of ``task`` (``split``: test by default) every method is evaluated on (fixed
     seed: the same for all)."""
@@ -136,4 +96,4 @@ def eval_prompts_for(task: str, n: int, *, split: str = "test") -> list[str]:
     return [r["prompt"] for r in tb.build_rows(task, n, split=split, seed=0)]
 
 
-__all__ = ["answer_keys", "eval_prompts_for", "evaluate", "greedy_decision_accuracy", "token_entropy_estimate"]
+__all__ = ["answer_keys", "eval_prompts_for", "evaluate"]

@@ -286,17 +286,20 @@ def with_samples(records: list[dict], run_dir: str | Path) -> list[dict]:
 
 
 REPORT_KEYS = (("accuracy", "accuracy ↑"), ("auroc", "AUROC of mean log-prob ↑"),
-               ("auroc_per_prompt", "AUROC per prompt ↑"), ("ece", "ECE ↓"), ("confidence_mean", "mean confidence"),
+               ("auroc_per_prompt", "AUROC per prompt ↑"), ("ece", "ECE ↓"), ("mean_confidence", "mean confidence"),
                ("decision_ece", "decision-letter ECE ↓"))
 
 
 def records_table(runs: dict[str, list[dict]]) -> str:
     """Markdown: one row per evaluation of each run (``runs``: label -> evaluation records)."""
+    from calibrl.metrics.registry import record_value
+
     lines = ["| method | step | " + " | ".join(title for _, title in REPORT_KEYS) + " |",
              "|---|---:|" + "---:|" * len(REPORT_KEYS)]
     for label, records in runs.items():
         for r in records:
-            cells = [f"{r[k]:.3f}" if isinstance(r.get(k), (int, float)) else "" for k, _ in REPORT_KEYS]
+            values = [record_value(r, k) for k, _ in REPORT_KEYS]  # older runs' records: confidence_mean
+            cells = [f"{v:.3f}" if isinstance(v, (int, float)) else "" for v in values]
             lines.append(f"| {label} | {r.get('step')} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

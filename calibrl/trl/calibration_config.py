@@ -13,7 +13,12 @@ from typing import Literal
 
 __all__ = ["CalibrationEvalConfig"]
 
-_CALIBRATION_KEYS = ("auroc", "auroc_per_prompt", "ece", "smooth_ece", "prr", "decision_ece", "aurc")  # what ``metric`` may watch
+def watchable_metrics() -> list[str]:
+    """What ``metric`` may watch: the declared ``callback`` metrics with a direction other than accuracy (the
+    Pareto rule's other axis), a user's declared metrics included."""
+    from calibrl.metrics.registry import metrics_for
+
+    return [m.name for m in metrics_for("callback") if m.higher is not None and m.name != "accuracy"]
 
 
 @dataclass
@@ -36,8 +41,10 @@ class CalibrationEvalConfig:
         n_bins: bins of ``ece`` (equal width) and ``decision_ece`` (equal count, at most one per sample). Default 10.
 
     Checkpoint choice and early stopping:
-        metric: the calibration metric the Pareto rule and early stopping watch: ``auroc``, ``auroc_per_prompt``,
-            ``ece``, ``decision_ece`` or ``aurc`` (the ECEs and AURC are better when lower). Default ``"auroc"``.
+        metric: the calibration metric the Pareto rule and early stopping watch: any metric the callback logs that
+            has a direction (:func:`watchable_metrics`: ``auroc``, ``auroc_per_prompt``, ``ece``, ``smooth_ece``,
+            ``prr``, ``aurc``, ``decision_ece``, ``decision_frac_above_099`` and a user's declared metrics), read
+            in its declared direction (the ECEs and AURC are better when lower). Default ``"auroc"``.
         pareto: ``"accuracy"``: the best accuracy among the evaluations whose ``metric`` is within
             ``pareto_margin`` of the start; ``"calibration"``: the best ``metric`` among the evaluations whose
             accuracy is within ``pareto_margin`` of the best accuracy. Default ``"accuracy"``.
@@ -88,6 +95,6 @@ class CalibrationEvalConfig:
             raise ValueError(f"calibration_eval.pareto must be 'accuracy' or 'calibration', got {self.pareto!r}")
         if self.stop_reference not in ("best", "start"):
             raise ValueError(f"calibration_eval.stop_reference must be 'best' or 'start', got {self.stop_reference!r}")
-        if self.metric not in _CALIBRATION_KEYS:
+        if self.metric not in watchable_metrics():
             raise ValueError(f"calibration_eval.metric must be a calibration metric, one of "
-                             f"{', '.join(_CALIBRATION_KEYS)}; got {self.metric!r}")
+                             f"{', '.join(watchable_metrics())}; got {self.metric!r}")

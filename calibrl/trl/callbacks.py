@@ -13,14 +13,16 @@ sampler and log-prob reader of ``calibrl generate``), grades them with the train
     smooth_ece               smooth ECE of exp(mean token log-prob) (kernel, no bins: :func:`calibrl.metrics.smooth_ece`)
     prr                      prediction-rejection ratio of the mean token log-prob (0 = random, 1 = oracle;
                              :func:`calibrl.metrics.prr`)
-    aurc                     area under the risk-coverage curve of the mean token log-prob (selective answering:
+    aurc                     area under the risk-coverage curve of the confidence (selective answering:
                              lower is better; :func:`calibrl.metrics.aurc`)
-    confidence_mean          mean exp(mean token log-prob)
+    mean_confidence          mean exp(mean token log-prob)
     decision_ece, decision_prob_mean, decision_frac_above_099
-                             decision tasks (a ``classes`` column): :func:`calibrl.trl.telemetry.decision_metrics`
-                             of the decided class's probability (equal-count bins, as the training telemetry)
+                             decision tasks (a ``classes`` column): the decided class's probability (equal-count
+                             bins, as the training telemetry)
     n_samples                samples scored
 
+These are the metrics declared for the ``callback`` context (:mod:`calibrl.metrics.registry`), with a user's
+declared metrics (``plugins:``) after them.
 Each is logged as ``eval_calibration/<key>`` through the trainer's logging (TensorBoard, W&B, ``log_history``),
 left out when undefined (NaN). The decision rules are pure functions of the list of evaluation records
 (:func:`pareto_best`, :func:`should_stop_early`), so they are tested without training:
@@ -53,12 +55,13 @@ from transformers.trainer_utils import SaveStrategy
 
 from calibrl._files import write_then_rename
 from calibrl.metrics.registry import higher_is_better as _registry_higher_is_better
-from calibrl.trl.calibration_config import _CALIBRATION_KEYS, CalibrationEvalConfig
+from calibrl.metrics.registry import metric
+from calibrl.trl.calibration_config import CalibrationEvalConfig
 
 __all__ = [
     "CALIBRATION_EVAL_FILE", "CalibrationEvalCallback", "CalibrationEvalConfig", "LOG_PREFIX",
     "attach_calibration_eval", "calibration_record", "check_best_metric_settings", "heldout_problems",
-    "higher_is_better", "pareto_best", "sample_completions", "should_stop_early",
+    "higher_is_better", "pareto_best", "record_keys", "sample_completions", "should_stop_early",
 ]
 
 CALIBRATION_EVAL_FILE = "calibration_eval.json"  # in output_dir: every record, best_checkpoint, early_stop
@@ -66,18 +69,13 @@ LOG_PREFIX = "eval_calibration/"
 _EPS = 1e-9  # margins compare with this slack, so 0.80 - 0.78 counts as within a margin of 0.02
 
 
-_RECORD_KEYS = ("accuracy", "auroc", "auroc_per_prompt", "auroc_n_prompts", "ece", "smooth_ece", "prr", "aurc",
-                "confidence_mean",
-                "n_samples",
-                "decision_ece", "decision_prob_mean", "decision_frac_above_099")
-
-
 # ---------------------------------------------------------------------------------------------------- pure rules
 
 
 def higher_is_better(metric: str) -> bool:
-    """Whether a larger value of ``metric`` is better calibration: the direction of the one metric table
-    (:func:`calibrl.metrics.registry.higher_is_better`; False for ECEs, smooth ECE, AURC, Brier, NLL)."""
+    """Whether a larger value of ``metric`` is better: its declared direction
+    (:func:`calibrl.metrics.registry.higher_is_better`; False for ECEs, smooth ECE, AURC, Brier, NLL; a key that
+    is not a declared metric raises)."""
     return _registry_higher_is_better(metric)
 
 
@@ -86,35 +84,28 @@ def _finite(value: Any) -> bool:
 
 
 def calibration_record(rows: Sequence[dict], *, n_bins: int = 10) -> dict[str, float]:
-    """The metrics (module docstring) of sampled rows in ``calibrl generate``'s format (``prompt_id``, ``correct``,
-    ``logprob_mean``, and ``decision_prob`` for decision tasks), computed with :mod:`calibrl.metrics`; NaN where
-    undefined (AUROC with one class)."""
-    from calibrl import metrics as M
-    from calibrl.trl.telemetry import decision_metrics
+    """Every declared ``callback`` metric (:mod:`calibrl.metrics.registry`; the module docstring lists calibrl's
+    own) of sampled rows in ``calibrl generate``'s format (``prompt_id``, ``correct``, ``logprob_mean``, and
+    ``decision_prob`` for decision tasks), and ``n_samples``; NaN where undefined (AUROC with one class)."""
+    from calibrl.metrics.registry import compute_metrics
 
     if not rows:
         raise ValueError("calibration_record: no rows to score")
     _, prompt_index = np.unique([str(r["prompt_id"]) for r in rows], return_inverse=True)
-    correct = np.array([bool(r["correct"]) for r in rows])
     logprob_mean = np.array([float(r["logprob_mean"]) for r in rows])
-    confidence = np.exp(logprob_mean)
-    per_prompt = M.per_prompt_auroc(logprob_mean, correct, prompt_index)
-    record = {
-        "accuracy": float(M.mean_at_k(correct, prompt_index)),
-        "auroc": float(M.auroc(logprob_mean, correct)),
-        "auroc_per_prompt": float(per_prompt.mean),
-        "auroc_n_prompts": float(per_prompt.n_prompts),
-        "ece": float(M.ece(confidence, correct, n_bins=n_bins, strategy="uniform")),
-        "smooth_ece": float(M.smooth_ece(confidence, correct)),
-        "prr": float(M.prr(logprob_mean, correct)),
-        "aurc": float(M.aurc(logprob_mean, correct)),
-        "confidence_mean": float(confidence.mean()),
-        "n_samples": float(len(rows)),
-    }
+    inputs = {"correct": np.array([bool(r["correct"]) for r in rows]), "prompt_index": prompt_index,
+              "score": logprob_mean, "confidence": np.exp(logprob_mean), "logprob_mean": logprob_mean}
     if "decision_prob" in rows[0]:
-        probs = np.array([np.nan if r.get("decision_prob") is None else float(r["decision_prob"]) for r in rows])
-        record.update(decision_metrics(probs, correct, n_bins=n_bins))
-    return record
+        inputs["decision_prob"] = np.array([np.nan if r.get("decision_prob") is None else float(r["decision_prob"])
+                                            for r in rows])
+    return {**compute_metrics("callback", inputs, settings={"n_bins": n_bins}), "n_samples": float(len(rows))}
+
+
+def record_keys() -> list[str]:
+    """The keys of a :func:`calibration_record`: every declared ``callback`` metric and ``n_samples``."""
+    from calibrl.metrics.registry import metrics_for
+
+    return [m.name for m in metrics_for("callback")] + ["n_samples"]
 
 
 def pareto_best(records: Sequence[dict], *, metric: str = "auroc", rule: str = "accuracy", margin: float = 0.02,
@@ -286,9 +277,10 @@ def check_best_metric_settings(args, *, every: int) -> None:
     owned = _owned_best_metric(args)
     if owned is None:
         return
-    if owned not in {LOG_PREFIX + k for k in _RECORD_KEYS}:
+    logged = [k for k in record_keys() if k != "n_samples" and metric(k).higher is not None]
+    if owned not in {LOG_PREFIX + k for k in logged}:
         raise ValueError(f"metric_for_best_model={args.metric_for_best_model!r}: calibration_eval logs "
-                         f"{', '.join(LOG_PREFIX + k for k in _RECORD_KEYS)}")
+                         f"{', '.join(LOG_PREFIX + k for k in logged)}")
     if args.eval_strategy != "no":
         raise ValueError(
             f"metric_for_best_model={args.metric_for_best_model!r} is measured by calibration_eval every {every} "

@@ -346,33 +346,21 @@ def check_trainer_fields(raw: dict, source: str, section: str = "trainer") -> di
 
 
 def import_plugins(raw: Any, source: str) -> list[str]:
-    """Import the recipe's ``plugins`` (module names, on ``PYTHONPATH`` or installed), so what they register (an
-    estimator, a reward, a dataset) is known before the rest of the recipe is checked. A module that is missing or
-    fails to import is a one-line :class:`RecipeError` naming the entry."""
-    import importlib
+    """Import the recipe's ``plugins`` (module names on ``PYTHONPATH`` or installed, or ``.py`` files), so what they
+    register (an estimator, a reward, a dataset, a metric) is known before the rest of the recipe is checked
+    (:func:`calibrl._registry.import_plugins`). A module that is missing or fails to import is a one-line
+    :class:`RecipeError` naming the entry."""
+    from calibrl._registry import PluginError
+    from calibrl._registry import import_plugins as _import
 
     if raw is None:
         return []
     if not isinstance(raw, list) or not all(isinstance(m, str) and m for m in raw):
         raise RecipeError(f"{source}: plugins: expected a list of module names, got {raw!r}")
-    for module in raw:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and module.startswith(exc.name):  # the plugin itself, not one of its imports
-                raise RecipeError(f"{source}: plugins: no module named {module!r} (is its folder on PYTHONPATH?)") \
-                    from None
-            raise RecipeError(f"{source}: plugins: {module!r} failed to import: {exc}") from None
-        except Exception as exc:  # a plugin's own error: shown in one line, the recipe named
-            raise RecipeError(f"{source}: plugins: {module!r} failed to import: {type(exc).__name__}: "
-                              f"{' '.join(str(exc).split())}") from None
-        except SystemExit as exc:  # sys.exit() at import would end calibrl with nothing said
-            raise RecipeError(f"{source}: plugins: {module!r} called sys.exit({exc.code!r}) while it was imported") \
-                from None
-        except KeyboardInterrupt:
-            raise RecipeError(f"{source}: plugins: {module!r} was interrupted while it was imported "
-                              "(KeyboardInterrupt)") from None
-    return list(raw)
+    try:
+        return _import(raw, f"{source}: plugins")
+    except PluginError as exc:
+        raise RecipeError(str(exc)) from None
 
 
 def check_advantage_params(estimator: str, params: Any, source: str, section: str = "trainer") -> None:

@@ -6,7 +6,8 @@ next to the reward. With ``logging_steps = k`` a logged value is TRL's mean of t
 log: rollouts of the policies before each of those k updates, on training prompts, not the policy after the last. Everything here is framework-free and cheap (numpy on at most a few thousand rows).
 
 Keys (all floats; ``nan`` when undefined, left out of the logs by ``CalibratedGRPOTrainer.log``):
-    accuracy                 fraction of correct completions (``correct``, else reward > threshold)
+    accuracy                 mean@k: the mean over prompts of the fraction of correct completions (``correct``,
+                             else reward > threshold)
     auroc                    pooled AUROC of the sequence confidence (mean token log-prob) vs correctness
     auroc_per_prompt         mean over prompts with both outcomes of the within-prompt AUROC
     auroc_n_prompts          number of prompts entering ``auroc_per_prompt``
@@ -20,6 +21,9 @@ Keys (all floats; ``nan`` when undefined, left out of the logs by ``CalibratedGR
     decision_ece             ECE (10 equal-count bins) of the decision-token probability vs correctness
     decision_prob_mean       mean probability of the chosen decision class
     decision_frac_above_099  fraction of decisions with probability > 0.99 (the RLVR overconfidence symptom)
+
+The calibration keys are the metrics declared for the ``telemetry`` context (:mod:`calibrl.metrics.registry`),
+a user's declared metrics included; the advantage, reference and estimator keys are training diagnostics.
 """
 
 from __future__ import annotations
@@ -62,23 +66,15 @@ def advantage_metrics(advantages: Any) -> dict[str, float]:
 
 
 def decision_metrics(decision_probs: Any, correct: Any, *, n_bins: int = 10) -> dict[str, float]:
-    """ECE (equal-count bins, as arXiv 2601.13284 reports), mean and >0.99 fraction of decision probabilities.
+    """The declared metrics of the decided class's probability (``decision_ece``: equal-count bins, as arXiv
+    2601.13284 reports; ``decision_prob_mean``; ``decision_frac_above_099``); rows with NaN probability (no
+    decision token) are ignored, NaN when no row has one."""
+    from calibrl.metrics.registry import metric
 
-    Rows with NaN probability (no decision token) are ignored.
-    """
-    from calibrl.metrics import ece
-
-    p = _np(decision_probs).astype(np.float64)
-    y = _np(correct).astype(bool)
-    keep = np.isfinite(p)
-    p, y = p[keep], y[keep]
-    if p.size == 0:
-        return {"decision_ece": float("nan"), "decision_prob_mean": float("nan"), "decision_frac_above_099": float("nan")}
-    return {
-        "decision_ece": float(ece(p, y, n_bins=min(n_bins, p.size), strategy="quantile")),
-        "decision_prob_mean": float(p.mean()),
-        "decision_frac_above_099": float((p > 0.99).mean()),
-    }
+    inputs = {"decision_prob": _np(decision_probs).astype(np.float64).reshape(-1),
+              "correct": _np(correct).astype(bool).reshape(-1)}
+    return {k: metric(k).compute(inputs, n_bins=n_bins)
+            for k in ("decision_ece", "decision_prob_mean", "decision_frac_above_099")}
 
 
 def calibration_metrics(
@@ -110,7 +106,7 @@ def calibration_metrics(
             (``CalibratedGRPOConfig.correctness_reward``), not the total.
         valid: [N] bool, the rows to use (overrides ``batch.lengths > 0``).
     """
-    from calibrl.metrics import auroc, per_prompt_auroc
+    from calibrl.metrics.registry import compute_metrics, metric
 
     if correct is None:
         correct = _np(batch.rewards).astype(np.float64) > threshold
@@ -123,24 +119,11 @@ def calibration_metrics(
         return {}
     correct = correct[keep]
     groups = _np(batch.group_ids)[keep]
-    out: dict[str, float] = {"accuracy": float(correct.mean())}
-
-    _, inverse = np.unique(groups, return_inverse=True)
-    n_groups = int(inverse.max()) + 1
-    n_correct = np.bincount(inverse, weights=correct.astype(np.float64), minlength=n_groups)
-    n_all = np.bincount(inverse, minlength=n_groups)
-    out["mixed_group_fraction"] = float(((n_correct > 0) & (n_correct < n_all)).mean())
-
+    inputs: dict[str, Any] = {"correct": correct, "prompt_index": np.unique(groups, return_inverse=True)[1]}
     if batch.logprob_mean is not None:
         lpm = _np(batch.logprob_mean).astype(np.float64)[keep]
-        out["auroc"] = float(auroc(lpm, correct))
-        per_prompt = per_prompt_auroc(lpm, correct, groups)
-        out["auroc_per_prompt"] = float(per_prompt.mean)
-        out["auroc_n_prompts"] = float(per_prompt.n_prompts)
-        conf = np.exp(lpm)
-        out["confidence_correct"] = float(conf[correct].mean()) if correct.any() else float("nan")
-        out["confidence_wrong"] = float(conf[~correct].mean()) if (~correct).any() else float("nan")
-        out["confidence_gap"] = out["confidence_correct"] - out["confidence_wrong"]
+        inputs.update(score=lpm, confidence=np.exp(lpm), logprob_mean=lpm)
+    out: dict[str, float] = compute_metrics("telemetry", inputs)
     if batch.ref_logprob_mean is not None:
         out["ref_perplexity_mean"] = float(np.exp(-_np(batch.ref_logprob_mean).astype(np.float64)[keep]).mean())
     if advantages is not None:
@@ -151,9 +134,11 @@ def calibration_metrics(
         if isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool):
             if math.isfinite(float(value)):
                 out[f"estimator/{key}"] = float(value)
-    if decision_probs is not None:
+    if decision_probs is not None:  # against their own correctness (decision_correct) when the trainer gives one
         d_correct = correct if decision_correct is None else _np(decision_correct).astype(bool).reshape(-1)[keep]
-        out.update(decision_metrics(_np(decision_probs).reshape(-1)[keep], d_correct))
+        decided = {"decision_prob": _np(decision_probs).astype(np.float64).reshape(-1)[keep], "correct": d_correct}
+        out.update({k: v for k, v in compute_metrics("telemetry", decided).items()
+                    if "decision_prob" in metric(k).needs})
     return out
 
 
