@@ -1,23 +1,30 @@
-"""File writing shared by every layer that must never leave a half-written file, and the lock that keeps one writer
-per run folder."""
+"""File writing shared by every layer that must never leave a half-written file, the lock that keeps one writer
+per run folder, and the replacement of a whole output folder (``calibrl eval``'s report): built beside it, swapped
+in by renames, what a killed run left undone by the next."""
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
+import secrets
+import shutil
+import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 try:
     import fcntl
 except ImportError:  # Windows: the lock falls back to an exclusively created file (folder_lock)
     fcntl = None
 
-__all__ = ["FolderInUse", "folder_lock", "lock_path", "write_then_rename"]
+__all__ = ["FolderError", "FolderInUse", "check_renamable", "folder_lock", "lock_path", "recover_interrupted",
+           "replace_folder", "signals_held", "write_then_rename"]
 
 
 def write_then_rename(path: str | Path, content: str | bytes) -> None:
@@ -54,11 +61,12 @@ def _holder(text: str) -> str:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs; True when that cannot be told (another user's, a pid out of range)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # exists, owned by another user
+    except (OSError, OverflowError, ValueError):  # exists, owned by another user; a number no pid can be
         return True
     return True
 
@@ -152,3 +160,128 @@ def _rewrite(fd: int, text: str) -> None:
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
     os.write(fd, text.encode())
+
+
+# ---------------------------------------------------------------------------------------------------- folders
+
+
+class FolderError(OSError):
+    """An output folder cannot be replaced; the message starts with the folder."""
+
+
+def _leftovers(out: Path, kind: str) -> list[tuple[Path, int]]:
+    """``(path, pid)`` of the ``.<out>.<kind>-<pid>...`` folders beside ``out`` whose process no longer runs (this
+    process's own are from a run that ended)."""
+    found = []
+    for path in out.parent.glob(f".{glob.escape(out.name)}.{kind}-*"):
+        pid_text = path.name[len(f".{out.name}.{kind}-"):].split("-", 1)[0]
+        if (pid_text.isdigit() and path.is_dir() and not path.is_symlink()
+                and (int(pid_text) == os.getpid() or not _pid_alive(int(pid_text)))):
+            found.append((path, int(pid_text)))
+    return found
+
+
+def recover_interrupted(out: str | Path) -> Path | None:
+    """Undo what a killed :func:`replace_folder` left beside ``out``: when ``out`` is missing, the newest
+    ``.<out>.old-<pid>`` (a run killed between its two renames) is renamed back to ``out`` and returned; other
+    ``.old-`` folders and the ``.tmp-<pid>-`` build folders of processes that no longer run are removed. Folders of
+    running processes are left alone. Returns None when nothing was restored."""
+    out = Path(out).resolve()
+    if not out.parent.is_dir():
+        return None
+    restored = None
+    olds = sorted(_leftovers(out, "old"), key=lambda item: item[0].stat().st_mtime, reverse=True)
+    if olds and not out.exists() and not out.is_symlink():
+        restored = olds[0][0]
+        restored.rename(out)
+        olds = olds[1:]
+    for path, _pid in olds + _leftovers(out, "tmp"):
+        shutil.rmtree(path, ignore_errors=True)
+    return restored
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM back until the block ends: between the two renames of a swap the previous folder is
+    only in ``.<out>.old-<pid>``, and an interrupt there would leave it so."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held) if hasattr(signal, "pthread_sigmask") else None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _old_name(out: Path) -> Path:
+    """Where ``out`` is moved aside during a swap: ``.<out>.old-<pid>`` (:func:`recover_interrupted` knows it)."""
+    return out.parent / f".{out.name}.old-{os.getpid()}"
+
+
+def check_renamable(out: str | Path) -> None:
+    """Raise :class:`FolderError` when an existing ``out`` cannot be renamed (a mount point, a folder in a sticky
+    folder of another user): :func:`replace_folder` puts the new folder in its place by renaming. Tried by renaming
+    it aside and back, signals held (a run killed in between is undone by the next one,
+    :func:`recover_interrupted`)."""
+    out = Path(out)
+    if not out.is_dir():
+        return
+    out = out.resolve()
+    aside = _old_name(out)
+    with signals_held():
+        try:
+            out.rename(aside)
+        except OSError as exc:
+            mount = "; it is a mount point" if os.path.ismount(out) else ""
+            raise FolderError(f"{out} cannot be replaced: the report is put in its place by renaming, and renaming "
+                              f"it fails ({exc.strerror or exc}){mount}; choose a folder inside it or elsewhere") \
+                from None
+        try:
+            aside.rename(out)
+        except OSError as exc:
+            raise FolderError(f"{out} was moved to {aside} to test it and cannot be moved back "
+                              f"({exc.strerror or exc}); rename it back") from None
+
+
+def _swap(tmp: Path, out: Path) -> None:
+    """Rename ``tmp`` to ``out``: a previous ``out`` is moved aside first and removed once ``tmp`` is in place.
+    When ``tmp`` cannot be put in place the previous folder is moved back, unless another run's has taken its place
+    meanwhile (two runs on one ``out``): that one is newer and kept, the one moved aside removed. Raises the
+    OSError of the failed rename."""
+    old = _old_name(out) if out.exists() else None
+    if old is not None:
+        out.rename(old)
+    try:
+        tmp.rename(out)
+    except OSError:
+        if old is not None:
+            try:
+                old.rename(out)
+            except OSError:
+                shutil.rmtree(old, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def replace_folder(out: str | Path, build: Callable[[Path], Any]) -> Any:
+    """Run ``build(folder)`` on a fresh temporary folder beside ``out`` and rename it to ``out`` (replacing a
+    previous one) once it returns; on any error or interrupt the temporary folder is removed and ``out`` is left
+    as it was (an exception after the swap carries ``report_placed = True``). Returns what ``build`` returned."""
+    out = Path(out).resolve()  # "." or "rep/" have no usable name/parent for the temp folder and the swap
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # mkdir, not mkdtemp: the folder gets the permissions of any new folder (0o755 under umask 022), not 0o700
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(6)}"
+    tmp.mkdir()
+    placed = False
+    try:
+        result = build(tmp)
+        with signals_held():
+            _swap(tmp, out)
+            placed = True
+    except BaseException as exc:
+        if not placed:
+            shutil.rmtree(tmp, ignore_errors=True)
+        exc.report_placed = placed
+        raise
+    return result

@@ -28,6 +28,7 @@ __all__ = [
     "IsotonicCalibration",
     "PlattScaling",
     "PosthocCalibrator",
+    "register_posthoc",
     "TemperatureScaling",
     "available_posthoc",
     "cross_validated_posthoc",
@@ -180,19 +181,31 @@ class IsotonicCalibration(PosthocCalibrator):
         return np.asarray(self.model.predict(as_prob(confidence)), dtype=np.float64)
 
 
-_REGISTRY: dict[str, type[PosthocCalibrator]] = {
-    "temperature": TemperatureScaling,
-    "platt": PlattScaling,
-    "isotonic": IsotonicCalibration,
-}
+_REGISTRY: dict[str, type[PosthocCalibrator]] = {}
+
+
+def register_posthoc(name: str, cls: type[PosthocCalibrator] | None = None, *, overwrite: bool = False):
+    """Declare post-hoc calibrator ``name``: a :class:`PosthocCalibrator` subclass (``fit(confidence, correct)``,
+    ``transform(confidence)``, both on probabilities in [0, 1], all it needs), as a class decorator or called with
+    it; ``calibrl eval --posthoc`` and :func:`cross_validated_posthoc` then take the name."""
+    from calibrl._registry import registering_decorator
+
+    decorate = registering_decorator(_REGISTRY, "post-hoc calibrator", name, overwrite)
+    return decorate if cls is None else decorate(cls)
+
+
+register_posthoc("temperature", TemperatureScaling)
+register_posthoc("platt", PlattScaling)
+register_posthoc("isotonic", IsotonicCalibration)
 
 
 def available_posthoc() -> list[str]:
+    """The declared calibrators' names, sorted."""
     return sorted(_REGISTRY)
 
 
 def get_posthoc(name: str, **kwargs: Any) -> PosthocCalibrator:
-    """A new, unfitted calibrator: ``"temperature"``, ``"platt"`` or ``"isotonic"``."""
+    """A new, unfitted calibrator of :func:`available_posthoc`: ``"temperature"``, ``"platt"``, ``"isotonic"``."""
     try:
         cls = _REGISTRY[name]
     except KeyError:

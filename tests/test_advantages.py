@@ -894,3 +894,23 @@ def test_every_builtin_estimator_gives_finite_advantages_on_edge_groups():
         params = {"mask": "fixed"} if spec.noise_mask == "required" else {}
         advantages = compute_advantages(RolloutBatch(**rows), spec.name, **params)
         assert torch.isfinite(advantages).all(), spec.name
+
+
+def test_capo_parameters_have_one_check_for_the_config_and_the_estimator():
+    """The TRL config and the estimators run the same check (calibrl.advantages.capo.check_capo_params), named by
+    the config's fields in the one and by the estimator's parameters in the other."""
+    from calibrl.advantages.capo import check_capo_params
+    from calibrl.trl.config import CalibratedGRPOConfig
+
+    bad = {"ref_high_quantile": 0.5, "ref_low_quantile": 0.9}
+    with pytest.raises(ValueError, match=r"^capo: ref_low_quantile \(0.9\) must not exceed ref_high_quantile"):
+        check_capo_params(bad)
+    with pytest.raises(ValueError, match=r"^capo_ref_low_quantile \(0.9\) must not exceed capo_ref_high_quantile"):
+        CalibratedGRPOConfig(output_dir="unused", use_cpu=True, bf16=False, capo_ref_high_quantile=0.5, capo_ref_low_quantile=0.9)
+    batch = RolloutBatch(rewards=torch.tensor([1.0, 0.0]), group_ids=torch.tensor([0, 0]),
+                         logprob_mean=torch.tensor([-0.1, -0.2]), ref_logprob_mean=torch.tensor([-0.1, -0.2]))
+    with pytest.raises(ValueError, match=r"^capo: ref_low_quantile \(0.9\) must not exceed"):
+        compute_advantages(batch, "capo", mask="batch_quantile", **bad)
+    for name, value in (("tau", 0.0), ("ref_high", float("inf")), ("ref_quantile_batches", 0), ("mask", "median")):
+        with pytest.raises(ValueError, match=rf"^capo_{name} "):
+            CalibratedGRPOConfig(output_dir="unused", use_cpu=True, bf16=False, **{f"capo_{name}": value})

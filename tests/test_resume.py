@@ -150,6 +150,7 @@ def _capo_quantile_trainer(out: Path, max_steps: int):
 def test_capo_frozen_quantile_thresholds_are_checkpointed_and_restored(tmp_path):
     import math
 
+    from calibrl.advantages.capo import MASK_SETTING_KEYS, read_mask_states
     from calibrl.trl.trainer import CAPO_MASK_STATE_FILE
 
     torch.set_num_threads(1)
@@ -159,11 +160,14 @@ def test_capo_frozen_quantile_thresholds_are_checkpointed_and_restored(tmp_path)
     log_ppl = -first.steps[0][1].ref_logprob_mean
     expected = (math.exp(float(torch.quantile(log_ppl, 0.75))), math.exp(float(torch.quantile(log_ppl, 0.25))))
     for step in (1, 2):
-        saved = json.loads((out / f"checkpoint-{step}" / CAPO_MASK_STATE_FILE).read_text())
+        (entry,) = read_mask_states(str(out / f"checkpoint-{step}"))  # the format verl's checkpoints use too
+        assert entry["estimator"] == "capo" and set(entry["settings"]) == set(MASK_SETTING_KEYS)
+        saved = entry["state"]
         assert saved["ref_ppl_high_low"] == pytest.approx(list(expected), rel=1e-6)
         assert saved["log_thresholds"] == list(first.capo_quantile_mask.log_thresholds)
 
-    # Thresholds no batch of this run would give: the resumed run must read them, not estimate new ones.
+    # Thresholds no batch of this run would give: the resumed run must read them, not estimate new ones (planted
+    # as an earlier calibrl wrote the file, one bare state: still read)
     planted = dict(saved, log_thresholds=[math.log(7.0), math.log(1.5)])
     (out / "checkpoint-1" / CAPO_MASK_STATE_FILE).write_text(json.dumps(planted))
     resumed = _capo_quantile_trainer(out, max_steps=3)
@@ -171,7 +175,7 @@ def test_capo_frozen_quantile_thresholds_are_checkpointed_and_restored(tmp_path)
     assert resumed.state.global_step == 3 and len(resumed.steps) == 2  # steps 2 and 3
     for params, _ in resumed.steps:
         assert (params["ref_high"], params["ref_low"]) == pytest.approx((7.0, 1.5), rel=1e-12)
-    saved = json.loads((out / "checkpoint-3" / CAPO_MASK_STATE_FILE).read_text())
+    saved = read_mask_states(str(out / "checkpoint-3"))[0]["state"]
     assert saved["ref_ppl_high_low"] == pytest.approx([7.0, 1.5], rel=1e-12)
 
     # A checkpoint without the file (saved with another mask): estimated again from the first batch after it.

@@ -6,7 +6,6 @@ Every run is a few optimizer steps of a ~0.2M-parameter model with 8-token compl
 from __future__ import annotations
 
 import math
-import warnings
 
 import pytest
 import torch
@@ -942,8 +941,8 @@ def test_grpo_mask_zeroes_masked_rows_of_the_grpo_advantage(tmp_path):
     assert _logged(trainer, "capo/ref_ppl_high") == pytest.approx([high] * 2, rel=1e-6)
     assert _logged(trainer, "capo/ref_ppl_low") == pytest.approx([low] * 2, rel=1e-6)
     assert _logged(trainer, "calibration/estimator/mask_fraction")
-    saved = json.loads((tmp_path / "out" / "checkpoint-2" / CAPO_MASK_STATE_FILE).read_text())
-    assert saved["ref_ppl_high_low"] == pytest.approx([high, low], rel=1e-6)
+    (saved,) = json.loads((tmp_path / "out" / "checkpoint-2" / CAPO_MASK_STATE_FILE).read_text())
+    assert saved["estimator"] == "capo" and saved["state"]["ref_ppl_high_low"] == pytest.approx([high, low], rel=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------------- Clip-Cov / KL-Cov
@@ -1109,3 +1108,22 @@ def test_the_trainer_takes_the_builtin_tiny_model_by_name(tmp_path):
                                     args=_config(tmp_path, advantage_estimator="grpo"), train_dataset=_dataset())
     assert type(trainer.model).__name__ == "LlamaForCausalLM"
     assert trainer.processing_class.__class__.__name__ == type(build_tiny_model()[1]).__name__
+
+
+def test_rollout_reads_the_text_the_reward_grades():
+    """A conversational completion with a tool message: DCPO's stated confidence is read from the assistant's text
+    alone, the text the correctness reward grades (joining every message would read the tool's tag)."""
+    from calibrl.tasks.rewards import completion_text
+    from calibrl.trl.rollout import stated_confidences
+
+    said = "so <confidence>0.8</confidence>"
+    completion = [{"role": "assistant", "content": said}, {"role": "tool", "content": "<confidence>0.1</confidence>"}]
+    assert completion_text(completion) == said
+
+    class CharTokenizer:
+        def decode(self, ids):
+            return "".join(chr(i) for i in ids)
+
+    ids = [ord(c) for c in said]
+    stated, starts = stated_confidences([completion], [ids], [len(ids)], CharTokenizer())
+    assert stated == [pytest.approx(0.8)] and 0 < starts[0] <= len(ids)

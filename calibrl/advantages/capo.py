@@ -60,6 +60,7 @@ below the smallest normal number of the working dtype) raises a ValueError namin
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -303,6 +304,46 @@ class FrozenQuantileMask:
         self._pool = [torch.tensor(pool, dtype=torch.float64)] if pool else []
 
 
+# the estimator parameters that set a quantile mask: one state per estimator and distinct values of these
+MASK_SETTING_KEYS = ("ref_high_quantile", "ref_low_quantile", "ref_quantile_batches", "ref_high", "ref_low")
+
+
+def mask_settings(params: dict[str, Any]) -> dict[str, Any]:
+    """The quantile-mask settings of estimator ``params`` (:data:`MASK_SETTING_KEYS`), as a checkpoint records them."""
+    return {k: params.get(k) for k in MASK_SETTING_KEYS}
+
+
+def write_mask_states(folder: str, states: list[tuple[str, dict[str, Any], FrozenQuantileMask]]) -> None:
+    """Write ``states`` ((estimator name, :func:`mask_settings`, state) each) to ``folder/QUANTILE_MASK_FILE`` as a
+    list of ``{"estimator", "settings", "state"}``: the one format of TRL's and verl's checkpoints. Written whole
+    (a temporary file renamed), so a crash leaves the old file or none, never half of one."""
+    import json
+    import os
+
+    from calibrl._files import write_then_rename
+
+    os.makedirs(folder, exist_ok=True)
+    entries = [{"estimator": name, "settings": settings, "state": state.state_dict()}
+               for name, settings, state in states]
+    write_then_rename(os.path.join(folder, QUANTILE_MASK_FILE), json.dumps(entries, default=str))
+
+
+def read_mask_states(folder: str) -> list[dict[str, Any]] | None:
+    """The entries :func:`write_mask_states` wrote in ``folder`` (None when there is no file). A file of an earlier
+    calibrl's TRL checkpoint, one bare state, reads as one entry whose ``estimator`` and ``settings`` are None."""
+    import json
+    import os
+
+    path = os.path.join(folder, QUANTILE_MASK_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        content = json.load(f)
+    if isinstance(content, dict):  # written before the two engines shared this format: TRL's bare state
+        return [{"estimator": None, "settings": None, "state": content}]
+    return content
+
+
 def frozen_quantile_params(params: dict[str, Any], *, batch: RolloutBatch, state: FrozenQuantileMask,
                            update: bool = True) -> dict[str, Any]:
     """capo / grpo_mask estimator ``params`` with ``mask="quantile"``'s thresholds taken from ``state``: ``ref_high`` /
@@ -348,30 +389,46 @@ def _safe_exp(x: float) -> float:
         return math.inf
 
 
-def _check_params(tau: float, normalize: str, mask: str, ref_high: float | None, ref_low: float | None,
-                  ref_high_quantile: float, ref_low_quantile: float) -> None:
-    if not (tau > 0 and math.isfinite(tau)):
-        raise ValueError(f"capo: tau must be a positive finite number, got {tau!r}")
-    if normalize not in _NORMALIZE:
-        raise ValueError(f"capo: normalize must be one of {_NORMALIZE}, got {normalize!r}")
-    _check_mask_params("capo", _MASKS, mask, ref_high, ref_low, ref_high_quantile, ref_low_quantile)
+def check_capo_params(params: dict[str, Any], *, estimator: str = "capo", masks: tuple[str, ...] = _MASKS,
+                      config_field: Callable[[str], str] | None = None) -> None:
+    """The one check of CAPO's parameters, for whichever of them ``params`` holds: ``tau`` (> 0, finite),
+    ``normalize`` (:data:`_NORMALIZE`), ``mask`` (one of ``masks``), ``ref_high`` / ``ref_low`` (perplexities > 0;
+    with ``mask="quantile"`` both or neither), ``ref_high_quantile`` / ``ref_low_quantile`` (in [0, 1], low <=
+    high), ``ref_quantile_batches`` (an integer >= 1). The estimators call it on every batch; the TRL config
+    (``config_field``: a parameter's config field, ``capo_<name>``) calls it before a model loads.
+    Raises ``ValueError`` naming the estimator (or the config field)."""
+    def name(param: str) -> str:
+        return config_field(param) if config_field is not None else f"{estimator}: {param}"
 
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
-def _check_mask_params(estimator: str, allowed: tuple[str, ...], mask: Any, ref_high: float | None,
-                       ref_low: float | None, ref_high_quantile: float, ref_low_quantile: float) -> None:
-    """The noise-mask parameters shared by ``capo`` and ``grpo_mask``; ``allowed``: the estimator's masks."""
-    if mask not in allowed:
-        raise ValueError(f"{estimator}: mask must be one of {allowed}, got {mask!r}")
-    if mask in ("fixed", "quantile") and not all(v is None or v > 0 for v in (ref_high, ref_low)):
-        raise ValueError(f"{estimator}: ref_high and ref_low are perplexities and must be > 0, got {ref_high!r}, "
-                         f"{ref_low!r}")
-    if mask == "quantile" and (ref_high is None) != (ref_low is None):
+    if "tau" in params and not (number(params["tau"]) and params["tau"] > 0):
+        raise ValueError(f"{name('tau')} must be a positive finite number, got {params['tau']!r}")
+    if "normalize" in params and params["normalize"] not in _NORMALIZE:
+        raise ValueError(f"{name('normalize')} must be one of {_NORMALIZE}, got {params['normalize']!r}")
+    mask = params.get("mask")
+    if "mask" in params and mask not in masks:
+        raise ValueError(f"{name('mask')} must be one of {masks}, got {mask!r}")
+    high, low = params.get("ref_high"), params.get("ref_low")
+    for key in ("ref_high", "ref_low"):
+        value = params.get(key)
+        if value is not None and not (number(value) and value > 0):
+            raise ValueError(f"{name(key)} is a perplexity and must be > 0 (and finite), got {value!r}")
+    if mask == "quantile" and config_field is None and (high is None) != (low is None):
         raise ValueError(f"{estimator}: mask='quantile' takes both frozen thresholds ref_high and ref_low (from a "
-                         f"FrozenQuantileMask) or neither, got ref_high={ref_high!r}, ref_low={ref_low!r}")
-    quantiles_ok = 0.0 <= ref_low_quantile <= 1.0 and 0.0 <= ref_high_quantile <= 1.0
-    if mask in ("quantile", "batch_quantile") and not quantiles_ok:
-        raise ValueError(f"{estimator}: ref_high_quantile and ref_low_quantile must lie in [0, 1], got "
-                         f"{ref_high_quantile!r}, {ref_low_quantile!r}")
+                         f"FrozenQuantileMask) or neither, got ref_high={high!r}, ref_low={low!r}")
+    for key in ("ref_high_quantile", "ref_low_quantile"):
+        value = params.get(key)
+        if value is not None and not (number(value) and 0.0 <= value <= 1.0):
+            raise ValueError(f"{name(key)} must be a number in [0, 1], got {value!r}")
+    hq, lq = params.get("ref_high_quantile"), params.get("ref_low_quantile")
+    if hq is not None and lq is not None and lq > hq:
+        other = config_field("ref_high_quantile") if config_field is not None else "ref_high_quantile"
+        raise ValueError(f"{name('ref_low_quantile')} ({lq}) must not exceed {other} ({hq})")
+    batches = params.get("ref_quantile_batches")
+    if batches is not None and (isinstance(batches, bool) or not isinstance(batches, int) or batches < 1):
+        raise ValueError(f"{name('ref_quantile_batches')} must be an integer >= 1, got {batches!r}")
 
 
 def _apply_noise_mask(advantages: torch.Tensor, *, correct: torch.Tensor, ref_logprob_mean: torch.Tensor, mask: str,
@@ -419,7 +476,8 @@ def capo_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_group
     Returns (advantages [N] in the rewards dtype, info) with info = {"mask_fraction", "mixed_group_fraction",
     and, when masking, "ref_high", "ref_low"} (ref_* are the perplexity thresholds actually used).
     """
-    _check_params(tau, normalize, mask, ref_high, ref_low, ref_high_quantile, ref_low_quantile)
+    check_capo_params({"tau": tau, "normalize": normalize, "mask": mask, "ref_high": ref_high, "ref_low": ref_low,
+                       "ref_high_quantile": ref_high_quantile, "ref_low_quantile": ref_low_quantile})
     if mask != "none" and ref_logprob_mean is None:
         raise _missing_reference("capo", mask)
     work = torch.promote_types(logprob_mean.dtype, torch.float32)
@@ -548,7 +606,8 @@ def grpo_mask_advantages(*, rewards: torch.Tensor, group_index: torch.Tensor, n_
     rewards, group_index, ref_logprob_mean [N] -> (advantages [N] in the rewards dtype, info) with info =
     {"mask_fraction" (of all N samples), "ref_high", "ref_low" (the perplexity thresholds actually used)}.
     """
-    _check_mask_params("grpo_mask", _GRPO_MASKS, mask, ref_high, ref_low, ref_high_quantile, ref_low_quantile)
+    check_capo_params({"mask": mask, "ref_high": ref_high, "ref_low": ref_low, "ref_high_quantile": ref_high_quantile,
+                       "ref_low_quantile": ref_low_quantile}, estimator="grpo_mask", masks=_GRPO_MASKS)
     base = grpo_advantages(rewards=rewards, group_index=group_index, n_groups=n_groups, eps=eps)
     advantages, info = _apply_noise_mask(
         base.to(torch.promote_types(rewards.dtype, torch.float32)), correct=rewards > threshold,
@@ -570,7 +629,8 @@ def grpo_mask(batch: RolloutBatch, *, mask: str | None = None, ref_high: float |
     ``"batch_quantile"`` (without a mask this is ``grpo``); the parameters are capo's mask parameters, and
     ``mask="quantile"`` is frozen by the engine adapters exactly as for capo (:func:`frozen_quantile_params`).
     """
-    _check_mask_params("grpo_mask", _GRPO_MASKS, mask, ref_high, ref_low, ref_high_quantile, ref_low_quantile)
+    check_capo_params({"mask": mask, "ref_high": ref_high, "ref_low": ref_low, "ref_high_quantile": ref_high_quantile,
+                       "ref_low_quantile": ref_low_quantile}, estimator="grpo_mask", masks=_GRPO_MASKS)
     if batch.ref_logprob_mean is None:
         raise _missing_reference("grpo_mask", mask)  # type: ignore[arg-type]
     index, n_groups = dense_group_index(batch.group_ids)

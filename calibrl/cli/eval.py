@@ -18,11 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import glob
 import json
-import os
-import secrets
-import shutil
 import signal
 import sys
 import tempfile
@@ -33,6 +29,7 @@ from typing import Any, Optional
 
 import typer
 
+from calibrl._files import recover_interrupted, replace_folder
 from calibrl.cli.app import app
 
 
@@ -152,7 +149,7 @@ def _check_inputs_resolve(files: list[Path]) -> None:
 
 def _check_out_writable(out: Path) -> None:
     """Refuse an --out whose folder cannot hold the report (``/proc/x``, a read-only place), before reading any
-    input: the report is built in a temporary folder beside ``out`` (:func:`_replace_folder`), tried here."""
+    input: the report is built in a temporary folder beside ``out`` (:func:`calibrl._files.replace_folder`), tried here."""
     try:
         parent = out.resolve().parent
         parent = next((p for p in (parent, *parent.parents) if p.exists()), parent)  # nothing created here
@@ -273,7 +270,9 @@ def eval_command(
     except PluginError as exc:
         _fail(str(exc))
     _check_inputs_resolve(files)
-    _recover_interrupted(out)
+    restored = recover_interrupted(out)
+    if restored is not None:
+        typer.echo(f"note: restored {out} from {restored.name}, left by an interrupted calibrl eval", err=True)
     _check_out_dir(out, files)
     _check_out_writable(out)
     _check_out_renamable(out)
@@ -324,7 +323,7 @@ class _Terminated(BaseException):
 
 
 def _write_report(out: Path, build: Callable[[Path, Callable, Callable], Any]) -> Any:
-    """``build(folder, step, track)`` into a temporary folder swapped in as ``out`` (:func:`_replace_folder`), with
+    """``build(folder, step, track)`` into a temporary folder swapped in as ``out`` (:func:`calibrl._files.replace_folder`), with
     progress shown; returns what ``build`` returned. A full disk or another failure to write, a failed swap and
     an interrupt (Ctrl-C, SIGTERM) end in one line and exit code 2, with ``out`` left as it was and the temporary
     folder removed."""
@@ -337,7 +336,7 @@ def _write_report(out: Path, build: Callable[[Path, Callable, Callable], Any]) -
         previous = None
     try:
         with _progress() as (step, track):
-            return _replace_folder(out, lambda folder: build(folder, step, track))
+            return replace_folder(out, lambda folder: build(folder, step, track))
     except (KeyboardInterrupt, _Terminated) as exc:
         why = "SIGTERM" if isinstance(exc, _Terminated) else "Ctrl-C (SIGINT)"
         _fail(f"interrupted by {why}; " + (f"the report was already in place in {out}" if getattr(
@@ -353,128 +352,15 @@ def _write_report(out: Path, build: Callable[[Path, Callable, Callable], Any]) -
             signal.signal(signal.SIGTERM, previous)
 
 
-def _pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (another one than this: this process's own leftovers are from a run that
-    ended)."""
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, ValueError):
-        return True
-    return True
-
-
-def _leftovers(out: Path, kind: str) -> list[tuple[Path, int]]:
-    """``(path, pid)`` of the ``.<out>.<kind>-<pid>...`` folders beside ``out`` whose process no longer runs."""
-    found = []
-    for path in out.parent.glob(f".{glob.escape(out.name)}.{kind}-*"):
-        pid_text = path.name[len(f".{out.name}.{kind}-"):].split("-", 1)[0]
-        if pid_text.isdigit() and path.is_dir() and not path.is_symlink() and not _pid_alive(int(pid_text)):
-            found.append((path, int(pid_text)))
-    return found
-
-
-def _recover_interrupted(out: Path) -> None:
-    """Undo what a killed run left beside ``out``: when ``out`` is missing, the newest ``.<out>.old-<pid>`` (a run
-    killed between its two renames) is renamed back to ``out``; other ``.old-`` folders and the ``.tmp-<pid>-``
-    build folders of processes that no longer run are removed. Folders of running processes are left alone."""
-    out = out.resolve()
-    if not out.parent.is_dir():
-        return
-    olds = sorted(_leftovers(out, "old"), key=lambda item: item[0].stat().st_mtime, reverse=True)
-    if olds and not out.exists() and not out.is_symlink():
-        olds[0][0].rename(out)
-        typer.echo(f"note: restored {out} from {olds[0][0].name}, left by an interrupted calibrl eval", err=True)
-        olds = olds[1:]
-    for path, _pid in olds + _leftovers(out, "tmp"):
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Hold Ctrl-C and SIGTERM back until the block ends: between the two renames of a swap the previous report
-    is only in ``.<out>.old-<pid>``, and an interrupt there would leave it so."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held) if hasattr(signal, "pthread_sigmask") else None
-    try:
-        yield
-    finally:
-        if previous is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-def _old_name(out: Path) -> Path:
-    """Where ``out`` is moved aside during a swap: ``.<out>.old-<pid>`` (:func:`_recover_interrupted` knows it)."""
-    return out.parent / f".{out.name}.old-{os.getpid()}"
-
-
 def _check_out_renamable(out: Path) -> None:
     """Refuse an existing --out that cannot be renamed (a mount point, a folder in a sticky folder of another
-    user), before reading any input: the report replaces it by renaming. Tried by renaming it aside and back,
-    signals held (a run killed in between is undone by the next one, :func:`_recover_interrupted`)."""
-    if not out.is_dir():
-        return
-    out = out.resolve()
-    aside = _old_name(out)
-    with _signals_held():
-        try:
-            out.rename(aside)
-        except OSError as exc:
-            mount = "; it is a mount point" if os.path.ismount(out) else ""
-            _fail(f"--out {out} cannot be replaced: the report is put in its place by renaming, and renaming it "
-                  f"fails ({exc.strerror or exc}){mount}; choose a folder inside it or elsewhere")
-        try:
-            aside.rename(out)
-        except OSError as exc:
-            _fail(f"--out {out} was moved to {aside} to test it and cannot be moved back ({exc.strerror or exc}); "
-                  "rename it back")
+    user), before reading any input: the report replaces it by renaming (:func:`calibrl._files.check_renamable`)."""
+    from calibrl._files import FolderError, check_renamable
 
-
-def _swap(tmp: Path, out: Path) -> None:
-    """Rename ``tmp`` to ``out``: a previous ``out`` is moved aside first and removed once ``tmp`` is in place.
-    When ``tmp`` cannot be put in place the previous report is moved back, unless another run's report has taken
-    its place meanwhile (two evals on one --out): that one is newer and kept, the one moved aside removed. Raises
-    the OSError of the failed rename."""
-    old = _old_name(out) if out.exists() else None
-    if old is not None:
-        out.rename(old)
     try:
-        tmp.rename(out)
-    except OSError:
-        if old is not None:
-            try:
-                old.rename(out)
-            except OSError:
-                shutil.rmtree(old, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _replace_folder(out: Path, build: Callable[[Path], Any]) -> Any:
-    """Run ``build(folder)`` on a fresh temporary folder beside ``out`` and rename it to ``out`` (replacing a
-    previous one) once it returns; on any error or interrupt the temporary folder is removed and ``out`` is left
-    as it was (an exception after the swap carries ``report_placed = True``). Returns what ``build`` returned."""
-    out = out.resolve()  # "." or "rep/" have no usable name/parent for the temp folder and the swap
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # mkdir, not mkdtemp: the report gets the permissions of any new folder (0o755 under umask 022), not 0o700
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(6)}"
-    tmp.mkdir()
-    placed = False
-    try:
-        result = build(tmp)
-        with _signals_held():
-            _swap(tmp, out)
-            placed = True
-    except BaseException as exc:
-        if not placed:
-            shutil.rmtree(tmp, ignore_errors=True)
-        exc.report_placed = placed
-        raise
-    return result
+        check_renamable(out)
+    except FolderError as exc:
+        _fail(f"--out {exc}")
 
 
 @contextlib.contextmanager

@@ -74,7 +74,7 @@ def _confidence_metrics(conf: np.ndarray, target: np.ndarray, score: np.ndarray,
     confident samples."""
     inputs = MetricInputs({"confidence": conf, "score": score, "correct": target, "prompt_index": pidx},
                           {"n_bins": n_bins})
-    out = {m.name: _f(v) for m, v in _declared("eval", inputs, reads_confidence=True)}
+    out = _declared("eval", inputs, reads_confidence=True)
     by_conf = inputs["confidence_ranking"]  # AURC's ranking: the confidence thresholded to answer or abstain
     out["precision_at_coverage"] = {str(k): _f(v) for k, v in by_conf.precision_at_coverage.items()}
     return out
@@ -83,15 +83,12 @@ def _confidence_metrics(conf: np.ndarray, target: np.ndarray, score: np.ndarray,
 _CONFIDENCE_INPUTS = frozenset({"confidence", "score", "ranking", "confidence_ranking", "per_prompt", "decision_prob"})
 
 
-def _declared(context: str, inputs: MetricInputs, *, reads_confidence: bool):
-    """``(metric, value)`` of the declared metrics of ``context`` that apply to ``inputs``: those that read a
-    confidence (``reads_confidence``) or those that read correctness alone (accuracy), so each is computed
-    against its own target (a class_probs confidence predicts the top class, the accuracy counts ``correct``)."""
-    for m in metrics_for(context):
-        if bool(m.needs & _CONFIDENCE_INPUTS) == reads_confidence and m.applies(inputs):
-            value = m.compute(inputs)
-            if value is not None:
-                yield m, value
+def _declared(context: str, inputs: MetricInputs, *, reads_confidence: bool) -> dict[str, Any]:
+    """The declared metrics of ``context`` that apply to ``inputs`` and read a confidence (``reads_confidence``)
+    or correctness alone (accuracy), so that each is computed against its own target (a class_probs confidence
+    predicts the top class, the accuracy counts ``correct``); JSON-friendly values."""
+    found = compute_metrics(context, inputs, where=lambda m: bool(m.needs & _CONFIDENCE_INPUTS) == reads_confidence)
+    return {name: _f(value) for name, value in found.items()}
 
 
 def source_arrays(samples: Samples, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -372,8 +369,8 @@ def _counts_block(samples: Samples) -> dict[str, Any]:
         "n_prompts": samples.n_prompts,
         "samples_per_prompt": {"min": kmax, "max": int(sizes.max())},
         "confidence": samples.confidence_kind,
-        **{m.name: _f(v) for m, v in _declared("eval", MetricInputs({"correct": samples.correct, "prompt_index": pidx}),
-                                                reads_confidence=False)},  # accuracy, and any other of correctness alone
+        # accuracy, and any other declared metric of correctness alone
+        **_declared("eval", MetricInputs({"correct": samples.correct, "prompt_index": pidx}), reads_confidence=False),
         "pass@1": _f(M.pass_at_k(samples.correct, pidx, 1)),
     }
     if samples.truncated is not None:  # what the accuracy is made of: completions cut short, answers not found

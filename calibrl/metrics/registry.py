@@ -304,14 +304,15 @@ def metrics_for(context: str) -> list[Metric]:
 
 
 def compute_metrics(context: str, inputs: MetricInputs | Mapping[str, Any], *,
-                    settings: Mapping[str, Any] | None = None) -> dict[str, float]:
-    """``{name: value}`` of every metric of ``context`` whose inputs ``inputs`` hold (NaN: undefined; metrics that
-    return None are left out), in declaration order."""
+                    settings: Mapping[str, Any] | None = None,
+                    where: Callable[[Metric], bool] | None = None) -> dict[str, float]:
+    """``{name: value}`` of every metric of ``context`` whose inputs ``inputs`` hold (and that ``where`` accepts),
+    in declaration order (NaN: undefined; metrics that return None are left out)."""
     if not isinstance(inputs, MetricInputs):
         inputs = MetricInputs(inputs, settings)
     out: dict[str, float] = {}
     for m in metrics_for(context):
-        if m.applies(inputs):
+        if (where is None or where(m)) and m.applies(inputs):
             value = m.compute(inputs)
             if value is not None:
                 out[m.name] = value

@@ -292,12 +292,13 @@ class CalibratedGRPOConfig(GRPOConfig):
         super().__post_init__()
         if isinstance(self.decision_classes, str):
             self.decision_classes = [c for c in self.decision_classes.split(",") if c]
-        for name in ("capo_mask",):
-            if getattr(self, name) not in ("none", "fixed", "quantile", "batch_quantile"):
-                raise ValueError(f"{name} must be 'none', 'fixed', 'quantile' or 'batch_quantile', got "
-                                 f"{getattr(self, name)!r}")
-        if self.capo_normalize not in ("group", "pairs", "none"):
-            raise ValueError(f"capo_normalize must be 'group', 'pairs' or 'none', got {self.capo_normalize!r}")
+        from calibrl.advantages.capo import check_capo_params
+
+        # CAPO's fields, checked by the one check the estimators run on every batch (named here by their fields)
+        check_capo_params({p: getattr(self, f"capo_{p}") for p in ("tau", "normalize", "mask", "ref_high", "ref_low",
+                                                                   "ref_high_quantile", "ref_low_quantile",
+                                                                   "ref_quantile_batches")},
+                          config_field=lambda p: f"capo_{p}")
         if self.cde_omega_schedule not in ("constant", "linear", "cosine"):
             raise ValueError(f"cde_omega_schedule must be constant, linear or cosine, got {self.cde_omega_schedule!r}")
         if self.rollout_logprobs not in ("auto", "forward"):
@@ -320,7 +321,7 @@ class CalibratedGRPOConfig(GRPOConfig):
         checked when the trainer is built (an estimator may be registered after the config)."""
         if self.gcpo_measure not in ("cosine", "barycentric"):
             raise ValueError(f"gcpo_measure must be 'cosine' or 'barycentric', got {self.gcpo_measure!r}")
-        positive = ("capo_tau", "capo_ref_high", "capo_ref_low", "temperature")
+        positive = ("temperature",)
         for name in positive:
             value = getattr(self, name)
             if not _is_number(value) or not math.isfinite(value) or value <= 0:
@@ -335,16 +336,6 @@ class CalibratedGRPOConfig(GRPOConfig):
         if not _is_number(self.max_steps) or self.max_steps == 0 or self.max_steps < -1:
             raise ValueError(f"max_steps must be a positive integer (or -1: train num_train_epochs), got "
                              f"{self.max_steps!r}")
-        for name in ("capo_ref_high_quantile", "capo_ref_low_quantile"):
-            value = getattr(self, name)
-            if not _is_number(value) or not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
-        batches = self.capo_ref_quantile_batches
-        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
-            raise ValueError(f"capo_ref_quantile_batches must be an integer >= 1, got {batches!r}")
-        if self.capo_ref_low_quantile > self.capo_ref_high_quantile:
-            raise ValueError(f"capo_ref_low_quantile ({self.capo_ref_low_quantile}) must not exceed "
-                             f"capo_ref_high_quantile ({self.capo_ref_high_quantile})")
         coef = self.decision_loss_coef
         if not _is_number(coef) or not math.isfinite(coef) or coef < 0:
             raise ValueError(f"decision_loss_coef must be a finite number >= 0, got {coef!r}")

@@ -45,6 +45,9 @@ from typing import Any, Callable
 import torch
 
 from calibrl.batch import RolloutBatch, masked_row_mean
+# the text the correctness reward grades (assistant messages only): SEED-GRPO's answers and DCPO's stated
+# confidence are read from the same text
+from calibrl.tasks.rewards import completion_text
 
 __all__ = [
     "Rollout",
@@ -86,21 +89,6 @@ def has_answer(text: str, classes: list[str] | None = None) -> bool:
     if last_boxed(text) is not None:
         return True
     return bool(classes) and extract_decision(text, classes)[0] is not None
-
-
-def completion_text(completion: Any) -> str:
-    """A TRL completion as text: a string as is; a conversational one (``[{"role", "content"}]``) joined."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list):  # conversational: [{"role": "assistant", "content": ...}]
-        parts = []
-        for message in completion:
-            content = message.get("content", "") if isinstance(message, dict) else str(message)
-            if isinstance(content, list):
-                content = "".join(c.get("text", "") for c in content if isinstance(c, dict))
-            parts.append(str(content))
-        return "\n".join(parts)
-    return str(completion)
 
 
 def answer_ids(answers: list[str | None], group_ids: list[int]) -> list[int]:

@@ -106,7 +106,7 @@ def calibration_metrics(
             (``CalibratedGRPOConfig.correctness_reward``), not the total.
         valid: [N] bool, the rows to use (overrides ``batch.lengths > 0``).
     """
-    from calibrl.metrics.registry import compute_metrics, metric
+    from calibrl.metrics.registry import compute_metrics
 
     if correct is None:
         correct = _np(batch.rewards).astype(np.float64) > threshold
@@ -137,8 +137,7 @@ def calibration_metrics(
     if decision_probs is not None:  # against their own correctness (decision_correct) when the trainer gives one
         d_correct = correct if decision_correct is None else _np(decision_correct).astype(bool).reshape(-1)[keep]
         decided = {"decision_prob": _np(decision_probs).astype(np.float64).reshape(-1)[keep], "correct": d_correct}
-        out.update({k: v for k, v in compute_metrics("telemetry", decided).items()
-                    if "decision_prob" in metric(k).needs})
+        out.update(compute_metrics("telemetry", decided, where=lambda m: "decision_prob" in m.needs))
     return out
 
 

@@ -38,7 +38,6 @@ Every TRL option that does not conflict keeps working: ``loss_type``, ``importan
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -49,7 +48,8 @@ import torch
 from trl import GRPOTrainer
 
 from calibrl.advantages import EstimatorFailed, EstimatorOutputError, compute_advantages, estimator_spec
-from calibrl.advantages.capo import QUANTILE_MASK_FILE, FrozenQuantileMask, frozen_quantile_params
+from calibrl.advantages.capo import (QUANTILE_MASK_FILE, FrozenQuantileMask, frozen_quantile_params, mask_settings,
+                                     read_mask_states, write_mask_states)
 from calibrl.advantages.grpo import grpo as calibrl_grpo
 from calibrl.batch import RolloutBatch, masked_row_mean
 from calibrl.models import resolve_model
@@ -291,9 +291,8 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         presence marks a complete one (:mod:`calibrl.trl.checkpoints`)."""
         if self.capo_quantile_mask is not None and self.args.should_save:
             folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-            os.makedirs(folder, exist_ok=True)
-            with open(os.path.join(folder, CAPO_MASK_STATE_FILE), "w") as f:
-                json.dump(self.capo_quantile_mask.state_dict(), f)
+            write_mask_states(folder, [(self.args.advantage_estimator, mask_settings(self._calibrl_params),
+                                        self.capo_quantile_mask)])
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
@@ -303,13 +302,14 @@ class CalibratedGRPOTrainer(GRPOTrainer):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None or self.capo_quantile_mask is None:
             return
-        path = os.path.join(checkpoint, CAPO_MASK_STATE_FILE)
-        if not os.path.isfile(path):
+        entries = read_mask_states(checkpoint)
+        if not entries:
             logger.warning("capo_mask='quantile': %s has no %s; the thresholds are estimated again from the next "
                            "training batch", checkpoint, CAPO_MASK_STATE_FILE)
             return
-        with open(path) as f:
-            self.capo_quantile_mask.load_state_dict(json.load(f))
+        # this run's estimator's entry (an earlier calibrl's file holds one bare state: its estimator is None)
+        mine = [e for e in entries if e["estimator"] in (None, self.args.advantage_estimator)]
+        self.capo_quantile_mask.load_state_dict((mine or entries)[0]["state"])
 
     def _get_train_sampler(self, dataset=None):
         """Mirrors ``GRPOTrainer._get_train_sampler`` (TRL 1.16): its ``RepeatSampler``, as one whose

@@ -57,7 +57,8 @@ import torch
 
 import calibrl
 from calibrl.advantages import estimator_spec
-from calibrl.advantages.capo import QUANTILE_MASK_FILE, FrozenQuantileMask, frozen_quantile_params
+from calibrl.advantages.capo import (QUANTILE_MASK_FILE, FrozenQuantileMask, frozen_quantile_params, mask_settings,
+                                     read_mask_states, write_mask_states)
 from calibrl.batch import RolloutBatch, RolloutBatchError, masked_row_mean
 from calibrl.selection.answers import group_answer_ids
 from calibrl.verl.hooks import RAY_TRAINER, current_data
@@ -71,7 +72,6 @@ _LAST_INFO: dict[str, float] = {}
 
 # (estimator, its quantile settings) -> the frozen thresholds of CAPO's mask="quantile" in this process
 _QUANTILE_MASKS: dict[tuple[str, str], FrozenQuantileMask] = {}
-_QUANTILE_KEYS = ("ref_high_quantile", "ref_low_quantile", "ref_quantile_batches", "ref_high", "ref_low")
 
 
 def quantile_mask_state(name: str, params: dict[str, Any]) -> FrozenQuantileMask | None:
@@ -85,7 +85,7 @@ def quantile_mask_state(name: str, params: dict[str, Any]) -> FrozenQuantileMask
         return None
     if spec.noise_mask == "no" or params.get("mask") != "quantile":
         return None
-    key = (name, json.dumps({k: params.get(k) for k in _QUANTILE_KEYS}, sort_keys=True, default=str))
+    key = (name, json.dumps(mask_settings(params), sort_keys=True, default=str))
     state = _QUANTILE_MASKS.get(key)
     if state is None:
         state = _QUANTILE_MASKS[key] = FrozenQuantileMask.from_params(params)
@@ -98,30 +98,27 @@ def reset_quantile_masks() -> None:
 
 
 def save_quantile_masks(folder: str) -> None:
-    """Write every quantile-mask state of this process to ``folder/calibrl_capo_mask.json`` (a list of
-    {estimator, settings, state}); nothing when there is none."""
-    if not _QUANTILE_MASKS:
-        return
-    os.makedirs(folder, exist_ok=True)
-    entries = [{"estimator": name, "settings": json.loads(settings), "state": state.state_dict()}
-               for (name, settings), state in _QUANTILE_MASKS.items()]
-    with open(os.path.join(folder, QUANTILE_MASK_FILE), "w") as f:
-        json.dump(entries, f)
+    """Write every quantile-mask state of this process to ``folder/calibrl_capo_mask.json``
+    (:func:`calibrl.advantages.capo.write_mask_states`, the format TRL's checkpoints share); nothing when there is
+    none."""
+    if _QUANTILE_MASKS:
+        write_mask_states(folder, [(name, json.loads(settings), state)
+                                   for (name, settings), state in _QUANTILE_MASKS.items()])
 
 
 def load_quantile_masks(folder: str) -> bool:
     """Restore the states :func:`save_quantile_masks` wrote in ``folder``; False (and nothing changed) when the file
     is absent."""
-    path = os.path.join(folder, QUANTILE_MASK_FILE)
-    if not os.path.isfile(path):
+    entries = read_mask_states(folder)
+    if entries is None:
         return False
-    with open(path) as f:
-        entries = json.load(f)
     for entry in entries:
+        if entry["estimator"] is None:  # a TRL checkpoint of an earlier calibrl: no estimator to give it to
+            continue
         state = quantile_mask_state(entry["estimator"], {**entry["settings"], "mask": "quantile"})
         if state is not None:
             state.load_state_dict(entry["state"])
-    logger.info("calibrl: restored CAPO's frozen quantile thresholds from %s", path)
+    logger.info("calibrl: restored CAPO's frozen quantile thresholds from %s", os.path.join(folder, QUANTILE_MASK_FILE))
     return True
 
 
