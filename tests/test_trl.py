@@ -942,7 +942,7 @@ def test_grpo_mask_zeroes_masked_rows_of_the_grpo_advantage(tmp_path):
     assert _logged(trainer, "capo/ref_ppl_low") == pytest.approx([low] * 2, rel=1e-6)
     assert _logged(trainer, "calibration/estimator/mask_fraction")
     (saved,) = json.loads((tmp_path / "out" / "checkpoint-2" / CAPO_MASK_STATE_FILE).read_text())
-    assert saved["estimator"] == "capo" and saved["state"]["ref_ppl_high_low"] == pytest.approx([high, low], rel=1e-6)
+    assert saved["estimator"] == "grpo_mask" and saved["state"]["ref_ppl_high_low"] == pytest.approx([high, low], rel=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------------- Clip-Cov / KL-Cov
