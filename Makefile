@@ -30,8 +30,10 @@ setup: $(BIN)/calibrl
 demo: setup
 	$(BIN)/calibrl demo --out runs/demo
 
+# two pytest workers (pytest-xdist), a test file each at a time: the files share module fixtures (a warm start, a
+# converted model) and some launch their own processes, so whole files go to one worker
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 	PYTHON=$(PYTHON) bash scripts/setup_verl_env.sh .venv-verl
 	.venv-verl/bin/python -m pytest tests/test_verl.py tests/test_verl_entry_point.py tests/verl_e2e/test_verl_cpu_runtime.py
 	CALIBRL_VERL_E2E=1 CALIBRL_VERL_E2E_CASES=capo_legacy .venv-verl/bin/python -m pytest tests/verl_e2e/test_verl_e2e.py

@@ -271,7 +271,8 @@ def test_eval_says_on_the_terminal_which_asked_for_methods_did_not_run(tmp_path)
     rows = [{"prompt_id": p, "correct": k % 2 == 0, "answer": str(k % 2), "logprob_mean": -0.5 - 0.1 * k}
             for p in range(3) for k in range(4)]
     result = CliRunner().invoke(app, ["eval", str(_write_jsonl(tmp_path / "s.jsonl", rows)), "--out",
-                                      str(tmp_path / "e"), "--methods", "majority,deepconf_mean,deepconf_tail_top10"])
+                                      str(tmp_path / "e"), "--bootstrap", "30",
+                                      "--methods", "majority,deepconf_mean,deepconf_tail_top10"])
     assert result.exit_code == 0, result.output
     assert "note: s: not run: deepconf_mean, deepconf_tail_top10 (no token_confidence in the input)" in result.output
 
@@ -755,7 +756,8 @@ def test_the_report_says_why_the_four_signals_agree_when_no_trace_fills_a_window
              "token_confidence": rng.uniform(0, 3, size=30).tolist()} for p in range(10) for k in range(4)]
     path = str(_write_jsonl(tmp_path / "s.jsonl", rows))
     for out, extra, said in (("short", [], True), ("window", ["--deepconf-window", "8", "--deepconf-tail", "8"], False)):
-        result = CliRunner().invoke(app, ["eval", path, "--out", str(tmp_path / out), "--methods", "", *extra])
+        result = CliRunner().invoke(app, ["eval", path, "--out", str(tmp_path / out), "--methods", "",
+                                          "--bootstrap", "30", *extra])
         assert result.exit_code == 0, result.output
         text = " ".join((tmp_path / out / "report.md").read_text().split())
         assert ("the four DeepConf signals are equal on every row" in text) is said

@@ -248,7 +248,8 @@ def test_every_figure_of_an_eval_draws_its_texts_as_words(tmp_path, monkeypatch)
     rows = [{"prompt_id": p, "correct": bool(rng.random() < 0.5), "answer": str(rng.integers(0, 3)),
              "logprob_mean": float(-rng.random())} for p in range(12) for _ in range(8)]
     (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    result = CliRunner().invoke(app, ["eval", str(tmp_path / "s.jsonl"), "--out", str(tmp_path / "e")])
+    result = CliRunner().invoke(app, ["eval", str(tmp_path / "s.jsonl"), "--out", str(tmp_path / "e"),
+                                      "--bootstrap", "30"])
     assert result.exit_code == 0, result.output
     names = {name for name, _, _ in drawn}
     assert any(name.endswith("scaling.png") for name in names), names

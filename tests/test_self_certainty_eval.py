@@ -218,7 +218,7 @@ def test_eval_report_lists_self_certainty_in_the_which_confidence_table(tmp_path
     for r in rows:
         r["answer"] = "1" if r["correct"] else "2"
     result = CliRunner().invoke(app, ["eval", str(_write_jsonl(tmp_path / "s.jsonl", rows)), "--out",
-                                      str(tmp_path / "report"), "--methods", ""])
+                                      str(tmp_path / "report"), "--methods", "", "--bootstrap", "30"])
     assert result.exit_code == 0, result.output
     lines = (tmp_path / "report" / "report.md").read_text().splitlines()
     table = lines[next(i for i, line in enumerate(lines) if line.startswith("Which confidence to trust")):]
