@@ -32,11 +32,16 @@ demo: setup
 
 # two pytest workers (pytest-xdist), a test file each at a time: the files share module fixtures (a warm start, a
 # converted model) and some launch their own processes, so whole files go to one worker
+# .venv-verl is built (mostly downloads) while the suite runs; its log is printed when it fails
 test: setup
-	$(BIN)/python -m pytest -n 2 --dist loadfile
-	PYTHON=$(PYTHON) bash scripts/setup_verl_env.sh .venv-verl
-	.venv-verl/bin/python -m pytest tests/test_verl.py tests/test_verl_entry_point.py tests/verl_e2e/test_verl_cpu_runtime.py
-	CALIBRL_VERL_E2E=1 CALIBRL_VERL_E2E_CASES=capo_legacy .venv-verl/bin/python -m pytest tests/verl_e2e/test_verl_e2e.py
+	@mkdir -p runs
+	@PYTHON=$(PYTHON) bash scripts/setup_verl_env.sh .venv-verl > runs/setup_verl_env.log 2>&1 & verl=$$!; \
+	  $(BIN)/python -m pytest -n 2 --dist loadfile; suite=$$?; \
+	  if wait $$verl; then grep -h '^setup_verl_env: [^a]' runs/setup_verl_env.log; \
+	  else cat runs/setup_verl_env.log; echo "make test: building .venv-verl failed (runs/setup_verl_env.log)"; exit 1; fi; \
+	  exit $$suite
+	CALIBRL_VERL_E2E=1 CALIBRL_VERL_E2E_CASES=capo_legacy .venv-verl/bin/python -m pytest -n 2 --dist loadfile \
+	  tests/test_verl.py tests/test_verl_entry_point.py tests/verl_e2e/test_verl_cpu_runtime.py tests/verl_e2e/test_verl_e2e.py
 
 # the suite across instruction sets and thread counts (docs/testing.md, "Across CPUs"); about 6x the suite's time
 TESTS ?= tests
