@@ -30,20 +30,18 @@ setup: $(BIN)/calibrl
 demo: setup
 	$(BIN)/calibrl demo --out runs/demo
 
-# The suite on two pytest workers (pytest-xdist), a test file each at a time: the files share module fixtures (a
-# warm start, a converted model) and some launch their own processes, so whole files go to one worker. Meanwhile
-# .venv-verl is built (mostly downloads) and the verl plugin's tests run in it, their output kept in
-# runs/verl_tests.log and printed after the suite's.
-VERL_TESTS := tests/test_verl.py tests/test_verl_entry_point.py tests/verl_e2e/test_verl_cpu_runtime.py tests/verl_e2e/test_verl_e2e.py
+# two pytest workers (pytest-xdist), a test file each at a time: the files share module fixtures (a warm start, a
+# converted model) and some launch their own processes, so whole files go to one worker
+# .venv-verl is built (mostly downloads) while the suite runs; its log is printed when it fails
 test: setup
 	@mkdir -p runs
-	@(PYTHON=$(PYTHON) bash scripts/setup_verl_env.sh .venv-verl && CALIBRL_VERL_E2E=1 CALIBRL_VERL_E2E_CASES=capo_legacy \
-	  .venv-verl/bin/python -m pytest $(VERL_TESTS)) > runs/verl_tests.log 2>&1 & verl=$$!; \
+	@PYTHON=$(PYTHON) bash scripts/setup_verl_env.sh .venv-verl > runs/setup_verl_env.log 2>&1 & verl=$$!; \
 	  $(BIN)/python -m pytest -n 2 --dist loadfile; suite=$$?; \
-	  wait $$verl; verl_rc=$$?; \
-	  echo "--- .venv-verl: the verl plugin's tests, one case of verl's own trainer (runs/verl_tests.log)"; \
-	  grep -v "^WARNING: Location" runs/verl_tests.log; \
-	  [ $$suite -eq 0 ] && [ $$verl_rc -eq 0 ]
+	  if wait $$verl; then grep -h '^setup_verl_env: [^a]' runs/setup_verl_env.log; \
+	  else cat runs/setup_verl_env.log; echo "make test: building .venv-verl failed (runs/setup_verl_env.log)"; exit 1; fi; \
+	  exit $$suite
+	CALIBRL_VERL_E2E=1 CALIBRL_VERL_E2E_CASES=capo_legacy .venv-verl/bin/python -m pytest -n 2 --dist loadfile \
+	  tests/test_verl.py tests/test_verl_entry_point.py tests/verl_e2e/test_verl_cpu_runtime.py tests/verl_e2e/test_verl_e2e.py
 
 # the suite across instruction sets and thread counts (docs/testing.md, "Across CPUs"); about 6x the suite's time
 TESTS ?= tests
