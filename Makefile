@@ -15,7 +15,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export TORCH_SPEC TORCH_INDEX
 
-.PHONY: setup demo test test-isa test-lowest verl-e2e bench clean
+.PHONY: setup demo test test-isa test-isa-training test-lowest verl-e2e bench clean
 
 $(BIN)/calibrl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,14 @@ test: setup
 TESTS ?= tests
 test-isa: setup
 	bash scripts/test_isa.sh $(VENV) $(TESTS)
+
+# the same for the test files that train a model (docs/testing.md, "Tests that train"): about 6 minutes a combination
+TRAINING_TESTS := tests/test_demo.py tests/test_trl.py tests/test_resume.py tests/test_calibration_callback.py \
+  tests/test_custom_estimator.py tests/test_train_output.py tests/test_train_folder.py tests/test_dtype.py \
+  tests/test_testbed.py tests/test_realmodel_resume.py tests/test_decision_stationary.py tests/test_multiprocess.py \
+  tests/test_recipes.py
+test-isa-training: setup
+	bash scripts/test_isa.sh $(VENV) $(TRAINING_TESTS)
 
 # the low end of the ranges (README, "Installing into your own environment"); not part of `make test`: it
 # downloads the floor releases (torch 2.6 from PyPI, a few GB)
