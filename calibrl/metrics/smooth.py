@@ -76,7 +76,7 @@ def _reflected_convolve(mass: np.ndarray, kernel: np.ndarray) -> np.ndarray:
     ext = np.concatenate([np.flip(mass, -1)[..., :-1], mass, np.flip(mass, -1)[..., 1:]], axis=-1)
     size = ext.shape[-1] + n - 1
     # the shortest length of small prime factors that holds the linear convolution (40,500 for a grid of 10,001
-    # nodes, where the next power of two, 65,536, took 3-4x as long in bench/metrics.py's smooth ECE replicates)
+    # nodes, where the next power of two, 65,536, took 3-4x as long per convolution, measured on 2026-11-29)
     n_fft = fft.next_fast_len(size, real=True)
     full = fft.irfft(fft.rfft(ext, n_fft) * fft.rfft(kernel, n_fft), n_fft)
     return full[..., n - 1 + n // 2: n - 1 + n // 2 + n]  # "valid" starts at n - 1
