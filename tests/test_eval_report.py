@@ -207,6 +207,21 @@ def test_dodge_step_hand_worked():
     assert dodge_step(octaves=3.0, n_series=1) == 0.0
 
 
+def test_thinned_roc_curve_stays_within_its_step_of_every_vertex():
+    rng = np.random.default_rng(3)
+    score = rng.normal(size=50_000)
+    correct = rng.random(50_000) < 1 / (1 + np.exp(-score))
+    fpr, tpr, _ = M.roc_curve(score, correct)
+    keep = plots.thin_curve(fpr, tpr, step=1e-3)
+    assert keep[0] == 0 and keep[-1] == len(fpr) - 1 and np.all(np.diff(keep) > 0)
+    assert len(keep) < len(fpr) / 5  # far fewer vertices to draw
+    # every dropped vertex lies within the step (L1) of the kept vertex before it, so of the drawn line
+    prev = keep[np.searchsorted(keep, np.arange(len(fpr)), side="right") - 1]
+    assert np.max(np.abs(fpr - fpr[prev]) + np.abs(tpr - tpr[prev])) < 1e-3
+    small = plots.thin_curve(np.array([0.0, 0.5, 1.0]), np.array([0.0, 0.7, 1.0]), step=1e-3)
+    assert small.tolist() == [0, 1, 2]  # vertices further apart than the step are all kept
+
+
 def test_scaling_plot_coinciding_methods_stay_apart(tmp_path, monkeypatch):
     seen = {}
     save = plots._save

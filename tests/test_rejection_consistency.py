@@ -190,6 +190,28 @@ def test_auroc_replicates_from_tie_runs_equal_gathered_rows():
         assert prr[r] == pytest.approx(M.prr(score[idx], y[idx]), rel=1e-9)
 
 
+def test_replicates_of_mixed_ties_equal_gathered_rows_in_both_block_sizes():
+    """Mostly distinct scores with some tied runs (the sorted-run formula's one-sample runs take their accuracy
+    from the sample, tied runs divide), more runs than a block holds (one replicate at a time) and few (many at a
+    time): AUROC exactly, PRR to rounding, for every rejection window."""
+    from calibrl.metrics.rejection import PRRReplicates
+
+    rng = np.random.default_rng(13)
+    for n, n_groups in ((40_000, 5_000), (600, 40)):
+        group = rng.integers(0, n_groups, n)
+        score = rng.normal(size=n)
+        score[: n // 5] = np.round(score[: n // 5], 1)  # a fifth of the samples in tied runs
+        y = rng.random(n) < 1 / (1 + np.exp(-score))
+        counts = np.stack([np.bincount(rng.integers(0, n_groups, n_groups), minlength=n_groups)
+                           for _ in range(3)]).astype(np.float64)
+        for max_rejection in (1.0, 0.6):
+            prr, auc = PRRReplicates(score, y, group, n_groups, max_rejection=max_rejection).with_auroc(counts)
+            for r in range(3):
+                idx = np.repeat(np.arange(n), counts[r, group].astype(int))
+                assert auc[r] == M.auroc(score[idx], y[idx])
+                assert prr[r] == pytest.approx(M.prr(score[idx], y[idx], max_rejection=max_rejection), rel=1e-9)
+
+
 def test_semantic_entropy_ties_prompts_with_the_same_cluster_sizes_exactly():
     """Prompts whose answers split alike (sizes 3, 2, 1, 1 in any order of first appearance) get bit-for-bit
     the same entropy, so a ranking ties them (summing in the order clusters appear gave values a few ulps apart,
