@@ -61,3 +61,29 @@ def test_main_confidence_auroc_intervals_reused_from_the_source_bootstrap():
                               auroc_replicates=reps)
     assert reused == own  # the same replicates exactly, so the same intervals, every figure
     assert found["intervals"]["logprob_mean"]["auroc"] == own["auroc"]
+
+
+def test_repeated_draws_of_few_prompts_are_computed_once_with_the_same_replicates(monkeypatch):
+    """3 prompts allow 10 different bootstrap draws: each is computed once, and every replicate equals the one
+    computed without that shortcut (AUROC and PRR exactly; smooth ECE to rounding: batched FFTs)."""
+    from calibrl.evaluation import scoring
+    from calibrl.metrics.rejection import PRRReplicates
+
+    rng = np.random.default_rng(5)
+    pid = np.repeat(np.arange(3), 5)
+    conf = rng.uniform(0.05, 0.95, size=pid.size)
+    correct = rng.uniform(size=pid.size) < conf
+    arrays = {"logprob_mean": (pid, conf, np.log(conf), correct, True)}
+    rows_computed = []
+    real = PRRReplicates.with_auroc
+    monkeypatch.setattr(PRRReplicates, "with_auroc", lambda self, c: rows_computed.append(len(c)) or real(self, c))
+    once = source_bootstrap(arrays, 3, n_boot=200, alpha=0.1, seed=4)
+    assert sum(rows_computed) <= 10
+    monkeypatch.setattr(scoring, "_DEDUP_PROMPTS", 0)
+    every = source_bootstrap(arrays, 3, n_boot=200, alpha=0.1, seed=4)
+    assert sum(rows_computed) >= 200 + 1
+    a, b = once["replicates"]["logprob_mean"], every["replicates"]["logprob_mean"]
+    assert np.array_equal(a["auroc"], b["auroc"], equal_nan=True)
+    assert np.array_equal(a["prr"], b["prr"], equal_nan=True)
+    np.testing.assert_allclose(a["smooth_ece"], b["smooth_ece"], rtol=0, atol=1e-15)
+    assert len(np.unique(a["smooth_ece"])) > 3  # the draws differ: not one value copied everywhere

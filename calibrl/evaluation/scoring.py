@@ -143,6 +143,7 @@ def _source_metrics(conf: np.ndarray, score: np.ndarray, target: np.ndarray, pid
 
 
 SOURCE_INTERVALS = ("auroc", "prr", "smooth_ece")  # the source figures with bootstrap intervals
+_DEDUP_PROMPTS = 64  # up to this many prompts, repeated bootstrap draws are computed once
 
 
 def source_bootstrap(arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]],
@@ -159,16 +160,33 @@ def source_bootstrap(arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray,
     smooth_of = {k: SmoothECEReplicates(conf, target, pidx, n_groups)
                  for k, (pidx, conf, _, target, probability) in arrays.items() if probability}
     reps: dict[str, dict[str, list[np.ndarray]]] = {k: {m: [] for m in SOURCE_INTERVALS} for k in arrays}
+    # with few prompts, replicates repeat (3 prompts allow 10 different draws): a replicate's figures depend on its
+    # counts alone, each computed row by row, so a repeated one takes the first one's values, the same bits
+    seen: dict[bytes, int] | None = {} if n_groups <= _DEDUP_PROMPTS else None
     done = 0
     for _, counts in resampled_prompt_counts(n_groups, n_boot=n_boot, seed=seed):
         if progress is not None:
             progress(f"confidence sources, replicates {done + 1}-{done + len(counts)} of {n_boot}")
         done += len(counts)
+        rows = np.arange(len(counts))
+        if seen is not None:  # the position of each replicate's first occurrence among all replicates so far
+            first = np.array([seen.setdefault(row.tobytes(), done - len(counts) + i) for i, row in enumerate(counts)])
+            new_rows = np.flatnonzero(first == done - len(counts) + rows)
+        else:
+            first, new_rows = done - len(counts) + rows, rows
         for k, (pidx, conf, score, target, probability) in arrays.items():
-            prr, auc = prr_of[k].with_auroc(counts)  # one pass over the tie runs of the source's scores
-            reps[k]["prr"].append(prr)
-            reps[k]["auroc"].append(auc)
-            reps[k]["smooth_ece"].append(smooth_of[k](counts) if probability else np.full(len(counts), np.nan))
+            fresh = counts[new_rows]
+            none = np.empty(0)
+            # one pass over the tie runs of the source's scores
+            prr, auc = prr_of[k].with_auroc(fresh) if len(fresh) else (none, none)
+            smooth = smooth_of[k](fresh) if probability and len(fresh) else np.full(len(fresh), np.nan)
+            for metric, values in (("prr", prr), ("auroc", auc), ("smooth_ece", smooth)):
+                if seen is None:
+                    reps[k][metric].append(values)
+                    continue
+                known = np.concatenate([*reps[k][metric], np.full(len(counts), np.nan)])
+                known[done - len(counts) + new_rows] = values
+                reps[k][metric].append(known[first])
     replicates = {k: {m: np.concatenate(v) for m, v in by.items()} for k, by in reps.items()}
     intervals = {k: {m: percentile_interval(v, alpha=alpha) for m, v in by.items()} for k, by in replicates.items()}
     return {"intervals": intervals, "replicates": replicates}

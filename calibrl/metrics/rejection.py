@@ -220,7 +220,7 @@ class PRRReplicates:
         + sum_t r_t (w_t - r_t) / 2 over P right x W wrong, in int64 (:func:`calibrl.metrics.auroc` of the gathered
         rows exactly)."""
         counts = np.rint(np.asarray(counts, dtype=np.float64)).astype(np.int64)
-        harmonic = _harmonic(int((counts @ self.group_sizes).max()))
+        harmonic = _harmonic(int((counts @ self.group_sizes).max(initial=0)))
         prr_out, auroc_out = np.empty(len(counts)), np.empty(len(counts))
         step = max(1, _REPLICATE_BLOCK // max(1, self.samples.shape[0]))
         for a in range(0, len(counts), step):
