@@ -521,3 +521,26 @@ def test_a_hub_model_that_cannot_be_had_is_one_line_at_once(tmp_path, monkeypatc
     assert len(lines) == 1 and "calibrl-test/not-cached-model is not in the local hub cache" in lines[0], lines
     assert ("HF_HUB_OFFLINE" if offline else "127.0.0.1 cannot be reached") in lines[0]
     assert not (tmp_path / "s.jsonl").exists()
+
+
+def test_token_steps_redraw_the_bar_without_restarting_its_rate_clock():
+    """The bar's rate (and so its ETA) counts the whole time a batch took, not the time since its last token
+    step: redrawing with update(0) between batches gave an ETA of seconds with minutes left."""
+    import io
+    import time
+
+    from tqdm.auto import tqdm
+
+    from calibrl.evaluation.generate import token_progress
+
+    bar = tqdm(total=100, file=io.StringIO(), mininterval=0, smoothing=0.3)
+    on_token = token_progress(bar, 64, every=0)
+    start = time.monotonic()
+    for step in range(4):
+        time.sleep(0.1)
+        on_token(step)
+    bar.update(4)  # the batch's 4 samples, 0.4 s after the start
+    elapsed = time.monotonic() - start
+    assert "batch token 3/64" in bar.format_dict["postfix"]
+    assert bar.format_dict["rate"] == pytest.approx(4 / elapsed, rel=0.2)  # restarted at each token: 4 / 0.1
+    bar.close()

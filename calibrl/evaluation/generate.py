@@ -468,6 +468,23 @@ def problem_rows(problem: dict, group: list, texts: list[str], reward_fn, *, dat
     return rows
 
 
+def token_progress(bar, max_new_tokens: int, *, every: float = 0.5):
+    """``on_token(step)`` for a batch's token steps: the bar shows ``batch token step/max`` between its sample
+    counts, redrawn at most every ``every`` seconds. It only redraws (``bar.refresh()``): ``bar.update(0)`` would
+    also restart tqdm's rate clock, so the next batch's samples would seem to take the time since the last token
+    (an ETA of seconds with minutes left)."""
+    last = [0.0]
+
+    def on_token(step: int) -> None:
+        bar.set_postfix_str(f"batch token {step}/{max_new_tokens}", refresh=False)
+        now = time.monotonic()
+        if now - last[0] >= every:
+            last[0] = now
+            bar.refresh()
+
+    return on_token
+
+
 def _append_batches(out: Path, pending: list[dict], backend, reward_fn, config: GenerateConfig, *, variants,
                     total: int, done: int, correctness_fn=None) -> tuple[int, list[float], dict]:
     """Sample ``pending`` batch by batch, appending each batch's rows to ``out`` and syncing them to disk (so a
@@ -483,10 +500,7 @@ def _append_batches(out: Path, pending: list[dict], backend, reward_fn, config: 
     bar = tqdm(total=total, initial=done, unit="sample", dynamic_ncols=True, disable=not config.progress,
                desc=f"generate {config.dataset}")
 
-    def on_token(step: int) -> None:
-        """Between batches the bar counts samples; within one it shows the batch's token step (it moves)."""
-        bar.set_postfix_str(f"batch token {step}/{config.max_new_tokens}", refresh=False)
-        bar.update(0)
+    on_token = token_progress(bar, config.max_new_tokens)
     with contextlib.ExitStack() as stack:
         handle = None
         for batch in batches(pending, config.batch_size):
