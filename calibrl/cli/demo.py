@@ -29,7 +29,7 @@ def demo_command(
         None, "--model",
         help="A real model instead of the tiny one: builtin:smollm2-135m-instruct or a .gguf / Hugging Face folder. "
              "Evaluates it on held-out multiple-choice prompts, trains a few LoRA steps (--steps, default 6; "
-             "--quick: 2) and evaluates again; several minutes on 2 cores for the built-in model (README).",
+             "--quick: 2) and evaluates again; about 4 minutes on 2 cores for the built-in model with --quick (README).",
     ),
     dtype: Optional[str] = typer.Option(
         None, "--dtype",
