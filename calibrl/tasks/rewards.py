@@ -22,6 +22,9 @@ Registered names (:mod:`calibrl.tasks.registry`):
   correctness (graded exactly as ``"decision"`` when the row has a ``label``, else as ``"math"``, on the text with
   its confidence tags removed) and the confidence :func:`calibrl.tasks.verbalized.parse_verbalized_confidence`
   reads (the LAST ``<confidence>`` tag). Values in [-1, 1]; None where the row has no gold.
+* ``"ternary"`` and ``"risk_threshold"``: abstention as a third outcome (:mod:`calibrl.tasks.abstention`): a right
+  answer, "I don't know" (the final answer, ``\boxed{IDK}`` or the phrase), or a wrong answer; TruthRL's
+  (+1, 0, -1) and behaviorally calibrated RL's (1, 0, -t / (1 - t)). verl: :func:`verl_abstention_score`.
 
 verl: :func:`verl_compute_score` (and the per-task ``verl_math_score`` / ``verl_decision_score``) follow verl's
 custom reward hook, ``compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float``. In verl
@@ -70,6 +73,9 @@ __all__ = [
     "decision_reward",
     "rlcr_reward",
     "rlcr_completion_reward",
+    "ternary_completion_reward",
+    "risk_threshold_completion_reward",
+    "verl_abstention_score",
     "verl_compute_score",
     "verl_math_score",
     "verl_decision_score",
@@ -347,10 +353,7 @@ def rlcr_completion_reward(prompts, completions, answer=None, classes=None, labe
     """
     texts = [completion_text(c) for c in completions]
     graded = [strip_confidence_tags(text) for text in texts]
-    if label is not None:
-        correctness = decision_reward(prompts, graded, classes=classes, label=label)
-    else:
-        correctness = math_reward(prompts, graded, answer=answer, **columns)
+    correctness = _graded(prompts, graded, answer, classes, label, columns)
     out: list[float | None] = []
     for text, value in zip(texts, correctness):
         if value is None:
@@ -362,6 +365,77 @@ def rlcr_completion_reward(prompts, completions, answer=None, classes=None, labe
 
 
 # --------------------------------------------------------------------------------------------------- verl
+
+
+def _graded(prompts, completions, answer, classes, label, columns) -> list[float | None]:
+    """Each completion's correctness (1.0 / 0.0; None without a gold): ``"decision"``'s when the rows carry a
+    ``label``, else ``"math"``'s."""
+    if label is not None:
+        return decision_reward(prompts, completions, classes=classes, label=label)
+    return math_reward(prompts, completions, answer=answer, **columns)
+
+
+def _with_abstention(prompts, completions, answer, classes, label, columns, patterns, reward) -> list[float | None]:
+    from calibrl.tasks.abstention import is_abstention
+
+    out: list[float | None] = []
+    for completion, value in zip(completions, _graded(prompts, completions, answer, classes, label, columns)):
+        abstained = is_abstention(completion, patterns=patterns)
+        out.append(None if value is None else reward(value > 0.5, abstained))
+    return out
+
+
+@register_reward("ternary")
+def ternary_completion_reward(prompts, completions, answer=None, classes=None, label=None, *, right: float = 1.0,
+                              abstain: float = 0.0, wrong: float = -1.0,
+                              abstention_patterns: Sequence[str] | None = None, **columns) -> list[float | None]:
+    """Abstention's ternary reward (:func:`calibrl.tasks.abstention.ternary_reward`): ``right`` for a right answer,
+    ``abstain`` when the completion's final answer says "I don't know" (:func:`calibrl.tasks.abstention.is_abstention`,
+    ``abstention_patterns`` to replace its phrases), ``wrong`` otherwise; TruthRL's (+1, 0, -1) by default. Graded as
+    ``"decision"`` when the rows carry a ``label``, else as ``"math"``; None where the row has no gold. With TRL a
+    value above 0.5 counts as correct (CAPO, telemetry), so an abstention counts as not correct, with the wrong
+    answers, unless ``abstain`` > 0.5."""
+    from calibrl.tasks.abstention import ternary_reward
+
+    return _with_abstention(prompts, completions, answer, classes, label, columns, abstention_patterns,
+                            lambda c, a: ternary_reward(c, a, right=right, abstain=abstain, wrong=wrong))
+
+
+@register_reward("risk_threshold")
+def risk_threshold_completion_reward(prompts, completions, answer=None, classes=None, label=None, *,
+                                     threshold: float | None = None, abstention_patterns: Sequence[str] | None = None,
+                                     **columns) -> list[float | None]:
+    """Behaviorally calibrated RL's reward for the risk threshold ``threshold`` = t
+    (:func:`calibrl.tasks.abstention.risk_threshold_reward`): right 1, wrong -t / (1 - t), "I don't know" 0, so
+    answering pays exactly when P(correct) > t. Graded and read as ``"ternary"``. ``threshold`` is required: in a
+    recipe, ``rewards: [{name: risk_threshold, params: {threshold: 0.75}}]``."""
+    from calibrl.tasks.abstention import risk_threshold_reward
+
+    if threshold is None:
+        raise ValueError("reward 'risk_threshold' needs its threshold t in (0, 1): in a recipe "
+                         "rewards: [{name: risk_threshold, params: {threshold: 0.75}}]")
+    risk_threshold_reward(False, False, threshold=threshold)  # a threshold outside (0, 1) fails before grading
+    return _with_abstention(prompts, completions, answer, classes, label, columns, abstention_patterns,
+                            lambda c, a: risk_threshold_reward(c, a, threshold=threshold))
+
+
+def verl_abstention_score(data_source, solution_str, ground_truth, extra_info=None, *, threshold: float | None = None,
+                          right: float = 1.0, abstain: float = 0.0, wrong: float = -1.0,
+                          patterns: Sequence[str] | None = None) -> dict[str, Any]:
+    """verl ``compute_score`` with abstention: ``{"score", "acc", "abstained"}``. The answer is graded by
+    :func:`verl_compute_score`; ``score`` is the risk-threshold reward when ``threshold`` is given, else the ternary
+    reward (``right``, ``abstain``, ``wrong``; TruthRL's by default). The parameters come from verl's
+    ``reward.custom_reward_function.reward_kwargs``; ``acc`` and ``abstained`` land in verl's reward extra info.
+    verl's CAPO split (score > 0.5) counts an abstention with the wrong answers."""
+    from calibrl.tasks.abstention import is_abstention, risk_threshold_reward, ternary_reward
+
+    correct = verl_compute_score(data_source, solution_str, ground_truth, extra_info) > 0.5
+    abstained = is_abstention(solution_str, patterns=patterns)
+    if threshold is not None:
+        score = risk_threshold_reward(correct, abstained, threshold=threshold)
+    else:
+        score = ternary_reward(correct, abstained, right=right, abstain=abstain, wrong=wrong)
+    return {"score": score, "acc": float(correct and not abstained), "abstained": bool(abstained)}
 
 
 def verl_math_score(data_source, solution_str, ground_truth, extra_info=None) -> float:

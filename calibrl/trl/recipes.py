@@ -9,7 +9,8 @@ A recipe::
       peft: {r: 16, lora_alpha: 32, target_modules: all-linear}   # optional LoRA (peft.LoraConfig fields)
     dataset: {name: deepscaler, split: train, path: null, limit: null}   # calibrl.tasks.registry name
     eval_dataset: {name: math500, split: test, limit: 100}             # optional, same shape
-    rewards: [math]                        # registered reward names; or [{name: math, weight: 1.0}, ...]
+    rewards: [math]                        # registered reward names; or [{name: math, weight: 1.0}, ...]; a reward's
+                                           # keyword arguments as params: {name: risk_threshold, params: {threshold: 0.75}}
     trainer:                               # any CalibratedGRPOConfig / GRPOConfig field, TRL's own names
       output_dir: runs/capo
       learning_rate: 1.0e-6
@@ -122,6 +123,7 @@ class DatasetSpec:
 class RewardSpec:
     name: str
     weight: float = 1.0
+    params: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the reward (e.g. a threshold)
 
 
 @dataclass
@@ -219,16 +221,20 @@ def _parse_rewards(raw: Any, source: str) -> list[RewardSpec]:
             out.append(RewardSpec(item))
         elif isinstance(item, dict):
             for key in item:
-                if key not in ("name", "weight"):
-                    raise unknown_key_error(key, "rewards", ("name", "weight"), source)
+                if key not in ("name", "weight", "params"):
+                    raise unknown_key_error(key, "rewards", ("name", "weight", "params"), source)
             if "name" not in item:
                 raise RecipeError(f"{source}: every entry of 'rewards' needs a 'name'")
             weight = item.get("weight", 1.0)
             if not isinstance(weight, (int, float)) or isinstance(weight, bool):
                 raise RecipeError(f"{source}: rewards: the weight of {item['name']!r} must be a number, got {weight!r}")
-            out.append(RewardSpec(item["name"], float(weight)))
+            params = item.get("params") or {}
+            if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
+                raise RecipeError(f"{source}: rewards: the params of {item['name']!r} must be a mapping of keyword "
+                                  f"arguments, got {params!r}")
+            out.append(RewardSpec(item["name"], float(weight), dict(params)))
         else:
-            raise RecipeError(f"{source}: rewards entries must be names or {{name, weight}}, got {item!r}")
+            raise RecipeError(f"{source}: rewards entries must be names or {{name, weight, params}}, got {item!r}")
     return out
 
 

@@ -280,10 +280,31 @@ def _reward_funcs(recipe: Recipe) -> list:
     funcs = []
     for spec in recipe.rewards:
         try:
-            funcs.append(get_reward(spec.name))
+            fn = get_reward(spec.name)
         except KeyError as exc:
             raise RecipeError(f"{recipe.source}: rewards: {exc.args[0]}") from None
+        funcs.append(_with_params(fn, spec, recipe.source) if spec.params else fn)
     return funcs
+
+
+def _with_params(fn, spec, source: str):
+    """``fn`` with the recipe's ``params`` as keyword arguments, under the reward's own name (TRL logs
+    ``rewards/<__name__>``); a keyword the reward does not take is an error naming it."""
+    import functools
+    import inspect
+
+    taken = inspect.signature(fn).parameters
+    named = {k for k, p in taken.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    unknown = sorted(set(spec.params) - named - {"prompts", "completions"})
+    if unknown:
+        raise RecipeError(f"{source}: rewards: {spec.name!r} takes no parameter {', '.join(map(repr, unknown))} "
+                          f"(it takes {', '.join(sorted(named - {'prompts', 'completions'}))})")
+
+    @functools.wraps(fn)
+    def reward(prompts, completions, **columns):
+        return fn(prompts, completions, **columns, **spec.params)
+
+    return reward
 
 
 def _check_fields_read(recipe: Recipe, overrides: dict, args) -> None:

@@ -1,0 +1,113 @@
+r"""Abstention as a third outcome: reading "I don't know" from a completion, and the rewards that pay for it.
+
+A completion is right, wrong, or ABSTAINED. :func:`is_abstention` reads the last of these from the text:
+
+* the last ``\boxed{...}`` holds an abstention token: ``IDK``, ``[IDK]`` (NeMo Gym's ``\boxed{[IDK]}``) or one of
+  the phrases below; or
+* there is no ``\boxed{}``, and the last non-empty line, once an ``Answer:`` / ``Final answer:`` prefix, Markdown
+  emphasis and final punctuation are removed, IS one of the phrases: ``I don't know`` (straight or curly
+  apostrophe), ``I do not know``, ``I dont know``, ``IDK``, ``I cannot answer (this)``, ``I can't answer (this)``,
+  ``unanswerable``, ``cannot be determined``, ``not enough information``.
+
+Our reading, where the papers leave it to their prompts: only the FINAL answer counts, and a phrase must be the
+whole of it, so reasoning that says "I don't know the second number yet" before answering is not an abstention.
+``patterns`` (regular expressions, matched against that final answer in full, case-insensitively) replace the
+phrases.
+
+Rewards (every one is a function of (correct, abstained) per completion; an abstention is never also correct):
+
+* :func:`ternary_reward`: right ``right``, abstained ``abstain``, wrong ``wrong``. TruthRL (arXiv 2509.25760):
+  (+1, 0, -1), the defaults. "Rewarding Intellectual Humility" (arXiv 2601.20126): (+1, r_abs, -1) with r_abs in
+  about [-0.25, 0.3] working in their runs (pass ``abstain=``). NeMo Gym's abstention environment: (1, lambda, 0).
+* :func:`risk_threshold_reward`: behaviorally calibrated RL's reward for a risk threshold t (arXiv 2512.19920):
+  right 1, wrong -t / (1 - t), abstained 0. A completion right with probability p then expects
+  p - (1 - p) t / (1 - t) from answering and 0 from abstaining, so answering pays exactly when p > t. At t = 1/2
+  it is TruthRL's (+1, 0, -1).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = [
+    "ABSTENTION_PHRASES",
+    "TERNARY_PRESETS",
+    "final_answer_text",
+    "is_abstention",
+    "risk_threshold_reward",
+    "ternary_reward",
+]
+
+# each matched against the whole final answer, case-insensitively
+ABSTENTION_PHRASES: tuple[str, ...] = (
+    r"\[?\s*idk\s*\]?",
+    r"i\s+(?:don['’]?t|do\s+not)\s+know",
+    r"i\s+(?:cannot|can['’]?t|can\s+not)\s+answer(?:\s+this(?:\s+question)?)?",
+    r"unanswerable",
+    r"(?:it\s+)?cannot\s+be\s+determined",
+    r"not\s+enough\s+information",
+)
+
+TERNARY_PRESETS: dict[str, tuple[float, float, float]] = {
+    "truthrl": (1.0, 0.0, -1.0),  # (right, abstain, wrong): TruthRL's ternary reward
+}
+
+_ANSWER_PREFIX = re.compile(r"^\s*(?:\*\*|__)?\s*(?:final\s+)?answer\s*(?:\*\*|__)?\s*[:：]\s*", re.IGNORECASE)
+_EDGES = " \t*_`\"'.!?;:。"
+
+
+def final_answer_text(text: str) -> str:
+    r"""The final answer of a completion as :func:`is_abstention` reads it: the last ``\boxed{}`` content when there
+    is one, else the last non-empty line without an ``Answer:`` prefix, emphasis or final punctuation."""
+    from calibrl.tasks.rewards import last_boxed
+
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed.strip().strip(_EDGES).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return _ANSWER_PREFIX.sub("", lines[-1].strip()).strip(_EDGES).strip()
+
+
+def _compiled(patterns: Sequence[str] | None) -> re.Pattern:
+    chosen = ABSTENTION_PHRASES if patterns is None else tuple(patterns)
+    return re.compile("|".join(f"(?:{p})" for p in chosen) or r"(?!)", re.IGNORECASE)
+
+
+def is_abstention(text: Any, *, patterns: Sequence[str] | None = None) -> bool:
+    """True when the completion's final answer (:func:`final_answer_text`) is, in full, one of ``patterns``
+    (default :data:`ABSTENTION_PHRASES`). ``text``: a string or a conversational completion."""
+    from calibrl.tasks.rewards import completion_text
+
+    answer = re.sub(r"\s+", " ", final_answer_text(completion_text(text)))
+    return bool(answer) and _compiled(patterns).fullmatch(answer) is not None
+
+
+def _outcomes(correct: Any, abstained: Any) -> tuple[np.ndarray, np.ndarray, bool]:
+    c = np.asarray(correct, dtype=bool)
+    a = np.asarray(abstained, dtype=bool)
+    if c.shape != a.shape:
+        raise ValueError(f"correct {c.shape} and abstained {a.shape} must have one shape")
+    return c & ~a, a, c.ndim == 0  # an abstention is never also right
+
+
+def ternary_reward(correct: Any, abstained: Any, *, right: float = 1.0, abstain: float = 0.0,
+                   wrong: float = -1.0) -> Any:
+    """``right`` / ``abstain`` / ``wrong`` per completion (module docstring); ``correct`` and ``abstained`` bools
+    (scalars: a float comes back; arrays of one shape: a float array)."""
+    c, a, scalar = _outcomes(correct, abstained)
+    out = np.where(a, float(abstain), np.where(c, float(right), float(wrong)))
+    return float(out) if scalar else out
+
+
+def risk_threshold_reward(correct: Any, abstained: Any, *, threshold: float) -> Any:
+    """Right 1, wrong -t / (1 - t), abstained 0, t = ``threshold`` in (0, 1): answering is worth it exactly when
+    P(correct) > t (module docstring). Shapes as :func:`ternary_reward`."""
+    t = float(threshold)
+    if not 0.0 < t < 1.0:
+        raise ValueError(f"risk_threshold_reward: threshold must be in (0, 1), got {threshold!r}")
+    return ternary_reward(correct, abstained, right=1.0, abstain=0.0, wrong=-t / (1.0 - t))
