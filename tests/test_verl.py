@@ -246,6 +246,27 @@ def test_run_capo_example_is_a_valid_verl_config(tmp_path):
                  extra_info=row.extra_info) == 0.0
 
 
+def test_abstention_reward_through_verls_loader_with_its_reward_kwargs():
+    """verl's own loader (get_custom_reward_fn) with the overrides docs/abstention.md gives: the risk threshold
+    arrives through reward_kwargs, and the outcome rides beside the score."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    base = OmegaConf.create({"reward": {"custom_reward_function": {"path": None, "name": "compute_score"}}})
+    overrides = ["reward.custom_reward_function.path=pkg://calibrl.tasks.rewards",
+                 "reward.custom_reward_function.name=verl_abstention_score",
+                 "+reward.custom_reward_function.reward_kwargs.threshold=0.75"]
+    dotlist = [o.lstrip("+") for o in overrides]
+    config = OmegaConf.merge(base, OmegaConf.from_dotlist(dotlist))
+    score = get_custom_reward_fn(config)
+    wrong = score(data_source="math", solution_str="\\boxed{3}", ground_truth="4", extra_info={})
+    idk = score(data_source="math", solution_str="\\boxed{IDK}", ground_truth="4", extra_info={})
+    right = score(data_source="math", solution_str="\\boxed{4}", ground_truth="4", extra_info={})
+    assert wrong == {"score": -3.0, "acc": 0.0, "abstained": False}
+    assert idk == {"score": 0.0, "acc": 0.0, "abstained": True}
+    assert right == {"score": 1.0, "acc": 1.0, "abstained": False}
+
+
 # --- verl's default (V1) trainer: its own advantage step and validation, on an in-memory TransferQueue ---------
 
 
