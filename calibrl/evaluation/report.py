@@ -313,6 +313,24 @@ def _made_of(m: Mapping[str, Any]) -> str:
     return f"; {unanswered} of {n} samples have no extracted answer" if unanswered else ""
 
 
+def _stated_abstention_sentence(m: Mapping[str, Any]) -> str | None:
+    """The model's own "I don't know", in words: how often it answers, how often its answers are right, how many
+    samples are wrong answers, and what its main confidence would do answering as often."""
+    rate, right, wrong = m.get("answer_rate"), m.get("accuracy_answered"), m.get("hallucination_rate")
+    if rate is None:
+        return None
+    text = (f"It answers {rate:.0%} of the time ({m.get('n_abstained')} of {m.get('n_samples')} samples say they do "
+            "not know)" + (f"; of its answers, {right:.0%} are right" if right is not None else "")
+            + f"; {wrong:.1%} of all samples are wrong answers.")
+    versus = m.get("abstained_versus_threshold") or {}
+    other = versus.get("threshold") or {}
+    if other.get("accuracy_answered") is not None and 0 < versus.get("answered", 0) < m.get("n_samples", 0):
+        text += (f" Answering as often by {versus['confidence']} instead (its {versus['answered']} most confident "
+                 f"samples): {other['accuracy_answered']:.0%} right, {other['hallucination_rate']:.1%} wrong "
+                 f"answers; {versus['declined_by_both']} samples are declined by both.")
+    return text
+
+
 def what_this_shows(results: Mapping[str, Mapping[str, Mapping[str, Any]]], *, benchmarks: Sequence[str] = ()
                     ) -> list[str]:
     """Plain sentences, one paragraph per input, on what the overall numbers show: accuracy with its interval,
@@ -327,6 +345,7 @@ def what_this_shows(results: Mapping[str, Mapping[str, Mapping[str, Any]]], *, b
         per = f"{n.get('min')}" if n.get("min") == n.get("max") else f"{n.get('min')} to {n.get('max')}"
         out = [f"Accuracy {_value(acc, _interval(m, 'accuracy'))}: the mean over {m.get('n_prompts')} prompts of "
                f"the fraction right among their {per} samples{_made_of(m)}."] if acc is not None else []
+        out.append(_stated_abstention_sentence(m))
         if m.get("confidence") is None:
             out.append("The input has no confidence: accuracy and majority vote only.")
         else:
@@ -383,12 +402,14 @@ def render_eval_report(
         else:
             out += [f"## {scope}", ""]
         rows = []
+        # the model's own abstentions (answer rate and the rest): rows only where some input has them
+        abstained_rows = {m.name for m in metrics_for("eval") if "abstained" in m.needs}
         for key, name in _rows():
             if key in _COUNT_ROWS:
                 if any(key in by_label[l] for l in labels):
                     rows.append([name] + [f"{by_label[l][key]} of {by_label[l]['n_samples']}" if key in by_label[l]
                                           else "n/a" for l in labels])
-            else:
+            elif key not in abstained_rows or any(key in by_label[l] for l in labels):
                 rows.append([name] + [_with_ci(by_label[l], key) for l in labels])
         if any(_pass1_differs(by_label[l]) for l in labels):  # never beyond float rounding: shown if it did
             rows.insert(4, ["pass@1"] + [_fmt(by_label[l].get("pass@1")) for l in labels])

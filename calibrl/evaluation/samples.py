@@ -28,7 +28,9 @@ One row per sampled completion. Fields (see docs/eval.md for the full table):
   ``n_tokens`` (int >= 0), ``truncated`` (bool: the completion hit the token limit), ``classes`` (list of
   str), ``sample_index`` (int: which sample of the prompt; a repeated (benchmark, prompt_id, sample_index) with
   the same completion, correctness, answer and confidences is dropped and counted, one that differs in any of
-  them is refused naming both lines).
+  them is refused naming both lines), ``abstained`` (bool: the model declined to answer; a row without it but with
+  a ``completion`` is read from the text's final answer, :func:`calibrl.tasks.abstention.is_abstention`; an
+  abstained sample is never counted right in the abstention figures).
 
 Which confidence to use is chosen per file (``confidence=`` or the first of logprob_mean, decision_prob,
 class_probs, verbalized_confidence present in the first row); that field is then required on every row. Every
@@ -126,6 +128,9 @@ class Samples:
     completion_ids: np.ndarray | None = None
     n_tokens: np.ndarray | None = None  # [N] float (NaN where absent)
     truncated: np.ndarray | None = None  # [N] bool: the completion hit the token limit (False where not said)
+    # [N] bool: the sample declined to answer (field `abstained`, else "I don't know" read from its completion);
+    # None when no row abstains and none says
+    abstained: np.ndarray | None = None
     # [N, 4] float: DeepConf's (mean, tail, bottom10, min) of each row's token_confidence (NaN rows where absent)
     deepconf_signals: np.ndarray | None = None
     # [N] float: 1 / 0 whether a row of a `calibrl generate --deepconf-online` file counted in its online vote
@@ -256,7 +261,7 @@ class Samples:
         kwargs = {}
         for name in ("prompt_ids", "correct", "reward", "logprob_mean", "decision_prob", "class_probs",
                      "verbalized_confidence", "self_certainty", "labels", "answers", "benchmarks", "completion_ids", "n_tokens",
-                     "truncated", "rows", "deepconf_signals", "deepconf_voted", "deepconf_lowest"):
+                     "truncated", "abstained", "rows", "deepconf_signals", "deepconf_voted", "deepconf_lowest"):
             value = getattr(self, name)
             kwargs[name] = None if value is None else value[mask]
         return replace(self, **kwargs)
@@ -449,6 +454,8 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
                                                       "verbalized_confidence", "self_certainty", "n_tokens",
                                                       "truncated", "deepconf_voted", "deepconf_lowest")}
     n_parsed = 0  # rows whose verbalized confidence was read from the completion text
+    abstained = bytearray()  # [N] 1 where the row declined to answer (its field, else its completion's final answer)
+    abstained_named = False  # a row has the field `abstained`
     class_probs: list[list[float] | None] = []
     labels: list[int] = []
     texts: dict[str, list] = {"answer": [], "benchmark": []}
@@ -612,6 +619,14 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
             if name == "completion":
                 digests += _NO_DIGEST if value is None else text_digest(value)
                 no_text.append(value is None)
+                said = raw.get("abstained")
+                if said is not None:
+                    if not isinstance(said, (bool, np.bool_)) and not (_is_int(said) and int(said) in (0, 1)):
+                        raise r.fail("abstained", f"expected a bool, got {type(said).__name__} {_shown(said)}")
+                    abstained_named = True
+                    abstained.append(bool(said))
+                else:
+                    abstained.append(value is not None and _says_it_does_not_know(value))
             else:
                 texts[name].append(value)
         if texts["benchmark"][-1] is None:
@@ -623,7 +638,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         elif no_text[-1]:  # a row without a completion is compared whole
             content_digests += _row_digest(raw)
         else:  # the completion and every value read from the row that a figure uses
-            scored = (correct[-1], labels[-1], texts["answer"][-1], class_probs[-1],
+            scored = (correct[-1], labels[-1], texts["answer"][-1], class_probs[-1], abstained[-1],
                       *(cols[k][-1] for k in ("reward", "logprob_mean", "decision_prob", "verbalized_confidence",
                                               "self_certainty")),
                       *signals[-len(DEEPCONF_SOURCES):])
@@ -677,6 +692,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         rows=np.frombuffer(positions, dtype=np.int64).copy() if len(positions) else np.zeros(0, dtype=np.int64),
         n_tokens=opt_float(cols["n_tokens"]),
         truncated=None if opt_float(cols["truncated"]) is None else opt_float(cols["truncated"]) == 1.0,
+        abstained=np.frombuffer(abstained, dtype=np.uint8) == 1 if abstained_named or 1 in abstained else None,
         deepconf_voted=opt_float(cols["deepconf_voted"]),
         deepconf_lowest=opt_float(cols["deepconf_lowest"]),
         deepconf_signals=None if np.isnan(np.frombuffer(signals, dtype=np.float64)).all()
@@ -692,6 +708,20 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
                          "completion, correctness and confidence as an earlier row)")
     samples.skipped = {"repeated sample": n_repeated}
     return samples
+
+
+_DOES_NOT_KNOW_HINTS = ("idk", "know", "answer", "determined", "information")  # in every abstention phrase
+
+
+def _says_it_does_not_know(text: str) -> bool:
+    """:func:`calibrl.tasks.abstention.is_abstention` of a completion, read only when the text holds a word every
+    abstention phrase contains (most completions are then one substring search)."""
+    lowered = text.lower()
+    if not any(hint in lowered for hint in _DOES_NOT_KNOW_HINTS):
+        return False
+    from calibrl.tasks.abstention import is_abstention
+
+    return is_abstention(text)
 
 
 def _row_digest(raw: dict) -> bytes:

@@ -35,6 +35,7 @@ from calibrl import metrics as M
 from calibrl.evaluation.samples import DEEPCONF_SOURCES, Samples
 from calibrl.evaluation.settings import EvalSettings
 from calibrl.metrics.registry import MetricInputs, compute_metrics, confidence_source, metric, metrics_for
+from calibrl.metrics import stated_abstention
 from calibrl.metrics.rejection import PRRReplicates
 from calibrl.metrics.smooth import SmoothECEReplicates
 from calibrl.selection import ScalingCurve, scaling_curve, select
@@ -387,10 +388,13 @@ def _counts_block(samples: Samples) -> dict[str, Any]:
         "n_prompts": samples.n_prompts,
         "samples_per_prompt": {"min": kmax, "max": int(sizes.max())},
         "confidence": samples.confidence_kind,
-        # accuracy, and any other declared metric of correctness alone
-        **_declared("eval", MetricInputs({"correct": samples.correct, "prompt_index": pidx}), reads_confidence=False),
+        # accuracy, and any other declared metric of correctness alone (with abstentions: answer rate and the rest)
+        **_declared("eval", MetricInputs({"correct": samples.correct, "prompt_index": pidx,
+                                          "abstained": samples.abstained}), reads_confidence=False),
         "pass@1": _f(M.pass_at_k(samples.correct, pidx, 1)),
     }
+    if samples.abstained is not None:
+        out["n_abstained"] = int(samples.abstained.sum())
     if samples.truncated is not None:  # what the accuracy is made of: completions cut short, answers not found
         out["n_truncated"] = int(samples.truncated.sum())
     if samples.answers is not None:
@@ -574,6 +578,13 @@ def evaluate_samples(
             out["deepconf_signals_equal"] = True
     if settings.abstain_precision is not None:
         out["abstention"] = _abstention_block(samples, arrays, settings)
+    if samples.abstained is not None and arrays.score is not None and samples.confidence_kind != "class_probs":
+        # the model's own "I don't know" against the main confidence answering as often
+        found = stated_abstention.versus_threshold(arrays.score, samples.correct, samples.abstained)
+        out["abstained_versus_threshold"] = {"confidence": samples.confidence_kind, "answered": found["answered"],
+                                             "declined_by_both": found["declined_by_both"],
+                                             **{k: {m: _f(v) for m, v in found[k].items()}
+                                                for k in ("model", "threshold")}}
     replicates = None
     if settings.bootstrap > 0:
         out["bootstrap"], replicates = _bootstrap_block(samples, arrays, source_rows, sources, settings, step)

@@ -13,6 +13,7 @@ from calibrl.metrics import abstention as _abstention
 from calibrl.metrics import accuracy as _accuracy
 from calibrl.metrics import calibration as _calibration
 from calibrl.metrics import smooth as _smooth
+from calibrl.metrics import stated_abstention as _stated
 from calibrl.metrics.registry import register_metric
 
 _EVAL = ("eval",)
@@ -58,6 +59,37 @@ for _tier in TESTBED_TIERS:
                  title="Reasoning correct", axis="share of completions", short="reasoning ok", unit="share")
 def reasoning_accuracy(reasoning_ok):
     return float(np.mean(reasoning_ok))
+
+
+# ---------------------------------------------------------------------------------- the model's own abstentions
+@register_metric("answer_rate", higher=None, needs={"correct", "abstained"}, contexts=_EVAL,
+                 label="answer rate (not \"I don't know\")", title="Answer rate", axis="share of samples answered",
+                 short="answer rate", unit="share")
+def answer_rate(correct, abstained):
+    """The share of samples the model answers (:func:`calibrl.metrics.stated_abstention.stated_abstention`)."""
+    return _stated.stated_abstention(correct, abstained).answer_rate
+
+
+@register_metric("accuracy_answered", higher=True, needs={"correct", "abstained"}, contexts=_EVAL,
+                 label="accuracy among answered", title="Accuracy among answered", axis="share right of answered",
+                 short="accuracy (answered)", unit="share")
+def accuracy_answered(correct, abstained):
+    return _stated.stated_abstention(correct, abstained).accuracy_answered
+
+
+@register_metric("hallucination_rate", higher=False, needs={"correct", "abstained"}, contexts=_EVAL,
+                 label="hallucination rate (wrong of all)", title="Hallucination rate",
+                 axis="share of samples answered wrong", short="hallucination", unit="share")
+def hallucination_rate(correct, abstained):
+    return _stated.stated_abstention(correct, abstained).hallucination_rate
+
+
+@register_metric("accuracy_hallucination_ratio", higher=True, needs={"correct", "abstained"}, contexts=_EVAL,
+                 label="right / wrong answers", title="Accuracy-to-hallucination ratio", axis="right / wrong answers",
+                 short="right / wrong", unit="ratio")
+def accuracy_hallucination_ratio(correct, abstained):
+    """Right answers over wrong ones (behaviorally calibrated RL's ratio)."""
+    return _stated.stated_abstention(correct, abstained).accuracy_hallucination_ratio
 
 
 # ---------------------------------------------------------------------------------------------------- ranking

@@ -65,6 +65,7 @@ INPUTS: dict[str, str] = {
     "decision_prob": "[N] float: the probability of the decided class, NaN where a completion has no decision",
     "logprob_mean": "[N] float: the mean token log-probability of the completion",
     "n_tokens": "[N] int: the completion's tokens",
+    "abstained": "[N] bool: the sample declined to answer (\"I don't know\"; calibrl.tasks.abstention)",
     "sequence_probability": "[N] float: the probability of the whole completion, exp(sum of token log-probs)",
     # what only the testbed knows
     "p_true": "[N] float: the true probability that the sample is right (testbed)",
