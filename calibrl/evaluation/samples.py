@@ -60,6 +60,7 @@ import numpy as np
 from calibrl.evaluation.readers import FORMATS, Grading, SamplesError, Skips, detect_format, read_rows
 from calibrl.selection.deepconf import DEFAULT_TAIL, DEFAULT_WINDOW, trace_signals
 from calibrl.selection.voting import _NO_DIGEST, digest_ids, text_digest
+from calibrl.tasks.abstention import is_abstention
 from calibrl.tasks.verbalized import parse_verbalized_confidence
 
 __all__ = ["CONFIDENCE_KINDS", "DEEPCONF_SOURCES", "FORMATS", "RANKING_SOURCES", "Samples", "SamplesError",
@@ -626,7 +627,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
                     abstained_named = True
                     abstained.append(bool(said))
                 else:
-                    abstained.append(value is not None and _says_it_does_not_know(value))
+                    abstained.append(value is not None and is_abstention(value))
             else:
                 texts[name].append(value)
         if texts["benchmark"][-1] is None:
@@ -708,20 +709,6 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
                          "completion, correctness and confidence as an earlier row)")
     samples.skipped = {"repeated sample": n_repeated}
     return samples
-
-
-_DOES_NOT_KNOW_HINTS = ("idk", "know", "answer", "determined", "information")  # in every abstention phrase
-
-
-def _says_it_does_not_know(text: str) -> bool:
-    """:func:`calibrl.tasks.abstention.is_abstention` of a completion, read only when the text holds a word every
-    abstention phrase contains (most completions are then one substring search)."""
-    lowered = text.lower()
-    if not any(hint in lowered for hint in _DOES_NOT_KNOW_HINTS):
-        return False
-    from calibrl.tasks.abstention import is_abstention
-
-    return is_abstention(text)
 
 
 def _row_digest(raw: dict) -> bytes:

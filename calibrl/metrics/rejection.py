@@ -40,7 +40,6 @@ from calibrl.metrics.abstention import (
 __all__ = ["PRRReplicates", "RankingFigures", "prr", "prr_replicates", "ranking_figures"]
 
 
-
 def _check_max_rejection(max_rejection: float) -> float:
     if not 0.0 < float(max_rejection) <= 1.0:
         raise ValueError(f"max_rejection must be in (0, 1], got {max_rejection!r}")

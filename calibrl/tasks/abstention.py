@@ -27,6 +27,7 @@ Rewards (every one is a function of (correct, abstained) per completion; an abst
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Sequence
 
@@ -73,8 +74,9 @@ def final_answer_text(text: str) -> str:
     return _ANSWER_PREFIX.sub("", lines[-1].strip()).strip(_EDGES).strip()
 
 
-def _compiled(patterns: Sequence[str] | None) -> re.Pattern:
-    chosen = ABSTENTION_PHRASES if patterns is None else tuple(patterns)
+@functools.lru_cache(maxsize=32)
+def _compiled(patterns: tuple[str, ...] | None) -> re.Pattern:
+    chosen = ABSTENTION_PHRASES if patterns is None else patterns
     return re.compile("|".join(f"(?:{p})" for p in chosen) or r"(?!)", re.IGNORECASE)
 
 
@@ -83,8 +85,13 @@ def is_abstention(text: Any, *, patterns: Sequence[str] | None = None) -> bool:
     (default :data:`ABSTENTION_PHRASES`). ``text``: a string or a conversational completion."""
     from calibrl.tasks.rewards import completion_text
 
-    answer = re.sub(r"\s+", " ", final_answer_text(completion_text(text)))
-    return bool(answer) and _compiled(patterns).fullmatch(answer) is not None
+    phrases = _compiled(None if patterns is None else tuple(patterns))
+    raw = completion_text(text)
+    # a final answer that is a phrase is one somewhere in the text: most texts hold none, and are done in one search
+    if phrases.search(raw) is None:
+        return False
+    answer = re.sub(r"\s+", " ", final_answer_text(raw))
+    return bool(answer) and phrases.fullmatch(answer) is not None
 
 
 def _outcomes(correct: Any, abstained: Any) -> tuple[np.ndarray, np.ndarray, bool]:

@@ -364,7 +364,7 @@ def rlcr_completion_reward(prompts, completions, answer=None, classes=None, labe
     return out
 
 
-# --------------------------------------------------------------------------------------------------- verl
+# --------------------------------------------------------------------------------------------- abstention
 
 
 def _graded(prompts, completions, answer, classes, label, columns) -> list[float | None]:
@@ -417,6 +417,9 @@ def risk_threshold_completion_reward(prompts, completions, answer=None, classes=
     risk_threshold_reward(False, False, threshold=threshold)  # a threshold outside (0, 1) fails before grading
     return _with_abstention(prompts, completions, answer, classes, label, columns, abstention_patterns,
                             lambda c, a: risk_threshold_reward(c, a, threshold=threshold))
+
+
+# --------------------------------------------------------------------------------------------------- verl
 
 
 def verl_abstention_score(data_source, solution_str, ground_truth, extra_info=None, *, threshold: float | None = None,
