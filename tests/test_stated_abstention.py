@@ -85,3 +85,48 @@ def test_eval_reports_the_abstentions_in_words_and_rows(tmp_path):
                                       "--out", str(plain_out), "--bootstrap", "20"])
     assert result.exit_code == 0, result.output
     assert "answer rate" not in (plain_out / "report.md").read_text()  # no rows of dashes for other inputs
+
+
+# items with no right answer: p0's two samples (one declines), p1's two (both decline); p2 answerable, one declines
+UNANSWERABLE_ROWS = [
+    {"prompt_id": "p0", "correct": True, "logprob_mean": -0.1, "completion": "I don't know", "answerable": False},
+    {"prompt_id": "p0", "correct": False, "logprob_mean": -0.2, "completion": "42", "answerable": False},
+    {"prompt_id": "p1", "correct": True, "logprob_mean": -0.3, "completion": r"\boxed{IDK}", "answerable": False},
+    {"prompt_id": "p1", "correct": True, "logprob_mean": -0.4, "completion": "I do not know.", "answerable": False},
+    {"prompt_id": "p2", "correct": True, "logprob_mean": -0.5, "completion": "7", "answerable": True},
+    {"prompt_id": "p2", "correct": False, "logprob_mean": -0.6, "completion": "I don't know", "answerable": True},
+    {"prompt_id": "p2", "correct": False, "logprob_mean": -0.7, "completion": "8"},  # answerable by default
+]
+
+
+def test_declining_by_kind_of_item_by_hand(tmp_path):
+    samples = load_samples(_write(tmp_path / "u.jsonl", UNANSWERABLE_ROWS))
+    assert samples.answerable.tolist() == [False, False, False, False, True, True, True]
+    assert samples.abstained.tolist() == [True, False, True, True, False, True, False]
+    found = compute_metrics("eval", MetricInputs({"correct": samples.correct, "abstained": samples.abstained,
+                                                  "answerable": samples.answerable}),
+                            where=lambda m: m.name.startswith("declined"))
+    assert found == {"declined_unanswerable": 3 / 4, "declined_answerable": 1 / 3}
+    # an abstention is never right, whatever the row says: answered 3 (42, 7, 8), right 1 (7), wrong 2
+    figures = stated_abstention(samples.correct, samples.abstained)
+    assert (figures.answered, figures.right, figures.wrong) == (3, 1, 2)
+    # no unanswerable item: no such figures, and nothing declined is still no abstention figure
+    plain = load_samples(_write(tmp_path / "p.jsonl", [UNANSWERABLE_ROWS[4], UNANSWERABLE_ROWS[6]]))
+    assert plain.answerable is None and plain.abstained is None
+    # with unanswerable items, declining none of them is a figure (0), so the abstentions are kept
+    none_declined = load_samples(_write(tmp_path / "n.jsonl", [UNANSWERABLE_ROWS[1], UNANSWERABLE_ROWS[4]]))
+    assert none_declined.abstained.tolist() == [False, False]
+    with pytest.raises(SamplesError, match=r"bad\.jsonl:2: field 'answerable': expected a bool"):
+        load_samples(_write(tmp_path / "bad.jsonl", [ROWS[0], {**ROWS[2], "answerable": "no"}]))
+
+
+def test_eval_says_how_often_the_unanswerable_are_declined(tmp_path):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["eval", str(_write(tmp_path / "u.jsonl", UNANSWERABLE_ROWS)), "--out",
+                                      str(out), "--bootstrap", "20"])
+    assert result.exit_code == 0, result.output
+    m = next(iter(json.loads((out / "metrics.json").read_text())["results"]["overall"].values()))
+    assert (m["n_unanswerable"], m["declined_unanswerable"], m["declined_answerable"]) == (4, 0.75, pytest.approx(1 / 3))
+    report = (out / "report.md").read_text()
+    assert "Of the 4 samples of items with no right answer it declines 75%, and 33% of the others'." in report
+    assert "| declines unanswerable items | 0.7500 |" in report

@@ -24,6 +24,7 @@ def generate_command(
     batch_size: int = typer.Option(8, "--batch-size", help="Problems per batch (each batch samples batch-size x n completions)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first LIMIT problems (may be raised on resume: more problems are appended)."),
     template: Optional[str] = typer.Option(None, "--template", help="Prompt template (math: qwen-math, qwen-math-chat, chat, none; decisions: direct, reasoning, chat; the generated multiple_choice task also chat-direct, its direct instruction as a chat message)."),
+    unanswerable: Optional[float] = typer.Option(None, "--unanswerable", min=0.0, max=1.0, help="The share of unanswerable items (arithmetic: an operand missing; multiple_choice: no option right), each prompt then offering \"I don't know\"; rows get answerable. A file marks its own with a field answerable: false."),
     reward: Optional[str] = typer.Option(None, "--reward", help="Registered reward (default: math, or decision for multiple-choice datasets)."),
     confidence_prompt: bool = typer.Option(False, "--confidence-prompt", help="Ask for a stated confidence after the answer, <confidence>0.8</confidence> (RLCR's format); rows get verbalized_confidence."),
     backend: str = typer.Option("auto", "--backend", help="auto (vLLM if installed and a GPU is present), vllm or transformers."),
@@ -74,7 +75,7 @@ def generate_command(
     config = GenerateConfig(
         model=model, dataset=dataset, out=out, n=n, path=path, split=split, max_new_tokens=max_new_tokens,
         temperature=temperature, batch_size=batch_size, limit=limit, template=template, reward=reward,
-        confidence_prompt=confidence_prompt, token_confidence_k=token_confidence_k,
+        unanswerable=unanswerable, confidence_prompt=confidence_prompt, token_confidence_k=token_confidence_k,
         token_confidence_at=token_confidence_at, self_certainty=self_certainty,
         deepconf_online=OnlineSettings(warmup=deepconf_warmup, keep_fraction=deepconf_keep,
                                        consensus=deepconf_consensus, window=deepconf_window,

@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -105,12 +106,12 @@ __all__ = ["DECISION_TOP_LOGPROBS", "GenerateConfig", "GenerateError", "batches"
 
 _META_KEYS = ("model", "dataset", "path", "split", "n", "temperature", "max_new_tokens", "template", "reward", "limit",
               "confidence_prompt", "dtype", "token_confidence_k", "token_confidence_at", "deepconf_online",
-              "self_certainty")
+              "self_certainty", "unanswerable")
 # settings added after the first release: a .meta.json without them was written with these values
 # (token_confidence_at None: files written before it read C_i of the top k alone, at the sampling temperature, so a
 # run recording token confidences does not resume them)
 _META_DEFAULTS = {"confidence_prompt": False, "dtype": "auto", "token_confidence_k": 0, "token_confidence_at": None,
-                  "deepconf_online": None, "self_certainty": False}
+                  "deepconf_online": None, "self_certainty": False, "unanswerable": None}
 TOKEN_CONFIDENCE_AT = ("raw", "sampling")
 
 
@@ -134,6 +135,8 @@ class GenerateConfig:
     device: str | None = None
     template: str | None = None
     reward: str | None = None  # default: "decision" for datasets with classes, else "math"
+    # the share of unanswerable items the dataset's loader makes (arithmetic, multiple_choice); None: the loader's
+    unanswerable: float | None = None
     confidence_prompt: bool = False  # ask for a stated confidence, <confidence>x</confidence>, after the answer
     token_confidence_k: int = 20  # top-k of DeepConf's token_confidence per row (0: not recorded)
     # the distribution DeepConf's C_i is read from: "raw", the model's own (T = 1, as the authors read vLLM's raw
@@ -375,7 +378,14 @@ def load_problems(config: GenerateConfig):
         loader_kwargs["split"] = config.split
     if config.template is not None:
         loader_kwargs["template"] = config.template
-    dataset = _dataset_loader(config)(**loader_kwargs)
+    loader = _dataset_loader(config)
+    if config.unanswerable is not None:
+        if "unanswerable" not in inspect.signature(loader).parameters:
+            raise GenerateError(f"dataset {config.dataset!r} cannot make unanswerable items (--unanswerable); the "
+                                "generated arithmetic and multiple_choice can, and a file can mark its own with a "
+                                "field answerable: false")
+        loader_kwargs["unanswerable"] = config.unanswerable
+    dataset = loader(**loader_kwargs)
     columns = set(dataset.column_names)
     if "prompt" not in columns:
         raise GenerateError(f"dataset {config.dataset!r} has no 'prompt' column")
@@ -452,6 +462,8 @@ def problem_rows(problem: dict, group: list, texts: list[str], reward_fn, *, dat
             "n_tokens": len(sample.ids),
             "truncated": not sample.ended,
         }
+        if "answerable" in problem:  # an item with no right answer: the right response is to decline
+            row["answerable"] = bool(problem["answerable"])
         if sample.self_certainty is not None:
             row["self_certainty"] = sample.self_certainty
         if sample.token_confidence is not None:

@@ -328,6 +328,10 @@ def _stated_abstention_sentence(m: Mapping[str, Any]) -> str | None:
         text += (f" Answering as often by {versus['confidence']} instead (its {versus['answered']} most confident "
                  f"samples): {other['accuracy_answered']:.0%} right, {other['hallucination_rate']:.1%} wrong "
                  f"answers; {versus['declined_by_both']} samples are declined by both.")
+    refused, lost = m.get("declined_unanswerable"), m.get("declined_answerable")
+    if refused is not None:
+        text += (f" Of the {m.get('n_unanswerable')} samples of items with no right answer it declines {refused:.0%}"
+                 + (f", and {lost:.0%} of the others'." if lost is not None else "."))
     return text
 
 
@@ -403,7 +407,7 @@ def render_eval_report(
             out += [f"## {scope}", ""]
         rows = []
         # the model's own abstentions (answer rate and the rest): rows only where some input has them
-        abstained_rows = {m.name for m in metrics_for("eval") if "abstained" in m.needs}
+        abstained_rows = {m.name for m in metrics_for("eval") if m.needs & {"abstained", "answerable"}}
         for key, name in _rows():
             if key in _COUNT_ROWS:
                 if any(key in by_label[l] for l in labels):

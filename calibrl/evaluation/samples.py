@@ -30,7 +30,8 @@ One row per sampled completion. Fields (see docs/eval.md for the full table):
   the same completion, correctness, answer and confidences is dropped and counted, one that differs in any of
   them is refused naming both lines), ``abstained`` (bool: the model declined to answer; a row without it but with
   a ``completion`` is read from the text's final answer, :func:`calibrl.tasks.abstention.is_abstention`; an
-  abstained sample is never counted right in the abstention figures).
+  abstained sample is never counted right in the abstention figures), ``answerable`` (bool, default true: false
+  marks an item with no right answer, where declining is the right response; ``calibrl generate --unanswerable``).
 
 Which confidence to use is chosen per file (``confidence=`` or the first of logprob_mean, decision_prob,
 class_probs, verbalized_confidence present in the first row); that field is then required on every row. Every
@@ -132,6 +133,8 @@ class Samples:
     # [N] bool: the sample declined to answer (field `abstained`, else "I don't know" read from its completion);
     # None when no row abstains and none says
     abstained: np.ndarray | None = None
+    # [N] bool: the item can be answered (field `answerable`, true where absent); None when every item can
+    answerable: np.ndarray | None = None
     # [N, 4] float: DeepConf's (mean, tail, bottom10, min) of each row's token_confidence (NaN rows where absent)
     deepconf_signals: np.ndarray | None = None
     # [N] float: 1 / 0 whether a row of a `calibrl generate --deepconf-online` file counted in its online vote
@@ -262,7 +265,7 @@ class Samples:
         kwargs = {}
         for name in ("prompt_ids", "correct", "reward", "logprob_mean", "decision_prob", "class_probs",
                      "verbalized_confidence", "self_certainty", "labels", "answers", "benchmarks", "completion_ids", "n_tokens",
-                     "truncated", "abstained", "rows", "deepconf_signals", "deepconf_voted", "deepconf_lowest"):
+                     "truncated", "abstained", "answerable", "rows", "deepconf_signals", "deepconf_voted", "deepconf_lowest"):
             value = getattr(self, name)
             kwargs[name] = None if value is None else value[mask]
         return replace(self, **kwargs)
@@ -457,6 +460,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
     n_parsed = 0  # rows whose verbalized confidence was read from the completion text
     abstained = bytearray()  # [N] 1 where the row declined to answer (its field, else its completion's final answer)
     abstained_named = False  # a row has the field `abstained`
+    answerable = bytearray()  # [N] 0 where the row's item has no right answer (field `answerable`), else 1
     class_probs: list[list[float] | None] = []
     labels: list[int] = []
     texts: dict[str, list] = {"answer": [], "benchmark": []}
@@ -628,6 +632,11 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
                     abstained.append(bool(said))
                 else:
                     abstained.append(value is not None and is_abstention(value))
+                can = raw.get("answerable")
+                if can is not None and not isinstance(can, (bool, np.bool_)) and not (
+                        _is_int(can) and int(can) in (0, 1)):
+                    raise r.fail("answerable", f"expected a bool, got {type(can).__name__} {_shown(can)}")
+                answerable.append(can is None or bool(can))
             else:
                 texts[name].append(value)
         if texts["benchmark"][-1] is None:
@@ -639,7 +648,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         elif no_text[-1]:  # a row without a completion is compared whole
             content_digests += _row_digest(raw)
         else:  # the completion and every value read from the row that a figure uses
-            scored = (correct[-1], labels[-1], texts["answer"][-1], class_probs[-1], abstained[-1],
+            scored = (correct[-1], labels[-1], texts["answer"][-1], class_probs[-1], abstained[-1], answerable[-1],
                       *(cols[k][-1] for k in ("reward", "logprob_mean", "decision_prob", "verbalized_confidence",
                                               "self_certainty")),
                       *signals[-len(DEEPCONF_SOURCES):])
@@ -693,7 +702,10 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         rows=np.frombuffer(positions, dtype=np.int64).copy() if len(positions) else np.zeros(0, dtype=np.int64),
         n_tokens=opt_float(cols["n_tokens"]),
         truncated=None if opt_float(cols["truncated"]) is None else opt_float(cols["truncated"]) == 1.0,
-        abstained=np.frombuffer(abstained, dtype=np.uint8) == 1 if abstained_named or 1 in abstained else None,
+        # with unanswerable items, no abstention is a figure too (declining none of them)
+        abstained=np.frombuffer(abstained, dtype=np.uint8) == 1 if abstained_named or 1 in abstained or 0 in answerable
+        else None,
+        answerable=np.frombuffer(answerable, dtype=np.uint8) == 1 if 0 in answerable else None,
         deepconf_voted=opt_float(cols["deepconf_voted"]),
         deepconf_lowest=opt_float(cols["deepconf_lowest"]),
         deepconf_signals=None if np.isnan(np.frombuffer(signals, dtype=np.float64)).all()

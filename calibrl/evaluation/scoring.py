@@ -390,11 +390,14 @@ def _counts_block(samples: Samples) -> dict[str, Any]:
         "confidence": samples.confidence_kind,
         # accuracy, and any other declared metric of correctness alone (with abstentions: answer rate and the rest)
         **_declared("eval", MetricInputs({"correct": samples.correct, "prompt_index": pidx,
-                                          "abstained": samples.abstained}), reads_confidence=False),
+                                          "abstained": samples.abstained, "answerable": samples.answerable}),
+                   reads_confidence=False),
         "pass@1": _f(M.pass_at_k(samples.correct, pidx, 1)),
     }
     if samples.abstained is not None:
         out["n_abstained"] = int(samples.abstained.sum())
+    if samples.answerable is not None:
+        out["n_unanswerable"] = int((~samples.answerable).sum())
     if samples.truncated is not None:  # what the accuracy is made of: completions cut short, answers not found
         out["n_truncated"] = int(samples.truncated.sum())
     if samples.answers is not None:

@@ -92,6 +92,23 @@ def accuracy_hallucination_ratio(correct, abstained):
     return _stated.stated_abstention(correct, abstained).accuracy_hallucination_ratio
 
 
+@register_metric("declined_unanswerable", higher=True, needs={"abstained", "answerable"}, contexts=_EVAL,
+                 label="declines unanswerable items", title="Declining the unanswerable",
+                 axis="share of unanswerable items' samples declined", short="declines unanswerable", unit="share")
+def declined_unanswerable(abstained, answerable):
+    """The share of the samples of items with no right answer that say "I don't know" (the refusal rate of "The
+    Hallucination Tax", arXiv 2505.13988)."""
+    return _stated.declined_by_kind(abstained, answerable)[0]
+
+
+@register_metric("declined_answerable", higher=False, needs={"abstained", "answerable"}, contexts=_EVAL,
+                 label="declines answerable items", title="Declining the answerable",
+                 axis="share of answerable items' samples declined", short="declines answerable", unit="share")
+def declined_answerable(abstained, answerable):
+    """The share of the samples of items that have a right answer that say "I don't know" (answers lost)."""
+    return _stated.declined_by_kind(abstained, answerable)[1]
+
+
 # ---------------------------------------------------------------------------------------------------- ranking
 @register_metric("auroc", higher=True, needs={"ranking"}, contexts=_ALL, label="AUROC (pooled)",
                  title="AUROC of sequence confidence", axis="AUROC (right vs wrong)", short="AUROC",

@@ -66,6 +66,7 @@ INPUTS: dict[str, str] = {
     "logprob_mean": "[N] float: the mean token log-probability of the completion",
     "n_tokens": "[N] int: the completion's tokens",
     "abstained": "[N] bool: the sample declined to answer (\"I don't know\"; calibrl.tasks.abstention)",
+    "answerable": "[N] bool: the item has a right answer (false: declining is the right response)",
     "sequence_probability": "[N] float: the probability of the whole completion, exp(sum of token log-probs)",
     # what only the testbed knows
     "p_true": "[N] float: the true probability that the sample is right (testbed)",

@@ -6,7 +6,10 @@
     hallucination rate     W / N                  W = A - R wrong answers
     accuracy/hallucination R / W                  behaviorally calibrated RL's ratio (arXiv 2512.19920)
 
-and the comparison with a confidence threshold that answers as often (:func:`versus_threshold`): which wrong
+and, where some items have no right answer (``answerable`` false), how often the model declines each kind
+(:func:`declined_by_kind`): on the unanswerable items it should always; on the others, declining is a lost answer.
+
+Also the comparison with a confidence threshold that answers as often (:func:`versus_threshold`): which wrong
 answers does each avoid? Shapes: ``correct``, ``abstained``, ``score`` [N]; a sample both abstained and marked
 correct counts as abstained.
 """
@@ -17,7 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["StatedAbstention", "stated_abstention", "versus_threshold"]
+__all__ = ["StatedAbstention", "declined_by_kind", "stated_abstention", "versus_threshold"]
 
 
 class StatedAbstention(NamedTuple):
@@ -76,3 +79,14 @@ def versus_threshold(score: Any, correct: Any, abstained: Any) -> dict[str, Any]
                      "hallucination_rate": (answered - right) / n if n else float("nan")}
     out["declined_by_both"] = int((a & ~by_threshold).sum())
     return out
+
+
+def declined_by_kind(abstained: Any, answerable: Any) -> tuple[float, float]:
+    """(share of the samples of unanswerable items that decline, share of the samples of answerable items that
+    decline); NaN where there is no sample of that kind."""
+    a = np.asarray(abstained, dtype=bool).reshape(-1)
+    can = np.asarray(answerable, dtype=bool).reshape(-1)
+    if a.shape != can.shape:
+        raise ValueError(f"abstained has {a.size} samples and answerable {can.size}")
+    return (float(a[~can].mean()) if (~can).any() else float("nan"),
+            float(a[can].mean()) if can.any() else float("nan"))

@@ -133,19 +133,23 @@ def math_prompt(problem: str, template: str = "qwen-math"):
     raise ValueError(f"unknown math template {template!r}; choose one of {', '.join(MATH_TEMPLATES)}")
 
 
-def decision_prompt(question: str, options: list[str], classes: list[str], template: str = "direct"):
-    """The multiple-choice prompt: question, lettered options, instruction; see the module docstring."""
+def decision_prompt(question: str, options: list[str], classes: list[str], template: str = "direct", *,
+                    decline: bool = False):
+    """The multiple-choice prompt: question, lettered options, instruction; see the module docstring. ``decline``:
+    the instruction also offers "I don't know" when no option is right (a dataset with unanswerable items)."""
     lines = [f"Question: {question.strip()}", "Options:"]
     lines += [f"{c}. {o.strip()}" for c, o in zip(classes, options)]
     letters = ", ".join(classes[:-1]) + f" or {classes[-1]}" if len(classes) > 1 else classes[0]
     if template == "direct":
-        lines.append(f"Reply with the letter of the correct option ({letters}).")
+        offer = ", or \"I don't know\" if no option is right" if decline else ""
+        lines.append(f"Reply with the letter of the correct option ({letters}){offer}.")
         return "\n".join(lines) + "\nAnswer: "
+    offer = ", or \"Answer: I don't know\" if no option is right" if decline else ""
     text = "\n".join(
         lines
         + [
             "Think step by step, then give the letter of the correct option "
-            f"({letters}) on the last line as \"Answer: <letter>\"."
+            f"({letters}) on the last line as \"Answer: <letter>\"{offer}."
         ]
     )
     if template == "reasoning":
@@ -312,6 +316,15 @@ def _math_row(name: str, id_columns: tuple[str, ...] = ("unique_id", "id")) -> C
     return make_row
 
 
+def _answerable(row: dict) -> bool:
+    """A file row's ``answerable`` field (default true): false marks an item with no right answer, where the right
+    response is to decline (:func:`calibrl.tasks.rewards.declining_grade`); it needs no gold."""
+    value = row.get("answerable", True)
+    if not isinstance(value, bool):
+        raise ValueError(f"field 'answerable': expected true or false, got {value!r}")
+    return value
+
+
 def _choices(row: dict) -> tuple[list[str], list[str]]:
     choices = row.get("choices")
     if isinstance(choices, dict):
@@ -334,13 +347,13 @@ def _decision_row(name: str, question_columns: tuple[str, ...]) -> Callable:
             key = labels[raw_key] if 0 <= raw_key < len(labels) else ""
         else:
             key = str(raw_key).strip() if raw_key is not None else ""
-        if not question or key not in labels:
+        if not question or (key not in labels and _answerable(row)):
             return None
         pid = row.get("id")
         return {
             "prompt": decision_prompt(str(question), texts, labels, template),
             "classes": labels,
-            "label": key,
+            "label": key if key in labels else None,
             "benchmark": name,
             "prompt_id": str(pid) if pid is not None else f"{name}-{index}",
         }
@@ -371,7 +384,7 @@ def _file_math_row(name: str, *, verbatim: bool) -> Callable:
         gold = _gold_text(_first(row, _FILE_GOLD[:-1]))
         if gold is None and isinstance(row.get("solution"), str):
             gold = _gold_text(last_boxed(row["solution"]))
-        if not problem or gold is None:
+        if not problem or (gold is None and _answerable(row)):
             return None
         pid = _first(row, ("unique_id", "id", "prompt_id"))
         return {"prompt": math_prompt(str(problem), template), "answer": gold,
@@ -388,7 +401,9 @@ def load_file(path: str | Path, *, limit: int | None = None, template: str | Non
     ``final_answer`` / ``gt`` / ``solution`` (its last ``\\boxed{}``) is math. The benchmark is the row's
     ``benchmark`` field or the file's stem; ids as the named loaders' (``unique_id`` / ``id`` / ``prompt_id``, else
     ``<stem>-<row>``). The template defaults as for named datasets, except that a ``prompt`` column is used as
-    written (``"none"``) unless ``template`` says otherwise. Split and hub options do not apply and are ignored."""
+    written (``"none"``) unless ``template`` says otherwise. Split and hub options do not apply and are ignored.
+    A field ``answerable`` (true / false) marks items that cannot be answered: such a row needs no gold, keeps the
+    column ``answerable`` false, and is graded right when the completion declines ("I don't know")."""
     rows_in = load_table(path)
     name = Path(path).stem or "dataset"
     for number, row in enumerate(rows_in, 1):
@@ -414,6 +429,10 @@ def load_file(path: str | Path, *, limit: int | None = None, template: str | Non
     for index, row in enumerate(rows_in):
         try:
             made = make_row(row, index, template)
+            if made is not None and "answerable" in fields:  # on every row: a dataset's columns are its first row's
+                made["answerable"] = _answerable(row)
+                if not made["answerable"]:
+                    made["label" if "label" in made else "answer"] = None
         except (ValueError, TypeError, KeyError, AttributeError) as exc:  # a malformed field: say where it is
             raise ValueError(f"{path}: row {index + 1}: {exc}") from None
         if made is not None:
@@ -445,11 +464,15 @@ def to_verl_rows(dataset) -> list[dict]:
                  "index": index}
         if decision:
             extra["classes"] = list(row["classes"])
+        answerable = row.get("answerable", True) is not False
+        if not answerable:  # no gold: the right response is to decline (calibrl.tasks.rewards.declining_grade)
+            extra["answerable"] = False
+        gold = (row["label"] if decision else row["answer"]) if answerable else ""
         rows.append({
             "data_source": row.get("benchmark", "calibrl"),
             "prompt": messages,
             "ability": "decision" if decision else "math",
-            "reward_model": {"style": "rule", "ground_truth": str(row["label"] if decision else row["answer"])},
+            "reward_model": {"style": "rule", "ground_truth": str(gold)},
             "extra_info": extra,
         })
     return rows

@@ -233,24 +233,43 @@ def _column(columns: dict, name: str, n: int, default: Any = None) -> list:
     return list(value)
 
 
+def unanswerable_rows(columns: dict, n: int) -> list[bool]:
+    """Per completion: True where the row's ``answerable`` column is False (an item that cannot be answered:
+    :func:`calibrl.tasks.synthetic.load_arithmetic`'s ``unanswerable=``, a user file's ``answerable`` field)."""
+    return [value is False or value == 0 for value in _column(columns, "answerable", n, True)]
+
+
+def declining_grade(completion: Any) -> float:
+    """The grade of a completion to an unanswerable item: 1.0 when it declines (its final answer is "I don't know":
+    :func:`calibrl.tasks.abstention.is_abstention`), else 0.0. Declining is the right response there (the reading
+    of "The Hallucination Tax", arXiv 2505.13988, whose RL data rewards "I don't know" on unanswerable problems)."""
+    from calibrl.tasks.abstention import is_abstention
+
+    return 1.0 if is_abstention(completion) else 0.0
+
+
 # --------------------------------------------------------------------------------------------------- rewards
 
 
 @register_reward("math")
 def math_reward(prompts, completions, answer=None, **columns) -> list[float | None]:
     r"""1.0 if the last ``\boxed{}`` of each completion equals its ``answer`` (math-verify), else 0.0; None where
-    the row has no ``answer``. Extra keyword ``math_timeout`` (seconds per check) is honoured if given."""
+    the row has no ``answer``. Extra keyword ``math_timeout`` (seconds per check) is honoured if given. A row
+    marked unanswerable (``answerable`` False) is graded by :func:`declining_grade`."""
     n = len(completions)
     golds = _column({"answer": answer}, "answer", n)
+    unanswerable = unanswerable_rows(columns, n)
     timeout = columns.get("math_timeout", MATH_TIMEOUT_SECONDS)
     if isinstance(timeout, list):  # a dataset column of that name would arrive as a list
         timeout = timeout[0] if timeout else MATH_TIMEOUT_SECONDS
     out: list[float | None] = []
-    for completion, gold in zip(completions, golds):
-        if gold is None or (isinstance(gold, str) and not gold.strip()):
+    for completion, gold, declined in zip(completions, golds, unanswerable):
+        if declined:
+            out.append(declining_grade(completion))
+        elif gold is None or (isinstance(gold, str) and not gold.strip()):
             out.append(None)
-            continue
-        out.append(1.0 if check_math(completion, gold, timeout=timeout)[1] else 0.0)
+        else:
+            out.append(1.0 if check_math(completion, gold, timeout=timeout)[1] else 0.0)
     return out
 
 
@@ -263,12 +282,16 @@ def format_reward(prompts, completions, **columns) -> list[float]:
 @register_reward("decision")
 def decision_reward(prompts, completions, classes=None, label=None, **columns) -> list[float | None]:
     """1.0 when the completion's decision (last standalone class string) equals ``label``, else 0.0; None where
-    the row has no label. ``classes`` defaults to A-E when the dataset has no such column."""
+    the row has no label. ``classes`` defaults to A-E when the dataset has no such column. A row marked unanswerable
+    (``answerable`` False: no option is right) is graded by :func:`declining_grade`."""
     n = len(completions)
     all_classes = _column({"classes": classes}, "classes", n, DEFAULT_CLASSES)
     labels = _column({"label": label}, "label", n)
     out: list[float | None] = []
-    for completion, cls, lab in zip(completions, all_classes, labels):
+    for completion, cls, lab, declined in zip(completions, all_classes, labels, unanswerable_rows(columns, n)):
+        if declined:
+            out.append(declining_grade(completion))
+            continue
         cls = tuple(cls or DEFAULT_CLASSES)
         gold = label_to_class(lab, cls)
         if gold is None:
@@ -376,12 +399,15 @@ def _graded(prompts, completions, answer, classes, label, columns) -> list[float
 
 
 def _with_abstention(prompts, completions, answer, classes, label, columns, patterns, reward) -> list[float | None]:
+    """``reward(right, abstained)`` per completion; on an unanswerable row no answer is right, so declining earns
+    the abstention's value and answering the wrong answer's."""
     from calibrl.tasks.abstention import is_abstention
 
     out: list[float | None] = []
-    for completion, value in zip(completions, _graded(prompts, completions, answer, classes, label, columns)):
+    graded = _graded(prompts, completions, answer, classes, label, columns)
+    for completion, value, declined in zip(completions, graded, unanswerable_rows(columns, len(completions))):
         abstained = is_abstention(completion, patterns=patterns)
-        out.append(None if value is None else reward(value > 0.5, abstained))
+        out.append(None if value is None else reward(value > 0.5 and not declined, abstained))
     return out
 
 
@@ -432,7 +458,8 @@ def verl_abstention_score(data_source, solution_str, ground_truth, extra_info=No
     verl's CAPO split (score > 0.5) counts an abstention with the wrong answers."""
     from calibrl.tasks.abstention import is_abstention, risk_threshold_reward, ternary_reward
 
-    correct = verl_compute_score(data_source, solution_str, ground_truth, extra_info) > 0.5
+    answerable = not (isinstance(extra_info, dict) and extra_info.get("answerable", True) in (False, 0))
+    correct = answerable and verl_compute_score(data_source, solution_str, ground_truth, extra_info) > 0.5
     abstained = is_abstention(solution_str, patterns=patterns)
     if threshold is not None:
         score = risk_threshold_reward(correct, abstained, threshold=threshold)
@@ -463,7 +490,10 @@ _DECISION_SOURCES = ("commonsense", "openbookqa", "decision")
 
 
 def verl_compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float:
-    """verl ``custom_reward_function`` entry point dispatching on ``extra_info["task"]`` or ``data_source``."""
+    """verl ``custom_reward_function`` entry point dispatching on ``extra_info["task"]`` or ``data_source``; an item
+    with ``extra_info["answerable"]`` False is graded by :func:`declining_grade`."""
+    if isinstance(extra_info, dict) and extra_info.get("answerable", True) in (False, 0):
+        return declining_grade(solution_str)
     task = extra_info.get("task") if isinstance(extra_info, dict) else None
     if task is None:
         source = str(data_source or "").lower()

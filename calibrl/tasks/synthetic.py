@@ -64,6 +64,10 @@ _SPLIT_ALIASES = {"eval": "validation", "valid": "validation", "val": "validatio
 _DEFAULT_SIZE = {"train": 5000, "validation": 400, "test": 400}
 ARITHMETIC_TEMPLATES = ("chat", "text")
 ARITHMETIC_INSTRUCTION = "Answer with just the number."
+# the instruction of every row of a draw that holds unanswerable items, answerable or not, so the prompt's wording
+# does not give away which is which
+DECLINE_INSTRUCTION = "Answer with just the number, or \"I don't know\" if it cannot be determined."
+UNKNOWN_OPERAND = "x"  # what stands in the missing operand's place in an unanswerable arithmetic question
 # ``calibrl generate``'s completion budget for both generated tasks when --max-new-tokens is not given: an answer is
 # a number or a letter. SmolLM2-135M-Instruct's 4 x 8 arithmetic samples that were right had 11-34 tokens; half
 # of all ran past 64 (rambling, never right). 1,024 (the reasoning benchmarks' default) took 14 minutes for 32.
@@ -165,6 +169,19 @@ def draw_problems(*, split: str, size: int, seed: int, levels: Sequence[int], st
     return problems
 
 
+def _unanswerable_share(share: float) -> float:
+    share = float(share)
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"unanswerable must be a share in [0, 1], got {share!r}")
+    return share
+
+
+def _is_unanswerable(problem: dict, share: float, *, stream: str, seed: int) -> bool:
+    """Whether a drawn problem becomes unanswerable: each with probability ``share``, decided by a generator of its
+    own (the problem, the task, the seed), so a row's fate does not depend on the size or on the other rows."""
+    return share > 0 and random.Random(f"{stream}|unanswerable|{problem['expression']}|{seed}").random() < share
+
+
 def _finish(rows: list[dict], limit: int | None):
     import datasets
 
@@ -178,9 +195,10 @@ def _finish(rows: list[dict], limit: int | None):
 # --------------------------------------------------------------------------------------------------- arithmetic
 
 
-def arithmetic_prompt(question: str, template: str = "chat"):
-    """The prompt for one arithmetic question: a chat message or plain text, asking for the number alone."""
-    text = f"{question} {ARITHMETIC_INSTRUCTION}"
+def arithmetic_prompt(question: str, template: str = "chat", *, decline: bool = False):
+    """The prompt for one arithmetic question: a chat message or plain text, asking for the number alone
+    (``decline``: or "I don't know" when it cannot be determined, :data:`DECLINE_INSTRUCTION`)."""
+    text = f"{question} {DECLINE_INSTRUCTION if decline else ARITHMETIC_INSTRUCTION}"
     if template == "chat":
         return [{"role": "user", "content": text}]
     if template == "text":
@@ -190,20 +208,35 @@ def arithmetic_prompt(question: str, template: str = "chat"):
 
 @register_dataset("arithmetic", reward="number", max_new_tokens=ARITHMETIC_MAX_NEW_TOKENS)
 def load_arithmetic(split: str = "test", *, size: int | None = None, limit: int | None = None, seed: int = 0,
-                    levels: Sequence[int] | int = LEVELS, template: str = "chat", path: str | None = None):
+                    levels: Sequence[int] | int = LEVELS, template: str = "chat", path: str | None = None,
+                    unanswerable: float = 0.0):
     """Arithmetic problems of ``split`` (module docstring); columns prompt, answer, level, expression,
-    benchmark, prompt_id. ``path`` is accepted for the common loader signature and must be None."""
+    benchmark, prompt_id. ``path`` is accepted for the common loader signature and must be None.
+
+    ``unanswerable`` (a share in [0, 1]): each problem is made unanswerable with that probability: one operand,
+    chosen by the problem's own generator, becomes :data:`UNKNOWN_OPERAND` ("What is 7 + x?"), ``answer`` is None
+    and the extra column ``answerable`` is false (true elsewhere); every prompt of the draw then offers "I don't
+    know" (:data:`DECLINE_INSTRUCTION`). The ``"number"`` reward grades declining right there and any number wrong.
+    """
     if path is not None:
         raise ValueError("arithmetic is generated, not read from a file: drop --path")
     split = _split_name(split)
+    share = _unanswerable_share(unanswerable)
     arithmetic_prompt("", template)  # an unknown template fails before any drawing
     rows = []
     for index, p in enumerate(draw_problems(split=split, size=_size(size, split), seed=seed,
                                             levels=_levels(levels), stream="arithmetic")):
-        question = p["rng"].choice(_QUESTIONS).format(expr=p["expression"])
-        rows.append({"prompt": arithmetic_prompt(question, template), "answer": str(p["value"]),
-                     "level": p["level"], "expression": p["expression"], "benchmark": "arithmetic",
-                     "prompt_id": f"arithmetic-{split}-{seed}-{index}"})
+        template_of_question = p["rng"].choice(_QUESTIONS)
+        row = {"answer": str(p["value"]), "level": p["level"], "expression": p["expression"]}
+        if share > 0:
+            row["answerable"] = not _is_unanswerable(p, share, stream="arithmetic", seed=seed)
+            if not row["answerable"]:
+                tokens = list(p["tokens"])
+                tokens[2 * p["rng"].randrange(len(tokens) // 2 + 1)] = UNKNOWN_OPERAND
+                row.update(answer=None, expression=expression_text(tokens))
+        question = template_of_question.format(expr=row["expression"])
+        rows.append({"prompt": arithmetic_prompt(question, template, decline=share > 0), **row,
+                     "benchmark": "arithmetic", "prompt_id": f"arithmetic-{split}-{seed}-{index}"})
     return _finish(rows, limit)
 
 
@@ -240,9 +273,15 @@ def distractors(tokens: Sequence[Any], value: int, rng: random.Random, *, k: int
 
 @register_dataset("multiple_choice", max_new_tokens=ARITHMETIC_MAX_NEW_TOKENS)
 def load_multiple_choice(split: str = "test", *, size: int | None = None, limit: int | None = None, seed: int = 0,
-                         levels: Sequence[int] | int = LEVELS, template: str = "direct", path: str | None = None):
+                         levels: Sequence[int] | int = LEVELS, template: str = "direct", path: str | None = None,
+                         unanswerable: float = 0.0):
     """Four-option questions on the value of an expression (module docstring); columns prompt, classes, label,
-    level, expression, benchmark, prompt_id. ``path`` must be None (generated task)."""
+    level, expression, benchmark, prompt_id. ``path`` must be None (generated task).
+
+    ``unanswerable`` (a share in [0, 1]): each question is made unanswerable with that probability: its four
+    options are all wrong values (:func:`distractors`), ``label`` is None and the extra column ``answerable`` is
+    false (true elsewhere); every prompt of the draw then offers "I don't know" when no option is right. The
+    ``"decision"`` reward grades declining right there and any letter wrong."""
     from calibrl.tasks.datasets import DECISION_TEMPLATES, decision_prompt
 
     if path is not None:
@@ -251,22 +290,31 @@ def load_multiple_choice(split: str = "test", *, size: int | None = None, limit:
     if template not in templates:
         raise ValueError(f"unknown decision template {template!r}; choose one of {', '.join(templates)}")
     split = _split_name(split)
+    share = _unanswerable_share(unanswerable)
     rows = []
     for index, p in enumerate(draw_problems(split=split, size=_size(size, split), seed=seed,
                                             levels=_levels(levels), stream="multiple_choice")):
         rng = p["rng"]
-        options = [p["value"], *distractors(p["tokens"], p["value"], rng)]
+        answerable = not _is_unanswerable(p, share, stream="multiple_choice", seed=seed)
+        if answerable:
+            options = [p["value"], *distractors(p["tokens"], p["value"], rng)]
+        else:  # no option is right
+            options = distractors(p["tokens"], p["value"], rng, k=len(_CLASSES))
         rng.shuffle(options)
-        label = _CLASSES[options.index(p["value"])]
+        label = _CLASSES[options.index(p["value"])] if answerable else None
         question = f"What is {p['expression']}?"
+        shown = [str(o) for o in options]
         if template == "chat-direct":  # the direct instruction as a user message, for chat models
-            text = decision_prompt(question, [str(o) for o in options], _CLASSES, "direct")
+            text = decision_prompt(question, shown, _CLASSES, "direct", decline=share > 0)
             prompt = [{"role": "user", "content": text.removesuffix("\nAnswer: ")}]
         else:
-            prompt = decision_prompt(question, [str(o) for o in options], _CLASSES, template)
-        rows.append({"prompt": prompt,
-                     "classes": list(_CLASSES), "label": label, "level": p["level"], "expression": p["expression"],
-                     "benchmark": "multiple_choice", "prompt_id": f"multiple_choice-{split}-{seed}-{index}"})
+            prompt = decision_prompt(question, shown, _CLASSES, template, decline=share > 0)
+        row = {"prompt": prompt,
+               "classes": list(_CLASSES), "label": label, "level": p["level"], "expression": p["expression"],
+               "benchmark": "multiple_choice", "prompt_id": f"multiple_choice-{split}-{seed}-{index}"}
+        if share > 0:
+            row["answerable"] = answerable
+        rows.append(row)
     return _finish(rows, limit)
 
 
@@ -298,13 +346,16 @@ def final_answer(text: str) -> str | None:
 @register_reward("number")
 def number_reward(prompts, completions, answer=None, **columns) -> list[float | None]:
     """1.0 when each completion's :func:`final_answer` equals its ``answer`` (the project's answer equivalence),
-    else 0.0; None where the row has no ``answer``. TRL's reward signature, as the ``"math"`` reward's."""
-    from calibrl.tasks.rewards import math_equal
+    else 0.0; None where the row has no ``answer``. TRL's reward signature, as the ``"math"`` reward's. A row
+    marked unanswerable (``answerable`` false) is graded by :func:`calibrl.tasks.rewards.declining_grade`."""
+    from calibrl.tasks.rewards import declining_grade, math_equal, unanswerable_rows
 
     golds = answer if isinstance(answer, (list, tuple)) else [answer] * len(completions)
     out: list[float | None] = []
-    for completion, gold in zip(completions, golds):
-        if gold is None or (isinstance(gold, str) and not gold.strip()):
+    for completion, gold, declined in zip(completions, golds, unanswerable_rows(columns, len(completions))):
+        if declined:
+            out.append(declining_grade(completion))
+        elif gold is None or (isinstance(gold, str) and not gold.strip()):
             out.append(None)
         else:
             out.append(1.0 if math_equal(final_answer(completion), gold) else 0.0)
