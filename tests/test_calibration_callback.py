@@ -21,6 +21,7 @@ from calibrl.trl.callbacks import (
     CalibrationEvalConfig,
     attach_calibration_eval,
     calibration_record,
+    record_keys,
     higher_is_better,
     pareto_best,
     should_stop_early,
@@ -81,6 +82,26 @@ def test_calibration_record_is_calibrl_metrics_of_the_rows():
     assert not higher_is_better("eval_calibration/smooth_ece") and higher_is_better("eval_calibration/prr")
     one_class = calibration_record([{**r, "correct": True} for r in rows[:8]])
     assert one_class["accuracy"] == 1.0 and math.isnan(one_class["auroc"])
+
+
+def test_calibration_record_counts_the_models_own_i_dont_know():
+    # p0 has no right answer: one sample declines (graded right), one answers; p1: right, declined, wrong
+    rows = [{"prompt_id": "p0", "correct": True, "logprob_mean": -0.1, "completion": "I don't know",
+             "answerable": False},
+            {"prompt_id": "p0", "correct": False, "logprob_mean": -0.2, "completion": "5", "answerable": False},
+            {"prompt_id": "p1", "correct": True, "logprob_mean": -0.3, "completion": "7", "answerable": True},
+            {"prompt_id": "p1", "correct": False, "logprob_mean": -0.4, "completion": r"\boxed{IDK}",
+             "answerable": True},
+            {"prompt_id": "p1", "correct": False, "logprob_mean": -0.5, "completion": "8", "answerable": True}]
+    record = calibration_record(rows)
+    # answered 3 of 5 (5, 7, 8), right 1 (7), wrong 2
+    assert (record["answer_rate"], record["accuracy_answered"]) == (pytest.approx(3 / 5), pytest.approx(1 / 3))
+    assert (record["hallucination_rate"], record["accuracy_hallucination_ratio"]) == (pytest.approx(2 / 5), 0.5)
+    assert (record["declined_unanswerable"], record["declined_answerable"]) == (0.5, pytest.approx(1 / 3))
+    # the same keys without completions that decline or an answerable column
+    plain = calibration_record([{k: v for k, v in r.items() if k != "answerable"} for r in rows[2:3]])
+    assert set(plain) == set(record) and set(record) <= set(record_keys())
+    assert plain["answer_rate"] == 1.0 and math.isnan(plain["declined_unanswerable"])
 
 
 def test_pareto_best_accuracy_within_a_margin_of_the_start_calibration():

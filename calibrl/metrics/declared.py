@@ -17,6 +17,7 @@ from calibrl.metrics import stated_abstention as _stated
 from calibrl.metrics.registry import register_metric
 
 _EVAL = ("eval",)
+_OWN_ABSTENTION = ("eval", "callback")  # the model's own "I don't know", read from its text
 _ALL = ("eval", "sources", "callback", "telemetry", "testbed")
 
 
@@ -62,7 +63,7 @@ def reasoning_accuracy(reasoning_ok):
 
 
 # ---------------------------------------------------------------------------------- the model's own abstentions
-@register_metric("answer_rate", higher=None, needs={"correct", "abstained"}, contexts=_EVAL,
+@register_metric("answer_rate", higher=None, needs={"correct", "abstained"}, contexts=_OWN_ABSTENTION,
                  label="answer rate (not \"I don't know\")", title="Answer rate", axis="share of samples answered",
                  short="answer rate", unit="share")
 def answer_rate(correct, abstained):
@@ -70,21 +71,21 @@ def answer_rate(correct, abstained):
     return _stated.stated_abstention(correct, abstained).answer_rate
 
 
-@register_metric("accuracy_answered", higher=True, needs={"correct", "abstained"}, contexts=_EVAL,
+@register_metric("accuracy_answered", higher=True, needs={"correct", "abstained"}, contexts=_OWN_ABSTENTION,
                  label="accuracy among answered", title="Accuracy among answered", axis="share right of answered",
                  short="accuracy (answered)", unit="share")
 def accuracy_answered(correct, abstained):
     return _stated.stated_abstention(correct, abstained).accuracy_answered
 
 
-@register_metric("hallucination_rate", higher=False, needs={"correct", "abstained"}, contexts=_EVAL,
+@register_metric("hallucination_rate", higher=False, needs={"correct", "abstained"}, contexts=_OWN_ABSTENTION,
                  label="hallucination rate (wrong of all)", title="Hallucination rate",
                  axis="share of samples answered wrong", short="hallucination", unit="share")
 def hallucination_rate(correct, abstained):
     return _stated.stated_abstention(correct, abstained).hallucination_rate
 
 
-@register_metric("accuracy_hallucination_ratio", higher=True, needs={"correct", "abstained"}, contexts=_EVAL,
+@register_metric("accuracy_hallucination_ratio", higher=True, needs={"correct", "abstained"}, contexts=_OWN_ABSTENTION,
                  label="right / wrong answers", title="Accuracy-to-hallucination ratio", axis="right / wrong answers",
                  short="right / wrong", unit="ratio")
 def accuracy_hallucination_ratio(correct, abstained):
@@ -92,7 +93,7 @@ def accuracy_hallucination_ratio(correct, abstained):
     return _stated.stated_abstention(correct, abstained).accuracy_hallucination_ratio
 
 
-@register_metric("declined_unanswerable", higher=True, needs={"abstained", "answerable"}, contexts=_EVAL,
+@register_metric("declined_unanswerable", higher=True, needs={"abstained", "answerable"}, contexts=_OWN_ABSTENTION,
                  label="declines unanswerable items", title="Declining the unanswerable",
                  axis="share of unanswerable items' samples declined", short="declines unanswerable", unit="share")
 def declined_unanswerable(abstained, answerable):
@@ -101,7 +102,7 @@ def declined_unanswerable(abstained, answerable):
     return _stated.declined_by_kind(abstained, answerable)[0]
 
 
-@register_metric("declined_answerable", higher=False, needs={"abstained", "answerable"}, contexts=_EVAL,
+@register_metric("declined_answerable", higher=False, needs={"abstained", "answerable"}, contexts=_OWN_ABSTENTION,
                  label="declines answerable items", title="Declining the answerable",
                  axis="share of answerable items' samples declined", short="declines answerable", unit="share")
 def declined_answerable(abstained, answerable):

@@ -19,6 +19,12 @@ sampler and log-prob reader of ``calibrl generate``), grades them with the train
     decision_ece, decision_prob_mean, decision_frac_above_099
                              decision tasks (a ``classes`` column): the decided class's probability (equal-count
                              bins, as the training telemetry)
+    answer_rate, accuracy_answered, hallucination_rate, accuracy_hallucination_ratio
+                             the model's own "I don't know" (the final answer of each completion:
+                             :func:`calibrl.tasks.abstention.is_abstention`; :mod:`calibrl.metrics.stated_abstention`)
+    declined_unanswerable, declined_answerable
+                             the share of samples declined on items with no right answer (an ``answerable``
+                             column false; NaN without one) and on the others
     n_samples                samples scored
 
 These are the metrics declared for the ``callback`` context (:mod:`calibrl.metrics.registry`), with a user's
@@ -88,13 +94,18 @@ def calibration_record(rows: Sequence[dict], *, n_bins: int = 10) -> dict[str, f
     own) of sampled rows in ``calibrl generate``'s format (``prompt_id``, ``correct``, ``logprob_mean``, and
     ``decision_prob`` for decision tasks), and ``n_samples``; NaN where undefined (AUROC with one class)."""
     from calibrl.metrics.registry import compute_metrics
+    from calibrl.tasks.abstention import is_abstention
 
     if not rows:
         raise ValueError("calibration_record: no rows to score")
     _, prompt_index = np.unique([str(r["prompt_id"]) for r in rows], return_inverse=True)
     logprob_mean = np.array([float(r["logprob_mean"]) for r in rows])
     inputs = {"correct": np.array([bool(r["correct"]) for r in rows]), "prompt_index": prompt_index,
-              "score": logprob_mean, "confidence": np.exp(logprob_mean), "logprob_mean": logprob_mean}
+              "score": logprob_mean, "confidence": np.exp(logprob_mean), "logprob_mean": logprob_mean,
+              # read from the text on every record (all false when nothing declines), so the keys never change
+              "abstained": np.array([r.get("completion") is not None and is_abstention(r["completion"])
+                                     for r in rows]),
+              "answerable": np.array([r.get("answerable", True) is not False for r in rows])}
     if "decision_prob" in rows[0]:
         inputs["decision_prob"] = np.array([np.nan if r.get("decision_prob") is None else float(r["decision_prob"])
                                             for r in rows])
