@@ -23,10 +23,7 @@ primary differences (alpha 0.05 / 12, the same replicates) both lie above 0 (:fu
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -76,14 +73,10 @@ def load(path: Path = SAMPLES):
     """The committed samples as ``(Samples, answer_ids)``: read by :func:`calibrl.evaluation.samples.load_samples`
     with the study's window and tail (the gzip file decompressed to a temporary file first, since the reader
     takes plain JSONL), answers clustered as ``calibrl eval`` does."""
-    from calibrl.evaluation.samples import load_samples
     from calibrl.selection import answer_clusters
+    from studies.data_files import load_packed_samples
 
-    with tempfile.TemporaryDirectory() as tmp:
-        plain = Path(tmp) / "samples.jsonl"
-        with gzip.open(path, "rb") as src, open(plain, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        samples = load_samples(plain, deepconf_window=WINDOW, deepconf_tail=TAIL)
+    samples = load_packed_samples(path, deepconf_window=WINDOW, deepconf_tail=TAIL)
     return samples, answer_clusters(samples.answers, samples.prompt_index)
 
 
@@ -408,17 +401,11 @@ def rerun_section(res: dict, again: dict, rerun: dict) -> str:
 
 def pack(generated: Path, times: dict[str, str], command: str, *, samples: Path = SAMPLES, run: Path = RUN,
          extra: dict | None = None) -> None:
-    """Commit-ready data from a finished run: the JSONL gzip-compressed with reproducible bytes (mtime 0) and
-    ``run.json`` with the command, the run's UTC times and ``calibrl generate``'s settings file (``samples`` /
-    ``run``: the rerun's ``samples_authors_ci.jsonl.gz`` / ``rerun.json``; ``extra``: more fields for it)."""
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
-    with open(generated, "rb") as src, open(samples, "wb") as raw, \
-            gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0, filename="") as dst:
-        shutil.copyfileobj(src, dst)
-    meta_path = generated.with_name(generated.name + ".meta.json")
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else None
-    run.write_text(json.dumps({"command": command, **times, "generate_settings": meta, **(extra or {})},
-                              indent=1) + "\n")
+    """Commit-ready data from a finished run (:func:`studies.data_files.pack_generate_run`; ``samples`` / ``run``:
+    the rerun's ``samples_authors_ci.jsonl.gz`` / ``rerun.json``; ``extra``: more fields for it)."""
+    from studies.data_files import pack_generate_run
+
+    pack_generate_run(generated, samples, run, times=times, command=command, extra=extra)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,10 @@ Each study with committed data is rebuilt by the same code that wrote it, from i
   written whole (``studies/newer_methods.py``: DCPO and Clip-Cov against GRPO and RLCR on ``testbed/verbalized``);
 - ``deepconf_realmodel``: the folder ``deepconf_realmodel/`` (the ``calibrl generate`` run's rows with their
   ``token_confidence``, and ``run.json``) -> ``deepconf_realmodel.md``, written whole
-  (``studies/deepconf_realmodel.py``).
+  (``studies/deepconf_realmodel.py``);
+- ``abstention_realmodel``: the folder ``abstention_realmodel/`` (the ``calibrl generate`` run's rows on arithmetic
+  with unanswerable items, and ``run.json``) -> ``abstention_realmodel.md``, written whole
+  (``studies/abstention_realmodel.py``).
 
 Without ``--check`` the figures are redrawn into docs/results/ and every table row that is not in its document is
 printed. With ``--check`` nothing is written and the exit status is 1 when a rebuilt table row is missing from its
@@ -186,6 +189,10 @@ def rebuild_realmodel(scratch: Path) -> Rebuilt:
                     "realmodel.md#sources": sources.section(sources.analyse())}, {figure.name: figure})
 
 
+def rebuild_abstention_realmodel(scratch: Path) -> Rebuilt:
+    return Rebuilt({"abstention_realmodel.md": _script("abstention_realmodel").rebuild()}, {})
+
+
 def rebuild_deepconf_realmodel(scratch: Path) -> Rebuilt:
     return Rebuilt({"deepconf_realmodel.md": _script("deepconf_realmodel").rebuild()}, {})
 
@@ -232,6 +239,9 @@ DATA_FILES: dict[str, tuple[str, str, str]] = {
     "deepconf_realmodel": ("deepconf_realmodel", "deepconf_realmodel.md",
                            "the calibrl generate command of docs/protocols/deepconf_realmodel.md, then "
                            "python -m studies.deepconf_realmodel --pack (about 8 minutes on 2 cores)"),
+    "abstention_realmodel": ("abstention_realmodel", "abstention_realmodel.md",
+                             "the calibrl generate command of docs/protocols/abstention_realmodel.md, then "
+                             "python -m studies.abstention_realmodel --pack (about 20 minutes on 2 cores)"),
 }
 DATA = {study: data for study, (data, _, _) in DATA_FILES.items()}
 
@@ -264,12 +274,12 @@ STUDIES: dict[str, Callable[[Path], Rebuilt]] = {
     "protocol": rebuild_protocol, "mask": rebuild_mask, "downstream": rebuild_downstream,
     "decision": rebuild_decision, "rlcr": rebuild_rlcr, "realmodel_powered": rebuild_realmodel_powered,
     "realmodel": rebuild_realmodel, "deepconf_realmodel": rebuild_deepconf_realmodel,
-    "newer_methods": rebuild_newer_methods,
+    "newer_methods": rebuild_newer_methods, "abstention_realmodel": rebuild_abstention_realmodel,
 }
 
 
 # documents written whole by their script (no hand-written text): every line is checked, not only the tables
-WHOLE_PAGES = {"realmodel_powered.md", "deepconf_realmodel.md", "newer_methods.md"}
+WHOLE_PAGES = {"realmodel_powered.md", "deepconf_realmodel.md", "newer_methods.md", "abstention_realmodel.md"}
 
 
 def missing_rows(rebuilt: Rebuilt) -> dict[str, list[str]]:

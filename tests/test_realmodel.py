@@ -262,3 +262,35 @@ def test_calibrl_train_runs_the_shipped_real_model_recipe(model_dir, tmp_path):
     assert step["capo/ref_ppl_high"] >= step["capo/ref_ppl_low"] >= 1.0
     adapter = json.loads((out / "adapter_config.json").read_text())  # the LoRA adapter, not a full model
     assert adapter["r"] == 16 and sorted(adapter["target_modules"]) == ["k_proj", "o_proj", "q_proj", "v_proj"]
+
+
+@needs_wheel
+def test_the_shipped_abstention_recipe_trains_on_unanswerable_items_and_logs_the_declines(model_dir, tmp_path):
+    """``calibrl train smollm2_cpu_ternary``, shrunk as above: the ternary reward on `multiple_choice` with
+    unanswerable items, whose held-out records carry the model's own abstention figures."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from calibrl.cli.app import app
+    from calibrl.trl.recipes import shipped_recipes
+
+    recipe = yaml.safe_load(shipped_recipes()["smollm2_cpu_ternary"].read_text())
+    assert "ternary" in recipe["rewards"] and recipe["dataset"]["unanswerable"] > 0
+    recipe["calibration_eval"].update(prompts=4, k=2, batch_size=4)
+    recipe["calibration_eval"]["dataset"].update(limit=4, unanswerable=0.5)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, [
+        "train", str(path), "--max-steps", "1", "--output-dir", str(out), "--set", "per_device_train_batch_size=4",
+        "--set", "num_generations=2", "--set", "max_completion_length=6"])
+    assert result.exit_code == 0, result.output
+    records = json.loads((out / "calibration_eval.json").read_text())["records"]
+    assert [r["step"] for r in records] == [0, 1]
+    for record in records:
+        assert 0.0 <= record["answer_rate"] <= 1.0
+        # the first 4 validation questions at a share of 0.5: both kinds (fixed by the questions' own generators)
+        assert 0.0 <= record["declined_unanswerable"] <= 1.0 and 0.0 <= record["declined_answerable"] <= 1.0
+    logs = [json.loads(line) for line in (out / "log_history.jsonl").read_text().splitlines()]
+    step = next(log for log in logs if "calibration/accuracy" in log)
+    assert -1.0 <= step["reward"] <= 1.0  # TruthRL's values
