@@ -453,8 +453,11 @@ def to_verl_rows(dataset) -> list[dict]:
     Each row: ``data_source`` (the benchmark), ``prompt`` (chat messages; a text prompt becomes one user
     message, which verl renders with the tokenizer's chat template), ``ability`` (``"math"`` or ``"decision"``),
     ``reward_model`` ``{"style": "rule", "ground_truth": answer or label}`` and ``extra_info`` ``{"task",
-    "prompt_id", "index"[, "classes"]}``, the keys :func:`calibrl.tasks.rewards.verl_compute_score` reads.
+    "prompt_id", "index"[, "classes"][, "answerable": false]}``, the keys
+    :func:`calibrl.tasks.rewards.verl_compute_score` reads (an item with no right answer: an empty ground truth).
     """
+    from calibrl.tasks.rewards import marks_unanswerable
+
     rows = []
     for index, row in enumerate(dataset):
         decision = "classes" in row and row.get("classes") is not None
@@ -464,7 +467,7 @@ def to_verl_rows(dataset) -> list[dict]:
                  "index": index}
         if decision:
             extra["classes"] = list(row["classes"])
-        answerable = row.get("answerable", True) is not False
+        answerable = not marks_unanswerable(row.get("answerable"))
         if not answerable:  # no gold: the right response is to decline (calibrl.tasks.rewards.declining_grade)
             extra["answerable"] = False
         gold = (row["label"] if decision else row["answer"]) if answerable else ""

@@ -233,10 +233,16 @@ def _column(columns: dict, name: str, n: int, default: Any = None) -> list:
     return list(value)
 
 
+def marks_unanswerable(answerable: Any) -> bool:
+    """Whether an ``answerable`` value (a dataset column's entry, verl's ``extra_info["answerable"]``) marks an item
+    that cannot be answered: false (or 0); None (not said) and true do not."""
+    return answerable is not None and not isinstance(answerable, str) and answerable == 0
+
+
 def unanswerable_rows(columns: dict, n: int) -> list[bool]:
-    """Per completion: True where the row's ``answerable`` column is False (an item that cannot be answered:
-    :func:`calibrl.tasks.synthetic.load_arithmetic`'s ``unanswerable=``, a user file's ``answerable`` field)."""
-    return [value is False or value == 0 for value in _column(columns, "answerable", n, True)]
+    """Per completion: :func:`marks_unanswerable` of the row's ``answerable`` column
+    (:func:`calibrl.tasks.synthetic.load_arithmetic`'s ``unanswerable=``, a user file's ``answerable`` field)."""
+    return [marks_unanswerable(value) for value in _column(columns, "answerable", n)]
 
 
 def declining_grade(completion: Any) -> float:
@@ -458,8 +464,8 @@ def verl_abstention_score(data_source, solution_str, ground_truth, extra_info=No
     verl's CAPO split (score > 0.5) counts an abstention with the wrong answers."""
     from calibrl.tasks.abstention import is_abstention, risk_threshold_reward, ternary_reward
 
-    answerable = not (isinstance(extra_info, dict) and extra_info.get("answerable", True) in (False, 0))
-    correct = answerable and verl_compute_score(data_source, solution_str, ground_truth, extra_info) > 0.5
+    declined = isinstance(extra_info, dict) and marks_unanswerable(extra_info.get("answerable"))
+    correct = not declined and verl_compute_score(data_source, solution_str, ground_truth, extra_info) > 0.5
     abstained = is_abstention(solution_str, patterns=patterns)
     if threshold is not None:
         score = risk_threshold_reward(correct, abstained, threshold=threshold)
@@ -492,7 +498,7 @@ _DECISION_SOURCES = ("commonsense", "openbookqa", "decision")
 def verl_compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float:
     """verl ``custom_reward_function`` entry point dispatching on ``extra_info["task"]`` or ``data_source``; an item
     with ``extra_info["answerable"]`` False is graded by :func:`declining_grade`."""
-    if isinstance(extra_info, dict) and extra_info.get("answerable", True) in (False, 0):
+    if isinstance(extra_info, dict) and marks_unanswerable(extra_info.get("answerable")):
         return declining_grade(solution_str)
     task = extra_info.get("task") if isinstance(extra_info, dict) else None
     if task is None:

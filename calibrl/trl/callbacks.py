@@ -95,6 +95,7 @@ def calibration_record(rows: Sequence[dict], *, n_bins: int = 10) -> dict[str, f
     ``decision_prob`` for decision tasks), and ``n_samples``; NaN where undefined (AUROC with one class)."""
     from calibrl.metrics.registry import compute_metrics
     from calibrl.tasks.abstention import is_abstention
+    from calibrl.tasks.rewards import marks_unanswerable
 
     if not rows:
         raise ValueError("calibration_record: no rows to score")
@@ -105,7 +106,7 @@ def calibration_record(rows: Sequence[dict], *, n_bins: int = 10) -> dict[str, f
               # read from the text on every record (all false when nothing declines), so the keys never change
               "abstained": np.array([r.get("completion") is not None and is_abstention(r["completion"])
                                      for r in rows]),
-              "answerable": np.array([r.get("answerable", True) is not False for r in rows])}
+              "answerable": np.array([not marks_unanswerable(r.get("answerable")) for r in rows])}
     if "decision_prob" in rows[0]:
         inputs["decision_prob"] = np.array([np.nan if r.get("decision_prob") is None else float(r["decision_prob"])
                                             for r in rows])
