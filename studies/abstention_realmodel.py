@@ -45,37 +45,71 @@ def figures(correct: np.ndarray, abstained: np.ndarray, answerable: np.ndarray) 
             "accuracy_answerable": float(right_on_answerable.sum() / answerable.sum())}
 
 
-def analyse(samples, *, n_boot: int = N_BOOT, seed: int = SEED) -> dict:
-    """Every number of the page: counts, and each figure with its interval over prompt draws within each kind."""
+def _stratified(samples, figures_of, *, n_boot: int, seed: int) -> dict[str, list[float]]:
+    """``{name: [point, low, high]}`` of ``figures_of(rows)`` (rows: sample indices, repeats allowed) on the samples
+    and on ``n_boot`` replicates that redraw the prompts within each kind, keeping each kind's number of prompts and
+    each prompt's completions together; 95% percentile intervals."""
     from calibrl.metrics.bootstrap import percentile_interval
 
-    pidx = samples.prompt_index
-    correct, abstained = samples.correct.astype(bool), samples.abstained.astype(bool)
-    answerable = samples.answerable.astype(bool)
+    pidx, answerable = samples.prompt_index, samples.answerable.astype(bool)
     rows_of = [np.flatnonzero(pidx == p) for p in range(samples.n_prompts)]
-    kind = np.array([bool(answerable[r[0]]) for r in rows_of])
     if any(len(set(answerable[r].tolist())) != 1 for r in rows_of):
         raise ValueError("a prompt's samples disagree on answerable")
-    point = figures(correct, abstained, answerable)
+    kind = np.array([bool(answerable[r[0]]) for r in rows_of])
     strata = [np.flatnonzero(~kind), np.flatnonzero(kind)]
+    point = figures_of(np.arange(len(samples)))
     rng = np.random.default_rng(seed)
     replicates: dict[str, list[float]] = {name: [] for name in point}
     for _ in range(n_boot):
         drawn = np.concatenate([rng.choice(stratum, size=stratum.size, replace=True) for stratum in strata])
-        rows = np.concatenate([rows_of[p] for p in drawn])
-        for name, value in figures(correct[rows], abstained[rows], answerable[rows]).items():
+        for name, value in figures_of(np.concatenate([rows_of[p] for p in drawn])).items():
             replicates[name].append(value)
-    out = {name: [point[name], *percentile_interval(np.asarray(values), alpha=0.05)]
-           for name, values in replicates.items()}
-    per_prompt = samples.group_sizes()
+    return {name: [point[name], *percentile_interval(np.asarray(values), alpha=0.05)]
+            for name, values in replicates.items()}
+
+
+def analyse(samples, mentions: np.ndarray, *, n_boot: int = N_BOOT, seed: int = SEED) -> dict:
+    """Every number of the page: counts, each figure with its interval over prompt draws within each kind, and
+    (exploratory, added after the run) the shares of completions that hold an abstention phrase anywhere
+    (``mentions`` [N] bool, aligned with the samples)."""
+    from calibrl.metrics.stated_abstention import declined_by_kind
+
+    correct, abstained = samples.correct.astype(bool), samples.abstained.astype(bool)
+    answerable = samples.answerable.astype(bool)
+    out = _stratified(samples, lambda rows: figures(correct[rows], abstained[rows], answerable[rows]),
+                      n_boot=n_boot, seed=seed)
+
+    def mention_figures(rows):
+        in_unanswerable, in_answerable = declined_by_kind(mentions[rows], answerable[rows])
+        return {"mentions_unanswerable": in_unanswerable, "mentions_answerable": in_answerable,
+                "mentions_difference": in_unanswerable - in_answerable}
+
+    out["exploratory"] = _stratified(samples, mention_figures, n_boot=n_boot, seed=seed)
     out["counts"] = {"n_prompts": int(samples.n_prompts), "n_samples": int(len(samples)),
-                     "unanswerable_prompts": int((~kind).sum()), "answerable_prompts": int(kind.sum()),
-                     "samples_per_prompt": int(per_prompt.min()), "declined": int(abstained.sum()),
+                     "unanswerable_prompts": int(len(set(samples.prompt_index[~answerable].tolist()))),
+                     "answerable_prompts": int(len(set(samples.prompt_index[answerable].tolist()))),
+                     "samples_per_prompt": int(samples.group_sizes().min()), "declined": int(abstained.sum()),
                      "declined_unanswerable": int((abstained & ~answerable).sum()),
                      "declined_answerable": int((abstained & answerable).sum()),
+                     "mentions_unanswerable": int((mentions & ~answerable).sum()),
+                     "mentions_answerable": int((mentions & answerable).sum()),
+                     "unanswerable_samples": int((~answerable).sum()), "answerable_samples": int(answerable.sum()),
                      "truncated": int(samples.truncated.sum()) if samples.truncated is not None else None,
                      "n_boot": n_boot, "seed": seed}
     return out
+
+
+def phrase_anywhere(path: Path, samples) -> np.ndarray:
+    """[N] bool aligned with ``samples``: the completion holds one of calibrl's abstention phrases anywhere in its
+    text (the case-insensitive search :func:`calibrl.tasks.abstention.is_abstention` starts with), final answer or
+    not."""
+    import gzip
+
+    from calibrl.tasks.abstention import abstention_search
+
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        found = [abstention_search(json.loads(line).get("completion") or "") for line in f if line.strip()]
+    return np.asarray(found, dtype=bool)[samples.rows]
 
 
 def _ci(values: list[float], *, signed: bool = False) -> str:
@@ -148,6 +182,19 @@ def report(res: dict, run: dict) -> str:
         "and over all completions. These are one untrained model's starting point, not an effect of training.",
         "",
     ]
+    e = res["exploratory"]
+    lines += [
+        "## Exploratory: the phrase anywhere in the text (added after the run; not an endpoint)",
+        "",
+        "Reading the completions showed many that talk about not knowing without giving it as their final answer "
+        "(\"I don't know the answer to a certain question. ...\"). Counting a completion that holds one of the "
+        "abstention phrases anywhere (the prompt itself quotes \"I don't know\"): "
+        f"{c['mentions_unanswerable']} of the {c['unanswerable_samples']} completions of unanswerable items, "
+        f"{_ci(e['mentions_unanswerable'])}, and {c['mentions_answerable']} of the {c['answerable_samples']} of "
+        f"answerable ones, {_ci(e['mentions_answerable'])}; difference "
+        f"{_ci(e['mentions_difference'], signed=True)}. Protocol amendment of 2026-11-29 (dated there).",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -155,7 +202,8 @@ def rebuild() -> str:
     """The page from the committed data."""
     from studies.data_files import load_packed_samples
 
-    return report(analyse(load_packed_samples(SAMPLES)), json.loads(RUN.read_text()))
+    samples = load_packed_samples(SAMPLES)
+    return report(analyse(samples, phrase_anywhere(SAMPLES, samples)), json.loads(RUN.read_text()))
 
 
 def main(argv: list[str] | None = None) -> int:

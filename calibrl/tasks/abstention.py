@@ -36,6 +36,7 @@ import numpy as np
 __all__ = [
     "ABSTENTION_PHRASES",
     "TERNARY_PRESETS",
+    "abstention_search",
     "final_answer_text",
     "is_abstention",
     "risk_threshold_reward",
@@ -80,6 +81,15 @@ def _compiled(patterns: tuple[str, ...] | None) -> re.Pattern:
     return re.compile("|".join(f"(?:{p})" for p in chosen) or r"(?!)", re.IGNORECASE)
 
 
+def abstention_search(text: Any, *, patterns: Sequence[str] | None = None) -> bool:
+    """Whether one of ``patterns`` (default :data:`ABSTENTION_PHRASES`) occurs anywhere in the completion,
+    case-insensitively: what :func:`is_abstention` checks first. Not an abstention by itself ("I don't know the
+    second number yet" mentions one)."""
+    from calibrl.tasks.rewards import completion_text
+
+    return _compiled(None if patterns is None else tuple(patterns)).search(completion_text(text)) is not None
+
+
 def is_abstention(text: Any, *, patterns: Sequence[str] | None = None) -> bool:
     """True when the completion's final answer (:func:`final_answer_text`) is, in full, one of ``patterns``
     (default :data:`ABSTENTION_PHRASES`). ``text``: a string or a conversational completion."""
@@ -88,7 +98,7 @@ def is_abstention(text: Any, *, patterns: Sequence[str] | None = None) -> bool:
     phrases = _compiled(None if patterns is None else tuple(patterns))
     raw = completion_text(text)
     # a final answer that is a phrase is one somewhere in the text: most texts hold none, and are done in one search
-    if phrases.search(raw) is None:
+    if not abstention_search(raw, patterns=patterns):
         return False
     answer = re.sub(r"\s+", " ", final_answer_text(raw))
     return bool(answer) and phrases.fullmatch(answer) is not None
