@@ -139,10 +139,11 @@ def report(res: dict, run: dict) -> str:
         "# Does the untrained built-in model decline what cannot be answered? (SmolLM2-135M-Instruct, arithmetic)",
         "",
         "Protocol, committed before the run: "
-        "[../protocols/abstention_realmodel.md](../protocols/abstention_realmodel.md). Data: "
-        "`docs/results/abstention_realmodel/samples.jsonl.gz` (every row `calibrl generate` wrote) and `run.json` "
-        "(command and times). This page is written whole by `python -m studies.abstention_realmodel` and rebuilt "
-        "by `python -m studies.reproduce --only abstention_realmodel`.",
+        "[../protocols/abstention_realmodel.md](../protocols/abstention_realmodel.md).",
+        "Data: `docs/results/abstention_realmodel/samples.jsonl.gz` (every row `calibrl generate` wrote) and "
+        "`docs/results/abstention_realmodel/run.json` (command and times). This page is written whole by "
+        "`python -m studies.abstention_realmodel` and rebuilt by `python -m studies.reproduce --only "
+        "abstention_realmodel`.",
         "",
         f"Run (2 shared CPU cores, `nice -n 10`), from {run['started_utc']} to {run['finished_utc']} (UTC):",
         "",
