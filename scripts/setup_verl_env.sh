@@ -27,9 +27,7 @@ fi
 
 start=$(date +%s)
 "$PYTHON" -m venv "$VENV"
-# --no-compile: no bytecode for the whole tree at install time (most of pip's CPU time; the build runs beside the
-# suite on a 2-core machine); Python compiles the modules a test imports when it first imports them
-PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile)
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip
 # 1. torch first, pinned (never unpinned: an unpinned resolve may pull a CUDA build); later steps repeat the
 #    installed version so the resolver keeps it.
