@@ -116,6 +116,22 @@ def test_abstention_rewards_never_pay_an_answer_to_an_unanswerable_item():
         [0.0, -4.0, 0.0, 1.0, -4.0])
 
 
+def test_abstention_rewards_on_multiple_choice_rows_read_answerable_too():
+    # decision rows (a label column): an unanswerable row has no label, and must still be graded, not None
+    completions = ["I don't know", "Answer: A", "I don't know", "Answer: A", "Answer: B"]
+    columns = {"classes": [["A", "B"]] * 5, "label": [None, None, "A", "A", "A"],
+               "answerable": [False, False, True, True, True]}
+    assert ternary_completion_reward(None, completions, **columns) == [0.0, -1.0, 0.0, 1.0, -1.0]
+    assert risk_threshold_completion_reward(None, completions, threshold=0.5, **columns) == [0.0, -1.0, 0.0, 1.0,
+                                                                                            -1.0]
+    # the generated task's own rows, as TRL hands them over
+    rows = load_multiple_choice("test", size=12, unanswerable=0.5)
+    assert not all(rows["answerable"])
+    scored = ternary_completion_reward(None, ["I don't know"] * len(rows), classes=rows["classes"],
+                                       label=rows["label"], answerable=rows["answerable"])
+    assert scored == [0.0] * len(rows)
+
+
 def test_verl_reads_answerable_from_extra_info_and_the_export_writes_it():
     info = {"task": "math", "answerable": False}
     assert verl_compute_score("arithmetic", DECLINE, "", info) == 1.0

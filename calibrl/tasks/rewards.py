@@ -400,7 +400,7 @@ def _graded(prompts, completions, answer, classes, label, columns) -> list[float
     """Each completion's correctness (1.0 / 0.0; None without a gold): ``"decision"``'s when the rows carry a
     ``label``, else ``"math"``'s."""
     if label is not None:
-        return decision_reward(prompts, completions, classes=classes, label=label)
+        return decision_reward(prompts, completions, classes=classes, label=label, **columns)
     return math_reward(prompts, completions, answer=answer, **columns)
 
 
