@@ -129,12 +129,12 @@ def _reading(d: list[float]) -> str:
 def report(res: dict, run: dict) -> str:
     """The page docs/results/abstention_realmodel.md, whole."""
     c = res["counts"]
-    rows = [("declines, unanswerable items", "declined_unanswerable", False),
-            ("declines, answerable items", "declined_answerable", False),
-            ("answer rate (all completions)", "answer_rate", False),
-            ("accuracy among answered", "accuracy_answered", False),
-            ("hallucination rate (wrong answers of all completions)", "hallucination_rate", False),
-            ("accuracy on the answerable items", "accuracy_answerable", False)]
+    rows = [("declines, unanswerable items", "declined_unanswerable"),
+            ("declines, answerable items", "declined_answerable"),
+            ("answer rate (all completions)", "answer_rate"),
+            ("accuracy among answered", "accuracy_answered"),
+            ("hallucination rate (wrong answers of all completions)", "hallucination_rate"),
+            ("accuracy on the answerable items", "accuracy_answerable")]
     lines = [
         "# Does the untrained built-in model decline what cannot be answered? (SmolLM2-135M-Instruct, arithmetic)",
         "",
@@ -174,7 +174,7 @@ def report(res: dict, run: dict) -> str:
         "| figure | value [95% interval] |",
         "|---|---:|",
     ]
-    lines += [f"| {label} | {_ci(res[key])} |" for label, key, _ in rows]
+    lines += [f"| {label} | {_ci(res[key])} |" for label, key in rows]
     lines += [
         "",
         "The figures are those `calibrl eval` reports for this file (`declined_unanswerable`, "

@@ -97,8 +97,9 @@ def is_abstention(text: Any, *, patterns: Sequence[str] | None = None) -> bool:
 
     phrases = _compiled(None if patterns is None else tuple(patterns))
     raw = completion_text(text)
-    # a final answer that is a phrase is one somewhere in the text: most texts hold none, and are done in one search
-    if not abstention_search(raw, patterns=patterns):
+    # a final answer that is a phrase is one somewhere in the text (abstention_search's test, on the text already
+    # read and the pattern already compiled: this runs once per row of calibrl eval): most texts hold none
+    if phrases.search(raw) is None:
         return False
     answer = re.sub(r"\s+", " ", final_answer_text(raw))
     return bool(answer) and phrases.fullmatch(answer) is not None
