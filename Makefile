@@ -31,17 +31,25 @@ demo: setup
 	$(BIN)/calibrl demo --out runs/demo
 
 # two pytest workers (pytest-xdist), a test file each at a time: the files share module fixtures (a warm start, a
-# converted model) and some launch their own processes, so whole files go to one worker
-# .venv-verl is built (mostly downloads) while the suite runs; its log is printed when it fails
+# converted model) and some launch their own processes, so whole files go to one worker.
+# Beside them, one process builds .venv-verl (mostly downloads) and then runs the verl tests in it (verl's own
+# main_ppo under Ray spends much of its time waiting on its workers); their output goes to runs/verl_tests.log,
+# whose summary is printed at the end (the whole log when they fail).
+VERL_TESTS := tests/test_verl.py tests/test_verl_entry_point.py tests/verl_e2e/test_verl_cpu_runtime.py \
+  tests/verl_e2e/test_verl_e2e.py
 test: setup
 	@mkdir -p runs
-	@PYTHON=$(PYTHON) bash scripts/setup_verl_env.sh .venv-verl > runs/setup_verl_env.log 2>&1 & verl=$$!; \
+	@( PYTHON=$(PYTHON) bash scripts/setup_verl_env.sh .venv-verl > runs/setup_verl_env.log 2>&1 \
+	     || { cat runs/setup_verl_env.log; echo "make test: building .venv-verl failed (runs/setup_verl_env.log)"; \
+	          exit 1; }; \
+	   grep -h '^setup_verl_env: [^a]' runs/setup_verl_env.log; \
+	   CALIBRL_VERL_E2E=1 CALIBRL_VERL_E2E_CASES=capo_legacy .venv-verl/bin/python -m pytest -p no:cacheprovider \
+	     $(VERL_TESTS) ) > runs/verl_tests.log 2>&1 & verl=$$!; \
 	  $(BIN)/python -m pytest -n 2 --dist loadfile; suite=$$?; \
-	  if wait $$verl; then grep -h '^setup_verl_env: [^a]' runs/setup_verl_env.log; \
-	  else cat runs/setup_verl_env.log; echo "make test: building .venv-verl failed (runs/setup_verl_env.log)"; exit 1; fi; \
+	  if wait $$verl; then echo "verl tests (.venv-verl, runs/verl_tests.log):"; \
+	    grep -E '^(setup_verl_env:|[0-9]+ passed)' runs/verl_tests.log | tail -3; \
+	  else cat runs/verl_tests.log; echo "make test: the verl tests failed (runs/verl_tests.log)"; exit 1; fi; \
 	  exit $$suite
-	CALIBRL_VERL_E2E=1 CALIBRL_VERL_E2E_CASES=capo_legacy .venv-verl/bin/python -m pytest -n 2 --dist loadfile \
-	  tests/test_verl.py tests/test_verl_entry_point.py tests/verl_e2e/test_verl_cpu_runtime.py tests/verl_e2e/test_verl_e2e.py
 
 # the suite across instruction sets and thread counts (docs/testing.md, "Across CPUs"); about 6x the suite's time
 TESTS ?= tests

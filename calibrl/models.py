@@ -130,11 +130,22 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path) -> Path:
 def _resolve_gguf(gguf_file: Path, *, quiet: bool) -> str:
     """The cached converted folder of ``gguf_file``, converting it first when absent. The folder is written under a
     temporary name in the same directory and renamed into place, so a crash or a concurrent run never leaves a
-    half-written model where a later run would load it."""
+    half-written model where a later run would load it; and the conversion holds a lock file beside it, so runs
+    started together on a fresh machine convert once (the others wait, about 50 s for the built-in model, and
+    find the folder) rather than each converting."""
+    from filelock import FileLock  # huggingface_hub's dependency, there wherever transformers converts
+
     target = converted_path(gguf_file)
     if target.is_dir():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if target.is_dir():  # converted by the run that held the lock
+            return str(target)
+        return _convert_into(gguf_file, target, quiet=quiet)
+
+
+def _convert_into(gguf_file: Path, target: Path, *, quiet: bool) -> str:
     _say(f"converting {gguf_file} to a Hugging Face folder (once; cached in {target})", quiet=quiet)
     start = time.perf_counter()
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))

@@ -64,7 +64,7 @@ def test_the_example_is_short_and_worked_out_by_hand(plugin):
 
 def test_calibrl_eval_writes_the_plugin_metric_everywhere_it_applies(plugin):
     samples = _rows(plugin)
-    result = CliRunner().invoke(app, ["eval", str(samples), "--out", "report", "--plugins", "my_metrics",
+    result = CliRunner().invoke(app, ["eval", "--no-figures", str(samples), "--out", "report", "--plugins", "my_metrics",
                                       "--bootstrap", "0", "--methods", ""])
     assert result.exit_code == 0, result.output
     payload = json.loads((plugin / "report" / "metrics.json").read_text())
@@ -80,11 +80,11 @@ def test_calibrl_eval_writes_the_plugin_metric_everywhere_it_applies(plugin):
 
 def test_a_plugin_given_as_a_file_path_works_and_a_missing_one_is_one_line(plugin):
     samples = _rows(plugin)
-    ok = CliRunner().invoke(app, ["eval", str(samples), "--out", "by_path", "--plugins", "my_metrics.py",
+    ok = CliRunner().invoke(app, ["eval", "--no-figures", str(samples), "--out", "by_path", "--plugins", "my_metrics.py",
                                   "--bootstrap", "0", "--methods", ""])
     assert ok.exit_code == 0, ok.output
     assert NAME in json.loads((plugin / "by_path" / "metrics.json").read_text())["results"]["overall"]["samples"]
-    missing = CliRunner().invoke(app, ["eval", str(samples), "--out", "nothing", "--plugins", "not_a_module"])
+    missing = CliRunner().invoke(app, ["eval", "--no-figures", str(samples), "--out", "nothing", "--plugins", "not_a_module"])
     assert missing.exit_code == 2
     assert "--plugins: no module named 'not_a_module'" in missing.output
     assert not (plugin / "nothing").exists()

@@ -270,7 +270,7 @@ def test_eval_says_on_the_terminal_which_asked_for_methods_did_not_run(tmp_path)
 
     rows = [{"prompt_id": p, "correct": k % 2 == 0, "answer": str(k % 2), "logprob_mean": -0.5 - 0.1 * k}
             for p in range(3) for k in range(4)]
-    result = CliRunner().invoke(app, ["eval", str(_write_jsonl(tmp_path / "s.jsonl", rows)), "--out",
+    result = CliRunner().invoke(app, ["eval", "--no-figures", str(_write_jsonl(tmp_path / "s.jsonl", rows)), "--out",
                                       str(tmp_path / "e"), "--bootstrap", "30",
                                       "--methods", "majority,deepconf_mean,deepconf_tail_top10"])
     assert result.exit_code == 0, result.output
@@ -671,7 +671,7 @@ def test_cli_eval_with_deepconf_methods_and_window_options(tmp_path):
              "token_confidence": (rng.random(12) + (a == 0)).round(4).tolist()}
             for p in range(6) for a in rng.integers(0, 3, size=4)]
     path = _write_jsonl(tmp_path / "s.jsonl", rows)
-    result = CliRunner().invoke(app, ["eval", str(path), "--out", str(tmp_path / "r"), "--bootstrap", "0",
+    result = CliRunner().invoke(app, ["eval", "--no-figures", str(path), "--out", str(tmp_path / "r"), "--bootstrap", "0",
                                       "--no-math-verify", "--methods", "majority,deepconf_min,deepconf_tail_top10",
                                       "--deepconf-window", "4", "--deepconf-tail", "3"])
     assert result.exit_code == 0, result.output
@@ -681,7 +681,7 @@ def test_cli_eval_with_deepconf_methods_and_window_options(tmp_path):
     assert metrics["selection_tokens_per_prompt"] == 48.0
     report = (tmp_path / "r" / "report.md").read_text()
     assert "DeepConf: top 10% by tail confidence" in report and "Tokens spent per prompt" in report
-    bad = CliRunner().invoke(app, ["eval", str(path), "--out", str(tmp_path / "r2"), "--methods", "deepconf_nope"])
+    bad = CliRunner().invoke(app, ["eval", "--no-figures", str(path), "--out", str(tmp_path / "r2"), "--methods", "deepconf_nope"])
     assert bad.exit_code == 2 and "deepconf_nope" in bad.output
 
 
@@ -756,7 +756,7 @@ def test_the_report_says_why_the_four_signals_agree_when_no_trace_fills_a_window
              "token_confidence": rng.uniform(0, 3, size=30).tolist()} for p in range(10) for k in range(4)]
     path = str(_write_jsonl(tmp_path / "s.jsonl", rows))
     for out, extra, said in (("short", [], True), ("window", ["--deepconf-window", "8", "--deepconf-tail", "8"], False)):
-        result = CliRunner().invoke(app, ["eval", path, "--out", str(tmp_path / out), "--methods", "",
+        result = CliRunner().invoke(app, ["eval", "--no-figures", path, "--out", str(tmp_path / out), "--methods", "",
                                           "--bootstrap", "30", *extra])
         assert result.exit_code == 0, result.output
         text = " ".join((tmp_path / out / "report.md").read_text().split())

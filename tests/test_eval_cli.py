@@ -15,7 +15,9 @@ from calibrl.evaluation.samples import load_samples
 from calibrl.selection.voting import confidence_weighted_vote
 
 runner = CliRunner()
-FAST = ["--bootstrap", "20", "--scaling-draws", "2", "--rpc-draws", "1", "--no-math-verify"]
+# the tests that read the figures draw them; the others skip drawing (most of an eval's time at this size)
+FIGURES = ["--bootstrap", "20", "--scaling-draws", "2", "--rpc-draws", "1", "--no-math-verify"]
+FAST = [*FIGURES, "--no-figures"]
 
 
 def _rows(seed, n_prompts=10, n=4):
@@ -39,7 +41,7 @@ def _jsonl(path, rows):
 def test_end_to_end_jsonl_metrics_match_library(tmp_path):
     src = _jsonl(tmp_path / "model_a.jsonl", _rows(0))
     out = tmp_path / "report"
-    res = runner.invoke(app, ["eval", str(src), "--out", str(out), "--posthoc", "isotonic", *FAST])
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), "--posthoc", "isotonic", *FIGURES])
     assert res.exit_code == 0, res.output
     names = {p.name for p in out.iterdir()}
     for scope in ("overall", "easy", "hard"):
@@ -73,6 +75,16 @@ def test_end_to_end_jsonl_metrics_match_library(tmp_path):
     assert hard["n_prompts"] == 5 and hard["n_samples"] == 20
     assert "model_a" in res.output and "accuracy" in res.output  # terminal summary
 
+    # --no-figures: the same figures and intervals, no PNG, and metrics.json and the report list none
+    bare = tmp_path / "bare"
+    res = runner.invoke(app, ["eval", str(src), "--out", str(bare), "--posthoc", "isotonic", *FAST])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in bare.iterdir()) == ["metrics.json", "report.md"]
+    bare_data = json.loads((bare / "metrics.json").read_text())
+    assert bare_data["results"] == data["results"] and bare_data["settings"]["figures"] is False
+    assert set(bare_data["figures"]) == set(data["figures"]) and not any(bare_data["figures"].values())
+    assert ".png" not in (bare / "report.md").read_text()
+
 
 def test_two_files_side_by_side_jsonl_and_parquet(tmp_path):
     import pyarrow as pa
@@ -82,7 +94,7 @@ def test_two_files_side_by_side_jsonl_and_parquet(tmp_path):
     rows = _rows(2)
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "capo.parquet")
     out = tmp_path / "cmp"
-    res = runner.invoke(app, ["eval", str(a), str(tmp_path / "capo.parquet"), "--out", str(out), *FAST,
+    res = runner.invoke(app, ["eval", str(a), str(tmp_path / "capo.parquet"), "--out", str(out), *FIGURES,
                               "--methods", "majority,pc"])
     assert res.exit_code == 0, res.output
     data = json.loads((out / "metrics.json").read_text())
@@ -177,7 +189,7 @@ def test_same_prompt_id_in_two_benchmarks_is_two_prompts(tmp_path):
     rows = _two_benchmark_rows()
     src = _jsonl(tmp_path / "two.jsonl", rows)
     out = tmp_path / "rep"
-    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", "majority,weighted"])
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FIGURES, "--methods", "majority,weighted"])
     assert res.exit_code == 0, res.output
     m = json.loads((out / "metrics.json").read_text())["results"]["overall"]["two"]
     key = np.asarray([f"{r['benchmark']}/{r['prompt_id']}" for r in rows])
@@ -212,7 +224,7 @@ def test_out_containing_the_input_is_refused_and_nothing_deleted(tmp_path):
 def test_previous_report_plus_user_file_is_refused_then_clean_rerun_replaces(tmp_path):
     src = _jsonl(tmp_path / "s.jsonl", _rows(0))
     out = tmp_path / "rep"
-    args = ["eval", str(src), "--out", str(out), *FAST, "--methods", "", "--bootstrap", "0"]
+    args = ["eval", str(src), "--out", str(out), *FIGURES, "--methods", "", "--bootstrap", "0"]
     assert runner.invoke(app, args).exit_code == 0
     first = sorted(p.name for p in out.iterdir())
     assert "metrics.json" in first and "overall_roc.png" in first
@@ -237,7 +249,7 @@ def test_previous_report_plus_user_file_is_refused_then_clean_rerun_replaces(tmp
     other = tmp_path / "other"
     other.mkdir()
     (other / "metrics.json").write_text('{"loss": 1.0}')
-    assert runner.invoke(app, ["eval", str(src), "--out", str(other), *FAST, "--methods", ""]).exit_code == 2
+    assert runner.invoke(app, ["eval", str(src), "--out", str(other), *FIGURES, "--methods", ""]).exit_code == 2
     assert (other / "metrics.json").read_text() == '{"loss": 1.0}'
 
 
@@ -303,7 +315,7 @@ def test_labels_figure_names_and_short_prompt_note(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "x.parquet")
     out = tmp_path / "rep"
     res = runner.invoke(app, ["eval", str(tmp_path / "x.jsonl"), str(tmp_path / "x.parquet"), "--out", str(out),
-                              *FAST, "--methods", "majority"])
+                              *FIGURES, "--methods", "majority"])
     assert res.exit_code == 0, res.output
     data = json.loads((out / "metrics.json").read_text())
     assert list(data["results"]["overall"]) == [f"{tmp_path.name}/x.jsonl", f"{tmp_path.name}/x.parquet"]
@@ -323,7 +335,7 @@ def test_long_benchmark_names_get_short_unique_figure_names(tmp_path):
         r["benchmark"] = long_a if r["benchmark"] == "easy" else long_b
     src = _jsonl(tmp_path / "s.jsonl", rows)
     out = tmp_path / "rep"
-    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", "majority"])
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FIGURES, "--methods", "majority"])
     assert res.exit_code == 0, res.output
     figs = json.loads((out / "metrics.json").read_text())["figures"]
     assert figs[long_a][0] != figs[long_b][0]
@@ -435,7 +447,7 @@ def _rows_with_verbalized(seed=5, n_prompts=30, n=4):
 def test_confidence_sources_side_by_side_and_weighted_verbalized(tmp_path):
     src = _jsonl(tmp_path / "rlcr.jsonl", _rows_with_verbalized())
     out = tmp_path / "rep"
-    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", "majority,weighted"])
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FIGURES, "--methods", "majority,weighted"])
     assert res.exit_code == 0, res.output
     data = json.loads((out / "metrics.json").read_text())
     m = data["results"]["overall"]["rlcr"]
@@ -470,14 +482,14 @@ def test_single_source_input_has_no_per_source_reliability_figure(tmp_path):
     # without answers the only source is the confidence field (no answer-agreement sources)
     src = _jsonl(tmp_path / "s.jsonl", [{k: v for k, v in r.items() if k != "answer"} for r in _rows(0)])
     out = tmp_path / "rep"
-    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", ""])
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FIGURES, "--methods", ""])
     assert res.exit_code == 0, res.output
     data = json.loads((out / "metrics.json").read_text())
     assert list(data["results"]["overall"]["s"]["confidence_sources"]) == ["logprob_mean"]
     assert "reliability_sources" not in " ".join(data["figures"]["overall"])
     # with answers and no selection method, the answers are still clustered for the answer-agreement sources
     src = _jsonl(tmp_path / "a.jsonl", _rows(0))
-    res = runner.invoke(app, ["eval", str(src), "--out", str(tmp_path / "rep2"), *FAST, "--methods", ""])
+    res = runner.invoke(app, ["eval", str(src), "--out", str(tmp_path / "rep2"), *FIGURES, "--methods", ""])
     assert res.exit_code == 0, res.output
     data = json.loads((tmp_path / "rep2" / "metrics.json").read_text())
     assert list(data["results"]["overall"]["a"]["confidence_sources"]) == [
@@ -520,7 +532,7 @@ def test_abstention_threshold_in_metrics_report_and_terminal(tmp_path):
 def test_abstention_betting_is_the_default_and_marked_on_the_plot(tmp_path):
     src = _jsonl(tmp_path / "s.jsonl", _separable_rows())
     out = tmp_path / "rep"
-    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FAST, "--methods", "",
+    res = runner.invoke(app, ["eval", str(src), "--out", str(out), *FIGURES, "--methods", "",
                               "--abstain-precision", "0.9", "--abstain-delta", "0.1", "--seed", "4"])
     assert res.exit_code == 0, res.output
     data = json.loads((out / "metrics.json").read_text())

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from calibrl.cli import app
 
-FAST = ["--bootstrap", "0", "--methods", "", "--no-math-verify"]
+FIGURES = ["--bootstrap", "0", "--methods", "", "--no-math-verify"]
+FAST = [*FIGURES, "--no-figures"]  # the tests that do not look at the figures skip drawing them
 
 
 def _samples(path: Path) -> Path:
@@ -64,7 +65,7 @@ def test_tex_like_and_undecodable_names_are_drawn_as_plain_text(tmp_path):
     tex.write_text("".join(json.dumps(r) + "\n" for r in rows))  # JSON keeps the surrogate as its escape
     undecodable = _samples(tmp_path / os.fsdecode(b"f\xff.jsonl"))
     out = tmp_path / "report"
-    result = CliRunner().invoke(app, ["eval", str(tex), str(undecodable), "--out", str(out), *FAST])
+    result = CliRunner().invoke(app, ["eval", str(tex), str(undecodable), "--out", str(out), *FIGURES])
     assert result.exit_code == 0, result.output
     figures = json.loads((out / "metrics.json").read_text())["figures"]
     assert set(figures) == {"overall", "$x^{$", "a\ud800b", "\\bad$"}
@@ -85,7 +86,7 @@ def _previous_report(tmp_path) -> tuple[Path, Path, dict[str, bytes]]:
     """(input, --out, its files' bytes) after a first successful run."""
     src = _samples(tmp_path / "s.jsonl")
     out = tmp_path / "report"
-    result = CliRunner().invoke(app, ["eval", str(src), "--out", str(out), *FAST])
+    result = CliRunner().invoke(app, ["eval", str(src), "--out", str(out), *FIGURES])
     assert result.exit_code == 0, result.output
     return src, out, {p.name: p.read_bytes() for p in out.iterdir()}
 
@@ -116,7 +117,7 @@ def test_a_full_disk_ends_in_one_line_and_keeps_the_previous_report(tmp_path, mo
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr("matplotlib.figure.Figure.savefig", full)
-    result = CliRunner().invoke(app, ["eval", str(src), "--out", str(out), *FAST])
+    result = CliRunner().invoke(app, ["eval", str(src), "--out", str(out), *FIGURES])
     _one_line_exit_2(result, f"--out {out}: cannot write the report (No space left on device)", "left as it was")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before and _beside(out) == []
 

