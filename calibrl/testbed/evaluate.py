@@ -67,7 +67,7 @@ _RECORD_KEYS = {"decision_ece": "dec_ece", "decision_ece_uniform": "dec_ece_unif
                 "decision_frac_above_099": "frac_conf_99", "decision_prob_mean": "dec_conf_mean"}
 
 # tasks whose reward needs the reasoning (the digit sum) right as well as the choice
-_REASONING_GATED = ("decision", "decision_copy", "stochastic_reasoning", "verbalized")
+_REASONING_GATED = ("decision", "decision_copy", "stochastic_reasoning", "verbalized", "abstain", "abstain_verbalized")
 
 
 def answer_keys(task: str, parsed: list[dict]) -> list[str]:

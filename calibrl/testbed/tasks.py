@@ -77,6 +77,28 @@ the 0.2M-parameter char-level Llama of :mod:`calibrl.models` to learn on a CPU i
     Columns: ``prompt``, ``answer`` (the digit sum), ``p_true`` (the teacher's success probability), ``tier``,
     ``prompt_id``.
 
+``testbed/abstain`` (calibrated behaviour: declining when likely wrong; not in the default demo)
+    ``stochastic_reasoning`` with a third outcome, and items with no right answer. Prompt ``abcd@``, or, for a
+    share :data:`ABSTAIN_UNANSWERABLE` of the codes (chosen by each code's own generator), the code with one digit
+    hidden, ``ab_d@``: unanswerable. Completion ``ss;A`` (``ss`` the digit sum, of the shown digits on an
+    unanswerable prompt; ``A`` the answer digit, outcome law as ``stochastic_reasoning``) or ``ss;?``: "I don't
+    know". The best answer succeeds with probability c(x) on an answerable prompt and 0 on an unanswerable one, so
+    under the risk threshold t = :data:`ABSTAIN_THRESHOLD` (right 1, wrong -t / (1 - t), declining 0) the
+    Bayes-optimal policy is known: answer the likely digit iff c(x) > t, decline otherwise and always on an
+    unanswerable prompt. The SFT teacher declines with probability :data:`ABSTAIN_WARM_RATE` whatever the prompt
+    and otherwise answers as ``stochastic_reasoning``'s (on an unanswerable prompt as if the hidden digit were 0),
+    so the warm start declines at random and only RL can make its declining informed. Rewards
+    (:func:`make_reward`'s ``scheme``): ``binary`` (right 1, else 0; a decline on an unanswerable prompt is right,
+    as calibrl's binary rewards grade it), ``risk`` (the risk-threshold reward at t), ``ternary`` (TruthRL's +1 / 0
+    / -1). Columns: ``prompt``, ``answer`` (sum of the shown digits), ``likely``, ``p_true`` (the best answer's
+    success probability: c(x), or 0), ``answerable``, ``prompt_id``.
+
+``testbed/abstain_verbalized`` (``abstain`` with a stated confidence: RLCR's arm)
+    prompt ``abcd$`` (or ``ab_d$``), completion ``ss;A:k`` or ``ss;?``: an answer states the confidence digit k
+    (k / 10) as ``verbalized``'s. Reward (scheme ``rlcr_risk``, the only one): the risk-threshold reward plus, on an
+    answer, RLCR's Brier term -(k/10 - 1[right])^2 (our reading of RLCR trained on the risk-threshold reward).
+    The teacher states k uniformly at random. Columns as ``abstain``.
+
 Every reward returns ``None``-free floats; malformed completions get 0 (-1 for ``verbalized``, RLCR's floor).
 :func:`true_success_probability` gives, for any completion, the exact probability that the world rewards it (the
 noise-free correctness used for the ``oracle`` metrics), and :func:`bayes_auroc` the AUROC a perfectly calibrated
@@ -112,6 +134,15 @@ FORMS = ("{v}", "{v}.0", "+{v}")  # three spellings of one value, equivalent for
 FORMS_TIERS = (("learnable", range(0, 4), 0.5, "near"), ("hard", range(4, 7), 0.2, "far"),
                ("noise", range(7, 10), 0.5, "near"))
 FORMS_NOISE_P = 0.5  # success probability of any well-formed answer on a noise prompt
+ABSTAIN_TASK = "abstain"  # calibrated behaviour (declining); not in TASKS
+ABSTAIN_VERBALIZED_TASK = "abstain_verbalized"  # the same with a stated confidence (RLCR's arm)
+_ABSTAIN_FAMILY = {ABSTAIN_TASK: "@", ABSTAIN_VERBALIZED_TASK: "$"}  # task -> prompt suffix
+ABSTAIN_TOKEN = "?"  # the answer "I don't know"
+HIDDEN_DIGIT = "_"  # the digit an unanswerable prompt hides
+ABSTAIN_UNANSWERABLE = 0.25  # share of the codes whose prompt hides a digit
+ABSTAIN_WARM_RATE = 0.2  # the SFT teacher declines this often, whatever the prompt
+ABSTAIN_THRESHOLD = 0.65  # t of the risk-threshold reward and of the regret: answer iff P(right) > t
+ABSTAIN_SCHEMES = {ABSTAIN_TASK: ("binary", "risk", "ternary"), ABSTAIN_VERBALIZED_TASK: ("rlcr_risk",)}
 CONFIDENCE_DIGITS = 10  # stated confidence k / CONFIDENCE_DIGITS for the digit k: 0.0, 0.1, ..., 0.9
 # Disjoint prompt pools: train prompts come from one seeded stream, held-out eval prompts from another, and eval
 # prompts never appear in training (the generators reject them).
@@ -129,6 +160,38 @@ def _completion(text) -> str:
 
 def _digit_sum(prompt: str) -> int:
     return sum(int(ch) for ch in prompt[:4])
+
+
+def _shown_digit_sum(prompt: str) -> int:
+    """The sum of the digits an ``abstain`` prompt shows (all four on an answerable one)."""
+    return sum(int(ch) for ch in prompt[:4] if ch != HIDDEN_DIGIT)
+
+
+def prompt_answerable(prompt: str) -> bool:
+    """Whether an ``abstain`` prompt has a right answer (no hidden digit)."""
+    return HIDDEN_DIGIT not in prompt[:4]
+
+
+def best_success_probability(task: str, prompt: str) -> float:
+    """The success probability of the best answer to an ``abstain`` (or ``abstain_verbalized``) prompt: c(x) for the
+    likely digit with the sum right, 0 when a digit is hidden."""
+    if get_task(task).name not in _ABSTAIN_FAMILY:
+        raise ValueError(f"best_success_probability: {task!r} is not an abstain task")
+    return STOCHASTIC_C[_shown_digit_sum(prompt) % 8] if prompt_answerable(prompt) else 0.0
+
+
+def _abstain_prompts(n: int, split: str, seed: int, suffix: str) -> list[str]:
+    """``_four_digit_prompts`` with a digit hidden in a share :data:`ABSTAIN_UNANSWERABLE` of them: whether and which
+    comes from the code's own generator, so a prompt's fate depends on neither ``n`` nor the other prompts."""
+    out = []
+    for prompt in _four_digit_prompts(n, split, seed, suffix):
+        code = prompt[:4]
+        rng = np.random.default_rng([int(code), 4_2_1])  # the code's own stream, the same in every split and seed
+        if rng.random() < ABSTAIN_UNANSWERABLE:
+            at = int(rng.integers(4))
+            code = code[:at] + HIDDEN_DIGIT + code[at + 1:]
+        out.append(code + suffix)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -200,8 +263,10 @@ SCRATCHPAD = TaskSpec(SCRATCHPAD_TASK, 26, None, False)
 SCRATCHPAD_UNFIXABLE = TaskSpec(SCRATCHPAD_UNFIXABLE_TASK, 26, None, False)
 DECISION_COPY = TaskSpec("decision_copy", 8, ("Y", "N"), True)
 FORMS_SPEC = TaskSpec(FORMS_TASK, 6, None, True)  # stochastic: the noise tier's reward is a fresh draw
+ABSTAIN = TaskSpec(ABSTAIN_TASK, 6, None, True)
+ABSTAIN_VERBALIZED = TaskSpec(ABSTAIN_VERBALIZED_TASK, 8, None, True)
 _ALL_TASKS = (DECISION, STOCHASTIC, ADDITION, VERBALIZED, SCRATCHPAD, DECISION_COPY, FORMS_SPEC,
-              SCRATCHPAD_UNFIXABLE)
+              SCRATCHPAD_UNFIXABLE, ABSTAIN, ABSTAIN_VERBALIZED)
 _BY_NAME = {t.name: t for t in _ALL_TASKS}
 
 
@@ -261,6 +326,14 @@ def build_rows(task: str, n: int, *, split: str = "train", seed: int = 0) -> lis
             rows.append({"prompt": p, "answer": f"{ss:02d}", "likely": str(ss % 10), "p_true": STOCHASTIC_C[ss % 8],
                          "prompt_id": i})
         return rows
+    if t.name in _ABSTAIN_FAMILY:
+        rows = []
+        for i, p in enumerate(_abstain_prompts(n, split, seed, _ABSTAIN_FAMILY[t.name])):
+            ss = _shown_digit_sum(p)
+            rows.append({"prompt": p, "answer": f"{ss:02d}", "likely": str(ss % 10),
+                         "p_true": best_success_probability(t.name, p), "answerable": prompt_answerable(p),
+                         "prompt_id": i})
+        return rows
     if t.name in _SCRATCHPAD_FAMILY:
         rows = []
         for i, p in enumerate(_four_digit_prompts(n, split, seed, _SCRATCHPAD_FAMILY[t.name][0])):
@@ -298,6 +371,8 @@ _STOCH_RE = re.compile(r"^(\d\d);(\d)")
 _ADD_RE = re.compile(r"^(\d+)\+(\d\d)=(\d+)")
 _VERBALIZED_RE = re.compile(r"^(\d\d);(\d)(?::(\d))?")
 _DECISION_COPY_RE = re.compile(r"^(\d\d):([YN])>([YN])")
+_ABSTAIN_RE = re.compile(r"^(\d\d);([\d?])")
+_ABSTAIN_VERBALIZED_RE = re.compile(r"^(\d\d);(?:(\?)|(\d)(?::(\d))?)")
 _FORMS_RE = re.compile(r"^(\+?)(\d{1,2})(\.0)?(?![\d.])")
 _SCRATCHPAD_RE = re.compile(r"^(\d)\+(\d)=(\d\d),(\d\d)\+(\d)=(\d\d),(\d\d)\+(\d)=(\d\d)\|(\d\d)")
 
@@ -338,6 +413,20 @@ def parse(task: str, prompt: str, completion: str) -> dict:
         confidence = int(m.group(3)) / CONFIDENCE_DIGITS if m.group(3) is not None else None
         return {"format_ok": True, "reasoning_ok": int(m.group(1)) == _digit_sum(prompt), "choice": m.group(2),
                 "confidence": confidence}
+    if t.name in _ABSTAIN_FAMILY:  # choice: the answer digit, or ABSTAIN_TOKEN; abstained: whether it declined
+        verbalized = t.name == ABSTAIN_VERBALIZED_TASK
+        m = (_ABSTAIN_VERBALIZED_RE if verbalized else _ABSTAIN_RE).match(completion)
+        if not m:
+            return {"format_ok": False, "reasoning_ok": False, "choice": None, "abstained": False,
+                    **({"confidence": None} if verbalized else {})}
+        ok = int(m.group(1)) == _shown_digit_sum(prompt)
+        if verbalized:
+            choice = ABSTAIN_TOKEN if m.group(2) else m.group(3)
+            confidence = int(m.group(4)) / CONFIDENCE_DIGITS if m.group(4) is not None else None
+            return {"format_ok": True, "reasoning_ok": ok, "choice": choice, "abstained": choice == ABSTAIN_TOKEN,
+                    "confidence": confidence}
+        return {"format_ok": True, "reasoning_ok": ok, "choice": m.group(2),
+                "abstained": m.group(2) == ABSTAIN_TOKEN}
     if t.name == "stochastic_reasoning":
         m = _STOCH_RE.match(completion)
         if not m:
@@ -387,6 +476,14 @@ def true_success_probability(task: str, prompt: str, completion: str) -> float:
     parsed = parse(task, prompt, completion)
     if not parsed["format_ok"]:
         return 0.0
+    if t.name in _ABSTAIN_FAMILY:  # binary grading: declining is right exactly where no answer is
+        if parsed["abstained"]:
+            return 0.0 if prompt_answerable(prompt) else 1.0
+        if not prompt_answerable(prompt) or not parsed["reasoning_ok"]:
+            return 0.0
+        ss = _shown_digit_sum(prompt)
+        c = STOCHASTIC_C[ss % 8]
+        return c if int(parsed["choice"]) == ss % 10 else (1.0 - c) / 9.0
     ss = _digit_sum(prompt) if t.name != "addition" else None
     if t.name in _SCRATCHPAD_FAMILY:
         return 1.0 if int(parsed["choice"]) == ss else 0.0
@@ -408,15 +505,21 @@ def true_success_probability(task: str, prompt: str, completion: str) -> float:
     return 1.0 if parsed["choice"] == str(a + b + c) else 0.0
 
 
-def make_reward(task: str, seed: int | None = None) -> Callable[..., list[float]]:
+def make_reward(task: str, seed: int | None = None, *, scheme: str | None = None) -> Callable[..., list[float]]:
     """A TRL reward function for ``task`` with its own random stream for the fresh outcome draws.
 
     Signature ``fn(prompts, completions, **columns) -> list[float]``. For the stochastic tasks each call draws a
     fresh outcome per completion from the true distribution (``seed`` makes the stream reproducible); the
     addition reward is deterministic. ``verbalized``: RLCR's reward of the drawn outcome and the stated confidence.
+    ``scheme``: the abstain tasks' reward (:data:`ABSTAIN_SCHEMES`; default the first: ``binary``, and
+    ``rlcr_risk`` for ``abstain_verbalized``); None for every other task.
     """
     t = get_task(task)
     rng = np.random.default_rng(seed)
+    if t.name in _ABSTAIN_FAMILY:
+        return _abstain_reward(t.name, rng, scheme or ABSTAIN_SCHEMES[t.name][0])
+    if scheme is not None:
+        raise ValueError(f"reward scheme {scheme!r}: only the abstain tasks have schemes, not {t.name!r}")
 
     def reward(prompts: Sequence, completions: Sequence, **columns) -> list[float]:
         out = []
@@ -440,6 +543,42 @@ def make_reward(task: str, seed: int | None = None) -> Callable[..., list[float]
     return reward
 
 
+def _abstain_reward(task: str, rng: np.random.Generator, scheme: str) -> Callable[..., list[float]]:
+    """The abstain tasks' reward (module docstring) for ``scheme``: each answer's outcome a fresh draw from its
+    success probability; the values from :mod:`calibrl.tasks.abstention`'s rewards."""
+    from calibrl.tasks.abstention import TERNARY_PRESETS, risk_threshold_reward, ternary_reward
+    from calibrl.tasks.rewards import rlcr_reward
+
+    if scheme not in ABSTAIN_SCHEMES[task]:
+        raise ValueError(f"{task}: reward scheme {scheme!r}; choose from {', '.join(ABSTAIN_SCHEMES[task])}")
+    right_value, abstain_value, wrong_value = TERNARY_PRESETS["truthrl"]
+
+    def reward(prompts: Sequence, completions: Sequence, **columns) -> list[float]:
+        out = []
+        for prompt, completion in zip(prompts, completions):
+            prompt, completion = _completion(prompt), _completion(completion)
+            parsed = parse(task, prompt, completion)
+            q = true_success_probability(task, prompt, completion)
+            drawn = bool(rng.random() < q) if q > 0 else False
+            abstained = parsed["abstained"]
+            answered_right = drawn and not abstained
+            if scheme == "binary":
+                out.append(float(drawn))
+            elif scheme == "ternary":
+                out.append(ternary_reward(answered_right, abstained, right=right_value, abstain=abstain_value,
+                                          wrong=wrong_value))
+            else:
+                value = risk_threshold_reward(answered_right, abstained, threshold=ABSTAIN_THRESHOLD)
+                if scheme == "rlcr_risk" and not abstained:  # RLCR's Brier term on the stated confidence
+                    value += rlcr_reward(correct=drawn, confidence=parsed.get("confidence")) - float(drawn)
+                out.append(float(value))
+        return out
+
+    reward.__name__ = f"testbed_{task}_{scheme}"
+    reward.__qualname__ = reward.__name__
+    return reward
+
+
 # ----------------------------------------------------------------------------------------------------------
 # SFT data from the true distribution and the Bayes ceiling
 
@@ -453,6 +592,15 @@ def sample_true_completion(task: str, row: dict, rng: np.random.Generator) -> st
     if t.name == "decision_copy":  # the conclusion is drawn, the decision copies it
         c = "Y" if rng.random() < row["p_true"] else "N"
         return f"{row['answer']}:{c}>{c}"
+    if t.name in _ABSTAIN_FAMILY:  # declines at random, else answers as stochastic_reasoning's teacher
+        if rng.random() < ABSTAIN_WARM_RATE:
+            return f"{row['answer']};{ABSTAIN_TOKEN}"
+        likely = int(row["likely"])
+        c = STOCHASTIC_C[int(row["answer"]) % 8]
+        a = likely if rng.random() < c else int(rng.choice([d for d in range(10) if d != likely]))
+        if t.name == ABSTAIN_VERBALIZED_TASK:
+            return f"{row['answer']};{a}:{int(rng.integers(CONFIDENCE_DIGITS))}"
+        return f"{row['answer']};{a}"
     if t.name in ("stochastic_reasoning", RLCR_TASK):
         likely = int(row["likely"])
         if rng.random() < row["p_true"]:
@@ -521,7 +669,7 @@ def ideal_sampler(task: str, temperature: float) -> tuple[float, float]:
     answer). Sharpening raises accuracy and lowers this AUROC: the frontier an RL-sharpened policy is read against
     in the (accuracy, AUROC) plane. ``nan, nan`` for the tasks without it (deterministic, forms)."""
     t = get_task(task)
-    if not t.stochastic or t.name == FORMS_TASK:
+    if not t.stochastic or t.name == FORMS_TASK or t.name in _ABSTAIN_FAMILY:
         return float("nan"), float("nan")
     scores, pos, neg = [], [], []
     accuracy = 0.0
@@ -575,6 +723,9 @@ for _task in _ALL_TASKS:
     _register(_task)
 
 __all__ = [
+    "ABSTAIN", "ABSTAIN_SCHEMES", "ABSTAIN_TASK", "ABSTAIN_THRESHOLD", "ABSTAIN_TOKEN", "ABSTAIN_UNANSWERABLE",
+    "ABSTAIN_VERBALIZED", "ABSTAIN_VERBALIZED_TASK", "ABSTAIN_WARM_RATE", "HIDDEN_DIGIT", "best_success_probability",
+    "prompt_answerable",
     "ADDITION", "CONFIDENCE_DIGITS", "DECISION", "DECISION_COPY", "FORMS", "FORMS_NOISE_P", "FORMS_SPEC",
     "FORMS_TASK", "FORMS_TIERS", "RLCR_TASK", "SCRATCHPAD", "SCRATCHPAD_TASK", "SCRATCHPAD_TIERS",
     "SCRATCHPAD_UNFIXABLE", "SCRATCHPAD_UNFIXABLE_TASK", "SCRATCHPAD_UNFIXABLE_TIERS", "STOCHASTIC", "TASKS",

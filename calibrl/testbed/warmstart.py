@@ -41,7 +41,9 @@ _DEFAULT_TARGET = {"decision": 0.97, "stochastic_reasoning": 0.97, "addition": 0
                    # scratchpad_unfixable: greedy right on easy + medium (70%), never on hard
                    "scratchpad_unfixable": 0.68,
                    # forms: the teacher's right value is the most likely one on every tier
-                   "forms": 0.9}
+                   "forms": 0.9,
+                   # abstain tasks: the sum of the shown digits written right (an answer or a decline after it)
+                   "abstain": 0.97, "abstain_verbalized": 0.97}
 
 
 @dataclass(frozen=True)
