@@ -20,6 +20,39 @@ from calibrl.tasks.rewards import (
 import math_verify  # noqa: E402,F401
 
 
+def _last_boxed_by_regex(text):
+    """The reference: every match of the box command left to right, tried from the last back."""
+    import re
+
+    for match in reversed(list(re.finditer(r"\\(?:boxed|fbox)\s*", text))):
+        start = match.end()
+        if start < len(text) and text[start] == "{":
+            depth = 0
+            for i in range(start, len(text)):
+                depth += {"{": 1, "}": -1}.get(text[i], 0)
+                if depth == 0:
+                    return text[start + 1 : i].strip()
+            continue
+        m = re.match(r"[^\s${}]+", text[start:])
+        if m:
+            return m.group(0).strip()
+    return None
+
+
+def test_last_boxed_equals_a_scan_of_every_match_from_the_last():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    atoms = st.sampled_from(["\\boxed", "\\fbox", "{", "}", " ", "x", "1", "$", "\\", "oxed", "\\boxed{", "\n"])
+
+    @settings(max_examples=1000, deadline=None)
+    @given(st.lists(atoms, max_size=14).map("".join))
+    def check(text):
+        assert last_boxed(text) == _last_boxed_by_regex(text)
+
+    check()
+
+
 def test_last_boxed_takes_the_last_and_matches_nested_braces():
     assert last_boxed(r"first \boxed{1}, then \boxed{\frac{1}{2}}.") == r"\frac{1}{2}"
     assert last_boxed(r"\boxed{x^{2}+\sqrt{y_{1}}}") == r"x^{2}+\sqrt{y_{1}}"

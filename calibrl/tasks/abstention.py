@@ -96,12 +96,10 @@ def is_abstention(text: Any, *, patterns: Sequence[str] | None = None) -> bool:
     from calibrl.tasks.rewards import completion_text
 
     phrases = _compiled(None if patterns is None else tuple(patterns))
-    raw = completion_text(text)
-    # a final answer that is a phrase is one somewhere in the text (abstention_search's test, on the text already
-    # read and the pattern already compiled: this runs once per row of calibrl eval): most texts hold none
-    if phrases.search(raw) is None:
-        return False
-    answer = re.sub(r"\s+", " ", final_answer_text(raw))
+    # the final answer alone is matched, anchored: a search of the whole text first cost 120 us on 300 characters
+    # and 4.4 ms on 9,000 (bench/abstention.py), where finding the final answer costs about 15 us at any length;
+    # this runs once per row of calibrl eval
+    answer = re.sub(r"\s+", " ", final_answer_text(completion_text(text)))
     return bool(answer) and phrases.fullmatch(answer) is not None
 
 

@@ -118,8 +118,13 @@ def last_boxed(text: str) -> str | None:
     Also accepts the brace-less form ``\boxed 5`` (content up to the next whitespace or ``$``). An unclosed final
     ``\boxed{`` (a truncated completion) yields None for that occurrence and the previous one is used.
     """
-    for match in reversed(list(_BOXED.finditer(text))):
-        start = match.end()
+    end = len(text)
+    while True:  # from the last occurrence back (rfind: no regex scan of a long text that has none)
+        at = max(text.rfind("\\boxed", 0, end), text.rfind("\\fbox", 0, end))
+        if at < 0:
+            return None
+        end = at
+        start = _BOXED.match(text, at).end()
         if start < len(text) and text[start] == "{":
             depth = 0
             for i in range(start, len(text)):
@@ -134,7 +139,6 @@ def last_boxed(text: str) -> str | None:
         m = re.match(r"[^\s${}]+", text[start:])
         if m:
             return m.group(0).strip()
-    return None
 
 
 def math_equal(pred: str | None, gold: Any, *, timeout: int | None = MATH_TIMEOUT_SECONDS) -> bool:
