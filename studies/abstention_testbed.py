@@ -378,6 +378,34 @@ def optimal_point() -> tuple[float, float]:
     return float(answered.mean()), float(best[answered].mean())
 
 
+def readings(ends: dict) -> list[str]:
+    """The primary comparisons in words, each no larger than its interval, and where each policy ends against the
+    optimal one (answer rate, accuracy of the answers)."""
+    out = []
+    for arm, (interval, n) in ends["paired"].items():
+        mean, low, high = interval
+        label = ARMS[arm].label
+        if n < 2 or not np.isfinite(low):
+            out.append(f"- {label}: not resolvable (fewer than 2 paired seeds).")
+        elif low > 0 or high < 0:
+            side = "more" if low > 0 else "less"
+            out.append(f"- {label}: {side} regret than GRPO + a threshold chosen afterwards, by {_fmt(interval)} "
+                       f"(resolved: the interval excludes 0; {n} paired seeds).")
+        else:
+            out.append(f"- {label}: not resolved from GRPO + a threshold chosen afterwards, {_fmt(interval)} "
+                       f"({n} paired seeds; the interval contains 0).")
+    rate, accuracy = optimal_point()
+    out += ["", f"The optimal policy answers {rate:.3f} of the test samples, right {accuracy:.3f} of the time on "
+            "average. At the end, as policies (means over seeds):"]
+    for arm, runs in ends["by"].items():
+        rule = "threshold" if arm == REFERENCE else "own"
+        answer_rate = np.mean([f[rule]["answer_rate"] for f in runs.values()])
+        right = np.nanmean([f[rule]["accuracy_answered"] for f in runs.values()])
+        name = ARMS[arm].label + (", + a threshold chosen afterwards" if arm == REFERENCE else "")
+        out.append(f"- {name}: answers {answer_rate:.3f}, right {right:.3f} of the time.")
+    return out
+
+
 def page(records: list[dict], *, figure: str | None = None) -> str:
     """docs/results/abstention_testbed.md from the run records alone (``figure``: the plot's file name)."""
     ends = endpoints(records)
@@ -406,13 +434,15 @@ def page(records: list[dict], *, figure: str | None = None) -> str:
         label = spec.label if arm != REFERENCE else "GRPO, binary reward, + a threshold chosen afterwards"
         diff = ends["paired"].get(arm)
         lines.append(f"| {label} | {_fmt(ends['regret'][arm])} | {_fmt(diff[0]) if diff else '(reference)'} |")
-    lines += ["", "## Each arm at the end, by its own declines and with a threshold chosen afterwards", "",
+    lines += ["", *readings(ends), "",
+              "## Each arm at the end, by its own declines and with a threshold chosen afterwards", "",
               "Means over seeds. \"own\": the model's declines alone; \"+ threshold\": also declining where the mean "
               "token log-prob is below the threshold that maximised the drawn reward on the calibration prompts.", "",
               "| arm | rule | " + " | ".join(title for _, title in ROW_KEYS) + " |",
               "|---|---|" + "---:|" * len(ROW_KEYS)]
     warm = [r["history"][0] for r in records if r["arm"] == REFERENCE]  # step 0: the warm start, every seed alike
-    lines.append("| warm start | own | " + " | ".join(f"{np.mean([h[k] for h in warm]):.3f}" for k, _ in ROW_KEYS) + " |")
+    lines.append("| warm start | own | " + " | ".join(f"{np.mean([h[k] for h in warm]):.3f}" for k, _ in ROW_KEYS)
+                 + " |")
     for arm, runs in ends["by"].items():
         for rule, name in (("own", "own"), ("threshold", "+ threshold")):
             cells = [np.nanmean([f[rule][k] for f in runs.values()]) for k, _ in ROW_KEYS]

@@ -32,7 +32,11 @@ Each study with committed data is rebuilt by the same code that wrote it, from i
   (``studies/deepconf_realmodel.py``);
 - ``abstention_realmodel``: the folder ``abstention_realmodel/`` (the ``calibrl generate`` run's rows on arithmetic
   with unanswerable items, and ``run.json``) -> ``abstention_realmodel.md``, written whole
-  (``studies/abstention_realmodel.py``).
+  (``studies/abstention_realmodel.py``);
+- ``abstention_testbed``: the folder ``abstention_testbed/`` (one record per run: every evaluation and the final
+  samples) -> ``abstention_testbed.md`` and ``abstention_testbed.png``, written whole
+  (``studies/abstention_testbed.py``: which training comes closest to the optimal "I don't know" on
+  ``testbed/abstain``).
 
 Without ``--check`` the figures are redrawn into docs/results/ and every table row that is not in its document is
 printed. With ``--check`` nothing is written and the exit status is 1 when a rebuilt table row is missing from its
@@ -189,6 +193,13 @@ def rebuild_realmodel(scratch: Path) -> Rebuilt:
                     "realmodel.md#sources": sources.section(sources.analyse())}, {figure.name: figure})
 
 
+def rebuild_abstention_testbed(scratch: Path) -> Rebuilt:
+    study = _script("abstention_testbed")
+    records = study.load(RESULTS / "abstention_testbed")
+    figure = study.plot(records, scratch / "abstention_testbed.png")
+    return Rebuilt({"abstention_testbed.md": study.page(records, figure=figure.name)}, {figure.name: figure})
+
+
 def rebuild_abstention_realmodel(scratch: Path) -> Rebuilt:
     return Rebuilt({"abstention_realmodel.md": _script("abstention_realmodel").rebuild()}, {})
 
@@ -242,6 +253,9 @@ DATA_FILES: dict[str, tuple[str, str, str]] = {
     "abstention_realmodel": ("abstention_realmodel", "abstention_realmodel.md",
                              "the calibrl generate command of docs/protocols/abstention_realmodel.md, then "
                              "python -m studies.abstention_realmodel --pack (about 20 minutes on 2 cores)"),
+    "abstention_testbed": ("abstention_testbed", "abstention_testbed.md",
+                           "python -m studies.abstention_testbed run --workers 2 (25 runs of 400 steps, about 2.5 "
+                           "minutes each two at a time on 2 cores; docs/protocols/abstention_testbed.md)"),
 }
 DATA = {study: data for study, (data, _, _) in DATA_FILES.items()}
 
@@ -275,11 +289,13 @@ STUDIES: dict[str, Callable[[Path], Rebuilt]] = {
     "decision": rebuild_decision, "rlcr": rebuild_rlcr, "realmodel_powered": rebuild_realmodel_powered,
     "realmodel": rebuild_realmodel, "deepconf_realmodel": rebuild_deepconf_realmodel,
     "newer_methods": rebuild_newer_methods, "abstention_realmodel": rebuild_abstention_realmodel,
+    "abstention_testbed": rebuild_abstention_testbed,
 }
 
 
 # documents written whole by their script (no hand-written text): every line is checked, not only the tables
-WHOLE_PAGES = {"realmodel_powered.md", "deepconf_realmodel.md", "newer_methods.md", "abstention_realmodel.md"}
+WHOLE_PAGES = {"realmodel_powered.md", "deepconf_realmodel.md", "newer_methods.md", "abstention_realmodel.md",
+               "abstention_testbed.md"}
 
 
 def missing_rows(rebuilt: Rebuilt) -> dict[str, list[str]]:
