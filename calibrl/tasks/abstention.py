@@ -61,18 +61,29 @@ _ANSWER_PREFIX = re.compile(r"^\s*(?:\*\*|__)?\s*(?:final\s+)?answer\s*(?:\*\*|_
 _EDGES = " \t*_`\"'.!?;:。"
 
 
+_WHITESPACE = re.compile(r"\s+")
+_TEXT_HELPERS: tuple = ()  # (completion_text, last_boxed), imported on first use: this runs once per row read
+
+
+def _text_helpers() -> tuple:
+    global _TEXT_HELPERS
+    if not _TEXT_HELPERS:
+        from calibrl.tasks.rewards import completion_text, last_boxed
+
+        _TEXT_HELPERS = (completion_text, last_boxed)
+    return _TEXT_HELPERS
+
+
 def final_answer_text(text: str) -> str:
     r"""The final answer of a completion as :func:`is_abstention` reads it: the last ``\boxed{}`` content when there
     is one, else the last non-empty line without an ``Answer:`` prefix, emphasis or final punctuation."""
-    from calibrl.tasks.rewards import last_boxed
-
-    boxed = last_boxed(text)
+    boxed = _text_helpers()[1](text)
     if boxed is not None:
         return boxed.strip().strip(_EDGES).strip()
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines:
-        return ""
-    return _ANSWER_PREFIX.sub("", lines[-1].strip()).strip(_EDGES).strip()
+    for line in reversed(text.splitlines()):  # from the end: a long text's earlier lines are never looked at
+        if line.strip():
+            return _ANSWER_PREFIX.sub("", line.strip()).strip(_EDGES).strip()
+    return ""
 
 
 @functools.lru_cache(maxsize=32)
@@ -83,23 +94,18 @@ def _compiled(patterns: tuple[str, ...] | None) -> re.Pattern:
 
 def abstention_search(text: Any, *, patterns: Sequence[str] | None = None) -> bool:
     """Whether one of ``patterns`` (default :data:`ABSTENTION_PHRASES`) occurs anywhere in the completion,
-    case-insensitively: what :func:`is_abstention` checks first. Not an abstention by itself ("I don't know the
-    second number yet" mentions one)."""
-    from calibrl.tasks.rewards import completion_text
-
-    return _compiled(None if patterns is None else tuple(patterns)).search(completion_text(text)) is not None
+    case-insensitively. Not an abstention by itself ("I don't know the second number yet" mentions one)."""
+    return _compiled(None if patterns is None else tuple(patterns)).search(_text_helpers()[0](text)) is not None
 
 
 def is_abstention(text: Any, *, patterns: Sequence[str] | None = None) -> bool:
     """True when the completion's final answer (:func:`final_answer_text`) is, in full, one of ``patterns``
     (default :data:`ABSTENTION_PHRASES`). ``text``: a string or a conversational completion."""
-    from calibrl.tasks.rewards import completion_text
-
     phrases = _compiled(None if patterns is None else tuple(patterns))
     # the final answer alone is matched, anchored: a search of the whole text first cost 120 us on 300 characters
-    # and 4.4 ms on 9,000 (bench/abstention.py), where finding the final answer costs about 15 us at any length;
+    # and 4.4 ms on 9,000, where finding the final answer costs a few us at any length (bench/abstention.py);
     # this runs once per row of calibrl eval
-    answer = re.sub(r"\s+", " ", final_answer_text(completion_text(text)))
+    answer = _WHITESPACE.sub(" ", final_answer_text(_text_helpers()[0](text)))
     return bool(answer) and phrases.fullmatch(answer) is not None
 
 
