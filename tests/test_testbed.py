@@ -331,3 +331,32 @@ def test_token_entropy_estimate_weights_each_completion_by_its_tokens():
 
     assert entropy([-1.0, -0.5], [2, 4]) == pytest.approx(4 / 6)
     assert entropy([0.0], [0]) == 0.0
+
+
+def test_processes_needing_one_warm_start_at_once_train_it_once(tmp_path, monkeypatch):
+    """Two callers of warm_start for one config on an empty cache: one trains, the other waits for its lock and
+    finds the folder (a stand-in trainer, so the test trains nothing)."""
+    import threading
+    import time
+
+    from calibrl.testbed import warmstart
+
+    monkeypatch.setenv("CALIBRL_CACHE", str(tmp_path))
+    calls = []
+
+    def train(config, out_dir, log=None, progress=None):
+        calls.append(out_dir)
+        time.sleep(0.5)  # long enough for the other thread to reach the lock
+        return {"chosen_step": 0, "chosen_accuracy": 1.0, "target": 0.9, "history": []}
+
+    monkeypatch.setattr(warmstart, "_train_sft", train)
+    config = warmstart.WarmStartConfig(task="decision", max_steps=10)
+    found: list = []
+    threads = [threading.Thread(target=lambda: found.append(warmstart.warm_start("decision", config)))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1 and len(found) == 2 and found[0] == found[1] == warmstart.cache_path(config)
+    assert warmstart.warm_start_info(found[0])["chosen_step"] == 0

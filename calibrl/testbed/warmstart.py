@@ -295,8 +295,10 @@ def warm_start(task: str, config: WarmStartConfig | None = None, *, force: bool 
                log: Callable[[str], None] | None = None, progress: Callable[[dict], None] | None = None) -> Path:
     """Path of the warm-start model folder for ``task`` (trained now, or reused from the cache).
 
-    ``progress`` (training only) receives ``{"task", "step", "total"[, "note"]}`` about 100 times per run and at
-    every evaluation (``note``: its greedy accuracy); ``total`` is the step limit until the run stops at its target.
+    Processes that need the same warm start at once train it once (a lock beside the cache folder; the others
+    wait and find it). ``progress`` (training only) receives ``{"task", "step", "total"[, "note"]}`` about 100
+    times per run and at every evaluation (``note``: its greedy accuracy); ``total`` is the step limit until the
+    run stops at its target.
 
     The folder loads with ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``; its
     ``warmstart.json`` records the config, the evaluation history and the chosen step.
@@ -306,6 +308,17 @@ def warm_start(task: str, config: WarmStartConfig | None = None, *, force: bool 
     if (path / "warmstart.json").exists() and not force:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
+    from filelock import FileLock
+
+    # processes that need the same warm start at once (a study's workers, test workers) train it once: the others
+    # wait for the lock and find it
+    with FileLock(str(path) + ".lock"):
+        if (path / "warmstart.json").exists() and not force:
+            return path
+        return _train_into(task, config, path, log, progress)
+
+
+def _train_into(task: str, config: WarmStartConfig, path: Path, log, progress) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     try:
         t0 = time.perf_counter()
