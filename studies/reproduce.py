@@ -36,7 +36,10 @@ Each study with committed data is rebuilt by the same code that wrote it, from i
 - ``abstention_testbed``: the folder ``abstention_testbed/`` (one record per run: every evaluation and the final
   samples) -> ``abstention_testbed.md`` and ``abstention_testbed.png``, written whole
   (``studies/abstention_testbed.py``: which training comes closest to the optimal "I don't know" on
-  ``testbed/abstain``).
+  ``testbed/abstain``);
+- ``abstention_recipe``: the folder ``abstention_recipe/`` (the shipped recipe ``smollm2_cpu_ternary`` run at its own
+  length: its held-out evaluations, training log and run record) -> ``abstention_recipe.md``, written whole
+  (``studies/abstention_recipe.py``).
 
 Without ``--check`` the figures are redrawn into docs/results/ and every table row that is not in its document is
 printed. With ``--check`` nothing is written and the exit status is 1 when a rebuilt table row is missing from its
@@ -200,6 +203,10 @@ def rebuild_abstention_testbed(scratch: Path) -> Rebuilt:
     return Rebuilt({"abstention_testbed.md": study.page(records, figure=figure.name)}, {figure.name: figure})
 
 
+def rebuild_abstention_recipe(scratch: Path) -> Rebuilt:
+    return Rebuilt({"abstention_recipe.md": _script("abstention_recipe").page(RESULTS / "abstention_recipe")}, {})
+
+
 def rebuild_abstention_realmodel(scratch: Path) -> Rebuilt:
     return Rebuilt({"abstention_realmodel.md": _script("abstention_realmodel").rebuild()}, {})
 
@@ -256,6 +263,9 @@ DATA_FILES: dict[str, tuple[str, str, str]] = {
     "abstention_testbed": ("abstention_testbed", "abstention_testbed.md",
                            "python -m studies.abstention_testbed run --workers 2 (25 runs of 400 steps, about 2.5 "
                            "minutes each two at a time on 2 cores; docs/protocols/abstention_testbed.md)"),
+    "abstention_recipe": ("abstention_recipe", "abstention_recipe.md",
+                          "python -m studies.abstention_recipe run (calibrl train smollm2_cpu_ternary, 24 steps, "
+                          "about 20-45 minutes on 2 cores)"),
 }
 DATA = {study: data for study, (data, _, _) in DATA_FILES.items()}
 
@@ -289,13 +299,13 @@ STUDIES: dict[str, Callable[[Path], Rebuilt]] = {
     "decision": rebuild_decision, "rlcr": rebuild_rlcr, "realmodel_powered": rebuild_realmodel_powered,
     "realmodel": rebuild_realmodel, "deepconf_realmodel": rebuild_deepconf_realmodel,
     "newer_methods": rebuild_newer_methods, "abstention_realmodel": rebuild_abstention_realmodel,
-    "abstention_testbed": rebuild_abstention_testbed,
+    "abstention_testbed": rebuild_abstention_testbed, "abstention_recipe": rebuild_abstention_recipe,
 }
 
 
 # documents written whole by their script (no hand-written text): every line is checked, not only the tables
 WHOLE_PAGES = {"realmodel_powered.md", "deepconf_realmodel.md", "newer_methods.md", "abstention_realmodel.md",
-               "abstention_testbed.md"}
+               "abstention_testbed.md", "abstention_recipe.md"}
 
 
 def missing_rows(rebuilt: Rebuilt) -> dict[str, list[str]]:

@@ -31,6 +31,36 @@ def test_abstention_is_read_from_the_final_answer(text, expected):
     assert is_abstention(text) is expected
 
 
+def test_the_phrase_word_shortcut_never_changes_the_verdict():
+    """A short text without any default phrase's word is declared no abstention before its final answer is found:
+    the verdict equals the full reading (the final answer matched in full) on texts built from the phrases' pieces,
+    in any case and spacing."""
+    import re
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from calibrl.tasks.abstention import ABSTENTION_PHRASES
+
+    full = re.compile("|".join(f"(?:{p})" for p in ABSTENTION_PHRASES), re.IGNORECASE)
+
+    def read_in_full(text):
+        answer = re.sub(r"\s+", " ", final_answer_text(text))
+        return bool(answer) and full.fullmatch(answer) is not None
+
+    pieces = st.sampled_from(["I", "i", " ", "  ", "\n", "\t", "don't", "DON’T", "do not", "know", "KNOW", "idk",
+                              "[IDK]", "cannot", "can't", "can not", "answer", "this question", "unanswerable",
+                              "It cannot be determined", "not enough information", "\\boxed{", "}", "Answer:",
+                              "**", ".", "42", "we can", "the answer is"])
+
+    @settings(max_examples=1500, deadline=None)
+    @given(st.lists(pieces, max_size=10).map("".join))
+    def check(text):
+        assert is_abstention(text) == read_in_full(text), text
+
+    check()
+
+
 def test_custom_patterns_replace_the_phrases_and_conversations_are_read():
     assert is_abstention("Answer: pass", patterns=[r"pass"])
     assert not is_abstention("I don't know", patterns=[r"pass"])

@@ -98,14 +98,29 @@ def abstention_search(text: Any, *, patterns: Sequence[str] | None = None) -> bo
     return _compiled(None if patterns is None else tuple(patterns)).search(_text_helpers()[0](text)) is not None
 
 
+# A necessary condition for the default phrases, cheaper than finding the final answer on a short text: each phrase
+# holds one of these words (case aside), or "cannot answer" and its variants.
+_PHRASE_WORDS = ("idk", "know", "unanswerable", "determined", "information")
+_CANNOT_ANSWER = re.compile(r"can(?:not|['’]?t|\s+not)\s+answer")
+_WORDS_CHECKED_UP_TO = 2048  # characters: on a longer text lowering it costs more than finding the final answer
+
+
+def _holds_a_phrase_word(raw: str) -> bool:
+    low = raw.lower()
+    return any(word in low for word in _PHRASE_WORDS) or ("answer" in low and _CANNOT_ANSWER.search(low) is not None)
+
+
 def is_abstention(text: Any, *, patterns: Sequence[str] | None = None) -> bool:
     """True when the completion's final answer (:func:`final_answer_text`) is, in full, one of ``patterns``
     (default :data:`ABSTENTION_PHRASES`). ``text``: a string or a conversational completion."""
+    raw = _text_helpers()[0](text)
+    # this runs once per row of calibrl eval (bench/abstention.py): a short text without any of the default phrases'
+    # words is no abstention; otherwise the final answer alone is matched, anchored (a search of the whole text
+    # cost 120 us on 300 characters and 4.4 ms on 9,000, finding the final answer a few us at any length)
+    if patterns is None and len(raw) <= _WORDS_CHECKED_UP_TO and not _holds_a_phrase_word(raw):
+        return False
     phrases = _compiled(None if patterns is None else tuple(patterns))
-    # the final answer alone is matched, anchored: a search of the whole text first cost 120 us on 300 characters
-    # and 4.4 ms on 9,000, where finding the final answer costs a few us at any length (bench/abstention.py);
-    # this runs once per row of calibrl eval
-    answer = _WHITESPACE.sub(" ", final_answer_text(_text_helpers()[0](text)))
+    answer = _WHITESPACE.sub(" ", final_answer_text(raw))
     return bool(answer) and phrases.fullmatch(answer) is not None
 
 
