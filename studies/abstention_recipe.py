@@ -57,9 +57,11 @@ def page(folder: Path = OUT) -> str:
     rewards = [(log["step"], log["reward"]) for log in logs if "reward" in log and "step" in log]
     lines = [
         "# The shipped abstention recipe, run at its own length", "",
+        f"Data: `{OUT}/` (the run's held-out evaluations, its training log and its run record). This page is "
+        "written whole from them by `python -m studies.abstention_recipe page`, and rebuilt by `python -m "
+        "studies.reproduce --only abstention_recipe`.", "",
         f"`{run_record['command']}` (the recipe's 24 steps on the CPU), {run_record['started_utc']} to "
-        f"{run_record['finished_utc']}, commit `{run_record['commit'][:7]}`. Records: `{OUT}/`. Rebuilt by "
-        "`python -m studies.reproduce --only abstention_recipe`.", "",
+        f"{run_record['finished_utc']}, commit `{run_record['commit'][:7]}`.", "",
         "SmolLM2-135M-Instruct with LoRA, GRPO on TruthRL's ternary reward (+1 right, 0 \"I don't know\", -1 wrong), "
         "`multiple_choice` with a fifth of the questions unanswerable. The held-out evaluation: "
         f"{int(records[0]['n_samples']) // 4} questions x 4 samples at each listed step. One run, one seed: a record "

@@ -415,9 +415,10 @@ def page(records: list[dict], *, figure: str | None = None) -> str:
     first = records[0]["history"][0]
     lines = [
         "# Abstention on the testbed: which training comes closest to the optimal \"I don't know\"?", "",
-        f"Protocol: [{Path(PROTOCOL).name}](../protocols/{Path(PROTOCOL).name}) (committed before the runs). Data: "
-        f"`{OUT}/` (one file per run, with its UTC start and end). Rebuilt by `python -m studies.reproduce --only "
-        "abstention_testbed`.", "",
+        f"Data: `{OUT}/` (one file per run: its evaluations, its final samples, its UTC start and end and its "
+        "commit). This page is written whole from those files by `python -m studies.abstention_testbed report`, "
+        "and rebuilt by `python -m studies.reproduce --only abstention_testbed`.", "",
+        f"Protocol: [{Path(PROTOCOL).name}](../protocols/{Path(PROTOCOL).name}), committed before the runs.", "",
         f"Task `testbed/abstain`: the risk threshold t = 0.65; a quarter of the prompts have no right answer. "
         f"{len(arms)} arms x {len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({', '.join(map(str, seeds))}), "
         f"{', '.join(map(str, steps))} steps each (128 completions a step). "

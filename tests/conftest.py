@@ -4,6 +4,22 @@ from __future__ import annotations
 
 import pytest
 
+# The heaviest test files first. make test's two workers (pytest-xdist, --dist loadfile) take whole files in
+# collection order, so a long file collected last keeps one worker busy while the other has nothing left; the
+# alphabet put most of these at the end. Their order: each file's time in a full run (pytest --durations,
+# 2026-11-29), longest first; the other files keep pytest's order after them.
+HEAVIEST_FIRST = (
+    "test_realmodel.py", "test_rehearse.py", "test_eval_cli.py", "test_demo.py", "test_resume.py",
+    "test_packaging.py", "test_multiprocess.py", "test_realmodel_study_records.py", "test_protocol.py",
+    "test_realmodel_resume.py", "test_deepconf_realmodel_study.py", "test_eval_report.py", "test_selection.py",
+    "test_paired_bootstrap.py", "test_realmodel_demo.py", "test_eval_scale.py", "test_eval_paths.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # a stable sort: within a file, as written
+
 
 @pytest.fixture(scope="module")
 def tiny_chat_model(tmp_path_factory) -> str:
