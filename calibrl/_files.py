@@ -23,8 +23,8 @@ try:
 except ImportError:  # Windows: the lock falls back to an exclusively created file (folder_lock)
     fcntl = None
 
-__all__ = ["FolderError", "FolderInUse", "check_renamable", "folder_lock", "lock_path", "recover_interrupted",
-           "replace_folder", "signals_held", "write_then_rename"]
+__all__ = ["FolderError", "FolderInUse", "cache_entry_lock", "check_renamable", "folder_lock", "lock_path",
+           "recover_interrupted", "replace_folder", "signals_held", "write_then_rename"]
 
 
 def write_then_rename(path: str | Path, content: str | bytes) -> None:
@@ -45,6 +45,18 @@ def lock_path(folder: str | Path) -> Path:
     stays while the folder itself is moved aside (``--overwrite``) or created."""
     folder = Path(folder).expanduser().absolute()
     return folder.with_name(f".{folder.name}.lock")
+
+
+@contextlib.contextmanager
+def cache_entry_lock(entry: str | Path) -> Iterator[None]:
+    """Hold the lock of a cache entry (a converted model, a warm start) while it is built: processes that need one
+    entry at once build it once, the others WAIT for the lock and then find it (unlike :func:`folder_lock`, which
+    refuses at once). The lock file is :func:`lock_path`'s, beside the entry; ``filelock`` (huggingface_hub's
+    dependency, there wherever a cache entry is built) waits on it."""
+    from filelock import FileLock
+
+    with FileLock(str(lock_path(entry))):
+        yield
 
 
 _HELD: dict[Path, int] = {}  # lock file -> how many nested folder_lock blocks of this process hold it

@@ -133,13 +133,13 @@ def _resolve_gguf(gguf_file: Path, *, quiet: bool) -> str:
     half-written model where a later run would load it; and the conversion holds a lock file beside it, so runs
     started together on a fresh machine convert once (the others wait, about 50 s for the built-in model, and
     find the folder) rather than each converting."""
-    from filelock import FileLock  # huggingface_hub's dependency, there wherever transformers converts
+    from calibrl._files import cache_entry_lock
 
     target = converted_path(gguf_file)
     if target.is_dir():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
+    with cache_entry_lock(target):
         if target.is_dir():  # converted by the run that held the lock
             return str(target)
         return _convert_into(gguf_file, target, quiet=quiet)

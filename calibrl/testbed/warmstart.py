@@ -308,11 +308,11 @@ def warm_start(task: str, config: WarmStartConfig | None = None, *, force: bool 
     if (path / "warmstart.json").exists() and not force:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    from filelock import FileLock
+    from calibrl._files import cache_entry_lock
 
     # processes that need the same warm start at once (a study's workers, test workers) train it once: the others
     # wait for the lock and find it
-    with FileLock(str(path) + ".lock"):
+    with cache_entry_lock(path):
         if (path / "warmstart.json").exists() and not force:
             return path
         return _train_into(task, config, path, log, progress)
