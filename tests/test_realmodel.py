@@ -168,7 +168,9 @@ def test_conversion_is_cached_and_complete(model_dir):
     folder = Path(model_dir)
     assert folder.parent.name == "models" and _cache_root() in folder.parents
     assert resolve_model(BUILTIN, quiet=True) == model_dir  # found, not converted again
-    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no staging folder left behind
+    # no staging folder left behind: the only hidden entries are the lock files (.<name>.lock) beside the entries
+    hidden = [p for p in folder.parent.iterdir() if p.name.startswith(".")]
+    assert all(p.is_file() and p.name.endswith(".lock") for p in hidden), hidden
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "llama" and "quantization_config" not in config
     assert (folder / "model.safetensors").stat().st_size > 500e6  # 134.5M float32 parameters
