@@ -42,6 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
+from calibrl.testbed.report import format_interval, paired_t_interval
+
 OUT = Path("docs/results/abstention_testbed")
 PAGE = "docs/results/abstention_testbed.md"
 PROTOCOL = "docs/protocols/abstention_testbed.md"
@@ -279,22 +281,6 @@ def final_figures(record: dict) -> dict[str, dict[str, float]]:
     return {"own": figures(test), "threshold": {**figures(test, abstained=with_threshold), "cut": cut}}
 
 
-def t_interval(values) -> tuple[float, float, float]:
-    """(mean, low, high): the 95% t-interval over seeds (the run is the unit)."""
-    from scipy import stats
-
-    v = np.asarray(values, dtype=np.float64)
-    if v.size < 2:
-        return float(v.mean()) if v.size else math.nan, math.nan, math.nan
-    half = stats.t.ppf(0.975, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size)
-    return float(v.mean()), float(v.mean() - half), float(v.mean() + half)
-
-
-def _fmt(interval: tuple[float, float, float]) -> str:
-    mean, low, high = interval
-    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]" if np.isfinite(low) else f"{mean:+.3f}"
-
-
 def endpoints(records: list[dict]) -> dict:
     """The protocol's endpoints: each arm's final regret as a policy (grpo_binary with its threshold, the others by
     their own declines), and each arm's paired difference from grpo_binary + threshold (same seeds)."""
@@ -303,14 +289,16 @@ def endpoints(records: list[dict]) -> dict:
         by.setdefault(r["arm"], {})[r["seed"]] = final_figures(r)
     policy = {arm: {seed: f["threshold" if arm == REFERENCE else "own"] for seed, f in runs.items()}
               for arm, runs in by.items()}
-    out = {"regret": {arm: t_interval([f["regret"] for f in runs.values()]) for arm, runs in policy.items()},
+    out = {"regret": {arm: paired_t_interval([f["regret"] for f in runs.values()])
+                      for arm, runs in policy.items()},
            "paired": {}}
     ref = policy.get(REFERENCE, {})
     for arm, runs in policy.items():
         if arm == REFERENCE:
             continue
         seeds = sorted(set(runs) & set(ref))
-        out["paired"][arm] = (t_interval([runs[s]["regret"] - ref[s]["regret"] for s in seeds]), len(seeds))
+        differences = [runs[s]["regret"] - ref[s]["regret"] for s in seeds]
+        out["paired"][arm] = (paired_t_interval(differences), len(seeds))
     return {**out, "by": by}
 
 
@@ -389,10 +377,12 @@ def readings(ends: dict) -> list[str]:
             out.append(f"- {label}: not resolvable (fewer than 2 paired seeds).")
         elif low > 0 or high < 0:
             side = "more" if low > 0 else "less"
-            out.append(f"- {label}: {side} regret than GRPO + a threshold chosen afterwards, by {_fmt(interval)} "
+            out.append(f"- {label}: {side} regret than GRPO + a threshold chosen afterwards, by "
+                       f"{format_interval(interval)} "
                        f"(resolved: the interval excludes 0; {n} paired seeds).")
         else:
-            out.append(f"- {label}: not resolved from GRPO + a threshold chosen afterwards, {_fmt(interval)} "
+            out.append(f"- {label}: not resolved from GRPO + a threshold chosen afterwards, "
+                       f"{format_interval(interval)} "
                        f"({n} paired seeds; the interval contains 0).")
     rate, accuracy = optimal_point()
     out += ["", f"The optimal policy answers {rate:.3f} of the test samples, right {accuracy:.3f} of the time on "
@@ -434,7 +424,8 @@ def page(records: list[dict], *, figure: str | None = None) -> str:
             continue
         label = spec.label if arm != REFERENCE else "GRPO, binary reward, + a threshold chosen afterwards"
         diff = ends["paired"].get(arm)
-        lines.append(f"| {label} | {_fmt(ends['regret'][arm])} | {_fmt(diff[0]) if diff else '(reference)'} |")
+        shown = format_interval(diff[0]) if diff else "(reference)"
+        lines.append(f"| {label} | {format_interval(ends['regret'][arm])} | {shown} |")
     lines += ["", *readings(ends), "",
               "## Each arm at the end, by its own declines and with a threshold chosen afterwards", "",
               "Means over seeds. \"own\": the model's declines alone; \"+ threshold\": also declining where the mean "
