@@ -11,7 +11,8 @@ import pytest
 HEAVIEST_FIRST = (
     "test_realmodel.py", "test_rehearse.py", "test_eval_cli.py", "test_demo.py", "test_resume.py",
     "test_packaging.py", "test_multiprocess.py", "test_realmodel_study_records.py", "test_protocol.py",
-    "test_realmodel_resume.py", "test_deepconf_realmodel_study.py", "test_eval_report.py", "test_selection.py",
+    "test_realmodel_resume.py", "test_deepconf_realmodel_study.py", "test_eval_report.py", "test_inspect.py",
+    "test_lm_eval_plugin.py", "test_selection.py",
     "test_paired_bootstrap.py", "test_realmodel_demo.py", "test_eval_scale.py", "test_eval_paths.py",
 )
 

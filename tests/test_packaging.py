@@ -76,7 +76,7 @@ def test_verl_finds_calibrl_and_the_installs_bring_it_with_its_dependencies():
     project = _pyproject()["project"]
     assert project["entry-points"]["verl.plugins"] == {"calibrl": "calibrl.verl"}
     assert (PACKAGE / "verl" / "__init__.py").exists()
-    assert 'pip install -q -e ".[all,dev]"' in (ROOT / "Makefile").read_text()
+    assert '-e ".[all,dev]"' in (ROOT / "Makefile").read_text()
     setup_verl = (ROOT / "scripts" / "setup_verl_env.sh").read_text()
     installs = [line for line in setup_verl.splitlines() if not line.lstrip().startswith("#") and " -e " in line]
     assert installs == ['"${PIP[@]}" "$TORCH_SPEC" -e ".[dev]"'], installs

@@ -32,8 +32,22 @@ def metadata_dir(tmp_path_factory) -> Path:
     return out
 
 
-def _verl_resolves(metadata_dir: Path, **env: str) -> subprocess.CompletedProcess:
-    """``import verl`` in a fresh process, then verl's own lookup of each estimator; prints what resolved."""
+# what the plugin patches in verl once imported (checked in one of the runs below: each run imports verl, ~15 s)
+PATCHES = """
+import sys
+from verl.trainer.ppo import ray_trainer
+from verl.trainer.ppo.v1 import trainer_base, utils
+assert 'calibrl.verl' in sys.modules
+assert ray_trainer.compute_advantage._calibrl_wrapped and ray_trainer.RayPPOTrainer._calibrl_patched
+assert utils.compute_advantage is ray_trainer.compute_advantage
+assert trainer_base.PPOTrainer._calibrl_patched and type(trainer_base.tq).__name__ == '_QueueProxy'
+print('patched')
+"""
+
+
+def _verl_resolves(metadata_dir: Path, then: str = "", **env: str) -> subprocess.CompletedProcess:
+    """``import verl`` in a fresh process, then verl's own lookup of each estimator; prints what resolved on its
+    first line (then runs ``then``)."""
     code = f"""
     import verl
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn
@@ -46,9 +60,10 @@ def _verl_resolves(metadata_dir: Path, **env: str) -> subprocess.CompletedProces
         found.append(name if getattr(fn, "calibrl_estimator", None) == name else name + "?")
     print(" ".join(found))
     """
+    code = textwrap.dedent(code) + then
     clean = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
     clean["PYTHONPATH"] = os.pathsep.join([str(metadata_dir), str(ROOT)])
-    return subprocess.run([sys.executable, "-W", "ignore", "-c", textwrap.dedent(code)], env={**clean, **env},
+    return subprocess.run([sys.executable, "-W", "ignore", "-c", code], env={**clean, **env},
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
 
 
@@ -66,10 +81,11 @@ def test_import_verl_registers_calibrl_without_the_variable(metadata_dir):
 
 def test_the_variable_still_works_and_together_they_register_once(metadata_dir):
     alone = _verl_resolves(metadata_dir, VERL_USE_EXTERNAL_MODULES="calibrl.verl", VERL_USE_EXTERNAL_PLUGINS="none")
-    both = _verl_resolves(metadata_dir, VERL_USE_EXTERNAL_MODULES="calibrl.verl")
+    both = _verl_resolves(metadata_dir, PATCHES, VERL_USE_EXTERNAL_MODULES="calibrl.verl")
     for run in (alone, both):
         assert run.returncode == 0, run.stderr[-3000:]
-        assert run.stdout.split() == list(ESTIMATORS), run.stdout
+        assert run.stdout.splitlines()[0].split() == list(ESTIMATORS), run.stdout
+    assert both.stdout.splitlines()[1:] == ["patched"], both.stdout  # the advantage step and the trainers too
 
 
 def test_without_either_verl_has_none_of_them(metadata_dir):

@@ -143,6 +143,25 @@ def _source_metrics(conf: np.ndarray, score: np.ndarray, target: np.ndarray, pid
     return figures
 
 
+def confidence_figures(confidence, correct, score=None, prompt_index=None, *, n_bins: int = 10) -> dict[str, Any]:
+    """One confidence's figures exactly as ``calibrl eval``'s table of confidence sources computes them (every
+    declared ``sources`` metric: AUROC, PRR, AURC, ECE, smooth ECE, Brier, ...; None where one is undefined).
+    ``confidence`` [N] in [0, 1]; ``correct`` [N] bool; ``score`` [N] what AUROC, PRR and AURC rank (default the
+    confidence; exp(score) = confidence ranks the same); ``prompt_index`` [N] (default: each sample its own
+    prompt). The harnesses' metrics (:mod:`calibrl.inspect`, :mod:`calibrl.lm_eval`) report these, so their
+    numbers equal ``calibrl eval``'s on the same samples."""
+    conf = np.asarray(confidence, dtype=np.float64).reshape(-1)
+    target = np.asarray(correct, dtype=bool).reshape(-1)
+    rank = conf if score is None else np.asarray(score, dtype=np.float64).reshape(-1)
+    pidx = np.arange(len(conf)) if prompt_index is None else np.asarray(prompt_index).reshape(-1)
+    if not len(conf) == len(target) == len(rank) == len(pidx):
+        raise ValueError(f"confidence_figures: lengths differ (confidence {len(conf)}, correct {len(target)}, "
+                         f"score {len(rank)}, prompt_index {len(pidx)})")
+    if len(conf) and not (np.all(np.isfinite(conf)) and conf.min() >= 0.0 and conf.max() <= 1.0):
+        raise ValueError("confidence_figures: every confidence must be a probability in [0, 1]")
+    return _source_metrics(conf, rank, target, pidx, len(conf), True, n_bins)
+
+
 SOURCE_INTERVALS = ("auroc", "prr", "smooth_ece")  # the source figures with bootstrap intervals
 _DEDUP_PROMPTS = 64  # up to this many prompts, repeated bootstrap draws are computed once
 

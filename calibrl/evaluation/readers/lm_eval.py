@@ -61,6 +61,16 @@ def _label(target: Any, choices: list[str], n: int, where: str) -> int:
     return index
 
 
+def option_probabilities(lls: list[float]) -> list[float]:
+    """The options' probabilities normalised over the options: the softmax of their summed log-likelihoods (the
+    normalisation lm-eval's ``brier_score`` reads; no length normalisation). :mod:`calibrl.lm_eval` computes its
+    confidence with this function too, so its figures equal ``calibrl eval``'s on the samples file."""
+    top = max(lls)
+    weights = [math.exp(v - top) for v in lls]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
 def _multiple_choice(raw: dict, where: str) -> dict:
     """A calibrl row (before padding) from one multiple-choice document."""
     lls = []
@@ -71,9 +81,7 @@ def _multiple_choice(raw: dict, where: str) -> dict:
     if len(lls) < 2:
         raise fail(where, "resps", f"needs at least 2 choices, got {len(lls)}")
     choices = [str(a[1]).strip() for a in _arguments(raw)[: len(lls)] if len(a) > 1]
-    top = max(lls)
-    weights = [math.exp(v - top) for v in lls]
-    probs = [w / sum(weights) for w in weights]
+    probs = option_probabilities(lls)
     label = _label(raw["target"], choices, len(lls), where)
     best = max(range(len(probs)), key=probs.__getitem__)
     return {"prompt_id": str(raw["doc_id"]), "class_probs": probs, "label": label, "decision_prob": probs[best],
