@@ -32,19 +32,24 @@ demo: setup
 
 # two pytest workers (pytest-xdist), a test file each at a time: the files share module fixtures (a warm start, a
 # converted model) and some launch their own processes, so whole files go to one worker.
-# Beside them, one process builds .venv-verl (mostly downloads) and then runs the verl tests in it (verl's own
-# main_ppo under Ray spends much of its time waiting on its workers); their output goes to runs/verl_tests.log,
-# whose summary is printed at the end (the whole log when they fail).
+# Beside them, one process builds .venv-verl and then runs the verl tests in it (verl's own main_ppo under Ray spends
+# much of its time waiting on its workers); their output goes to runs/verl_tests.log, whose summary is printed at the
+# end (the whole log when they fail). The build starts at once, beside .venv's install (each pip uses one core), and
+# waits for that install to end before it installs calibrl itself (runs/.setup-done), so the two never prepare
+# calibrl's metadata in the clone at the same moment.
 VERL_TESTS := tests/test_verl.py tests/test_verl_entry_point.py tests/verl_e2e/test_verl_cpu_runtime.py \
   tests/verl_e2e/test_verl_e2e.py
-test: setup
-	@mkdir -p runs
-	@( PYTHON=$(PYTHON) bash scripts/setup_verl_env.sh .venv-verl > runs/setup_verl_env.log 2>&1 \
+test:
+	@mkdir -p runs; rm -f runs/.setup-done runs/.setup-done.failed
+	@( PYTHON=$(PYTHON) CALIBRL_AFTER=runs/.setup-done bash scripts/setup_verl_env.sh .venv-verl \
+	     > runs/setup_verl_env.log 2>&1 \
 	     || { cat runs/setup_verl_env.log; echo "make test: building .venv-verl failed (runs/setup_verl_env.log)"; \
 	          exit 1; }; \
 	   grep -h '^setup_verl_env: [^a]' runs/setup_verl_env.log; \
 	   CALIBRL_VERL_E2E=1 CALIBRL_VERL_E2E_CASES=capo_legacy .venv-verl/bin/python -m pytest -p no:cacheprovider \
 	     $(VERL_TESTS) ) > runs/verl_tests.log 2>&1 & verl=$$!; \
+	  if ! $(MAKE) --no-print-directory setup; then touch runs/.setup-done.failed; wait $$verl; exit 1; fi; \
+	  touch runs/.setup-done; \
 	  $(BIN)/python -m pytest -n 2 --dist loadfile; suite=$$?; \
 	  if wait $$verl; then echo "verl tests (.venv-verl, runs/verl_tests.log):"; \
 	    grep -E '^(setup_verl_env:|[0-9]+ passed)' runs/verl_tests.log | tail -3; \

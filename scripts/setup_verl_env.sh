@@ -42,7 +42,17 @@ echo "setup_verl_env: an 'ERROR: pip's dependency resolver' about verl's pins be
     omegaconf hydra-core codetiming pandas packaging dill ray torchdata datasets pillow peft pylatexenc \
     cachetools fastapi uvicorn aiohttp pyzmq msgspec psutil prometheus_client
 # 4. calibrl itself (editable) with its dependencies, as a verl user installs it: the core has no transformers or
-#    TRL requirement, so it resolves within verl's pins; dev brings pytest.
+#    TRL requirement, so it resolves within verl's pins; dev brings pytest. With CALIBRL_AFTER=<file> (make test,
+#    which builds this beside .venv), first wait until that file exists: .venv's install has ended, so the two
+#    installs never write the clone's calibrl.egg-info at once (<file>.failed: it failed, stop).
+if [ -n "${CALIBRL_AFTER:-}" ]; then
+    waited=$(date +%s)
+    until [ -e "$CALIBRL_AFTER" ]; do
+        [ -e "$CALIBRL_AFTER.failed" ] && { echo "setup_verl_env: the main install failed"; exit 1; }
+        sleep 2
+    done
+    echo "setup_verl_env: waited $(( $(date +%s) - waited )) s for the main install"
+fi
 "${PIP[@]}" "$TORCH_SPEC" -e ".[dev]"
 # the check's import-time notices (engines and accelerators verl does not find on a CPU) are shown only on failure;
 # `import verl` alone must register calibrl's estimators (the verl.plugins entry point, no VERL_USE_EXTERNAL_MODULES)
