@@ -37,6 +37,9 @@ demo: setup
 # end (the whole log when they fail). The build starts at once, beside .venv's install (each pip uses one core), and
 # waits for that install to end before it installs calibrl itself (runs/.setup-done), so the two never prepare
 # calibrl's metadata in the clone at the same moment.
+# One torch / OpenMP thread per test process (unless OMP_NUM_THREADS is set): two workers and the verl tests already
+# share two cores, and more threads than cores spin-wait (the suite passes at 1 and 2 threads: make test-isa).
+TEST_THREADS := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=$${MKL_NUM_THREADS:-1}
 VERL_TESTS := tests/test_verl.py tests/test_verl_entry_point.py tests/verl_e2e/test_verl_cpu_runtime.py \
   tests/verl_e2e/test_verl_e2e.py
 test:
@@ -46,11 +49,12 @@ test:
 	     || { cat runs/setup_verl_env.log; echo "make test: building .venv-verl failed (runs/setup_verl_env.log)"; \
 	          exit 1; }; \
 	   grep -h '^setup_verl_env: [^a]' runs/setup_verl_env.log; \
-	   CALIBRL_VERL_E2E=1 CALIBRL_VERL_E2E_CASES=capo_legacy .venv-verl/bin/python -m pytest -p no:cacheprovider \
+	   $(TEST_THREADS) CALIBRL_VERL_E2E=1 CALIBRL_VERL_E2E_CASES=capo_legacy .venv-verl/bin/python -m pytest \
+	     -p no:cacheprovider \
 	     $(VERL_TESTS) ) > runs/verl_tests.log 2>&1 & verl=$$!; \
 	  if ! $(MAKE) --no-print-directory setup; then touch runs/.setup-done.failed; wait $$verl; exit 1; fi; \
 	  touch runs/.setup-done; \
-	  $(BIN)/python -m pytest -n 2 --dist loadfile; suite=$$?; \
+	  $(TEST_THREADS) $(BIN)/python -m pytest -n 2 --dist loadfile; suite=$$?; \
 	  if wait $$verl; then echo "verl tests (.venv-verl, runs/verl_tests.log):"; \
 	    grep -E '^(setup_verl_env:|[0-9]+ passed)' runs/verl_tests.log | tail -3; \
 	  else cat runs/verl_tests.log; echo "make test: the verl tests failed (runs/verl_tests.log)"; exit 1; fi; \

@@ -78,7 +78,7 @@ def test_verl_finds_calibrl_and_the_installs_bring_it_with_its_dependencies():
     assert (PACKAGE / "verl" / "__init__.py").exists()
     assert '-e ".[all,dev]"' in (ROOT / "Makefile").read_text()
     setup_verl = (ROOT / "scripts" / "setup_verl_env.sh").read_text()
-    installs = [line for line in setup_verl.splitlines() if not line.lstrip().startswith("#") and " -e " in line]
+    installs = [line for line in setup_verl.splitlines() if line.startswith('"${PIP[@]}"') and " -e " in line]
     assert installs == ['"${PIP[@]}" "$TORCH_SPEC" -e ".[dev]"'], installs
 
 
