@@ -139,7 +139,13 @@ def _figure(name: str, scores: list[SampleScore]) -> float:
     return float("nan") if value is None else float(value)
 
 
-def _calibrl_metric(name: str, doc: str) -> Callable[[], Metric]:
+def _calibrl_metric(name: str) -> Callable[[], Metric]:
+    """Inspect's metric ``name``: calibrl's declared metric of that name (its label and direction come from the
+    declaration, calibrl.metrics.declared) over the scores' confidences."""
+    from calibrl.metrics.registry import metric as declared
+
+    found = declared(name)
+
     def factory() -> Metric:
         def compute(scores: list[SampleScore]) -> float:
             return _figure(name, scores)
@@ -147,16 +153,19 @@ def _calibrl_metric(name: str, doc: str) -> Callable[[], Metric]:
         return compute
 
     factory.__name__ = factory.__qualname__ = name
-    factory.__doc__ = doc
-    return metric(name=name, scores="unreduced")(factory)
+    factory.__doc__ = (f"{found.title} of the samples' confidences, as calibrl declares it; "
+                       f"{'higher' if found.higher else 'lower'} is better (docs/metrics.md).")
+    registered = metric(name=name, scores="unreduced")(factory)
+    registered.__doc__ = factory.__doc__  # Inspect's wrapper does not carry it over
+    return registered
 
 
-ece = _calibrl_metric("ece", "ECE over 10 equal-width bins of the confidence (calibrl.metrics.ece).")
-smooth_ece = _calibrl_metric("smooth_ece", "Smooth ECE, kernel-smoothed, no bins (calibrl.metrics.smooth_ece).")
-brier = _calibrl_metric("brier", "Brier score of the confidence against right (1) / wrong (0).")
-auroc = _calibrl_metric("auroc", "AUROC of the score, right vs wrong answers (ties count half).")
-prr = _calibrl_metric("prr", "Prediction-rejection ratio of the score (0 = random, 1 = oracle).")
-aurc = _calibrl_metric("aurc", "Area under the risk-coverage curve of answering above a confidence (lower is better).")
+ece = _calibrl_metric("ece")
+smooth_ece = _calibrl_metric("smooth_ece")
+brier = _calibrl_metric("brier")
+auroc = _calibrl_metric("auroc")
+prr = _calibrl_metric("prr")
+aurc = _calibrl_metric("aurc")
 
 
 @metric(scores="unreduced")

@@ -41,9 +41,7 @@ from calibrl.evaluation.readers.lm_eval import option_probabilities
 
 __all__ = ["FIGURES", "SUFFIX", "CalibratedTask", "calibrated", "write_task_files"]
 
-FIGURES = {  # name -> higher is better (the direction of calibrl's declaration of the metric)
-    "ece": False, "smooth_ece": False, "auroc": True, "brier": False, "prr": True, "aurc": False,
-}
+FIGURES = ("ece", "smooth_ece", "auroc", "brier", "prr", "aurc")  # each declared in calibrl.metrics.declared
 SUFFIX = "_calibrl"  # the calibrated task's name: the original's plus this
 _LIKELIHOOD = "likelihood"  # lm-eval's per-document (gold, option log-likelihoods) item
 
@@ -87,11 +85,13 @@ class CalibratedTask(ConfigurableTask):
         # lm-eval's process_results returns (gold, log-likelihoods) when "likelihood" is one of the task's metrics:
         # calibrl reads the target the task itself resolved (an index, a choice's text, several targets)
         self._metric_fn_list.setdefault(_LIKELIHOOD, _passthrough)
-        for figure, higher in FIGURES.items():
+        from calibrl.metrics.registry import higher_is_better
+
+        for figure in FIGURES:
             self._metric_fn_list[figure] = _passthrough
             self._metric_fn_kwargs[figure] = {}
             self._aggregation_list[figure] = _aggregation(figure)
-            self._higher_is_better[figure] = higher
+            self._higher_is_better[figure] = higher_is_better(figure)  # the metric's own declaration
 
     def process_results(self, doc: dict, results: Iterable) -> dict:
         out = super().process_results(doc, results)
