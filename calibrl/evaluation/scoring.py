@@ -25,7 +25,7 @@ only decides which arrays go in:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -127,29 +127,31 @@ def answer_sources(samples: Samples, answer_ids: np.ndarray) -> dict[str, tuple[
 
 
 def _source_metrics(conf: np.ndarray, score: np.ndarray, target: np.ndarray, pidx: np.ndarray, n_rows: int,
-                    probability: bool, n_bins: int) -> dict[str, Any]:
+                    probability: bool, n_bins: int, only: frozenset[str] | None = None) -> dict[str, Any]:
     """One confidence source's figures on the rows that have it (``conf``, ``score``, ``target``, ``pidx`` [n]):
     every declared ``sources`` metric (AUROC, PRR and AURC rank ``score``; for a probability also ECE, smooth ECE,
     Brier and the mean of ``conf``), None where one does not apply (a ranking-only source has no ECE)."""
     n = len(target)
     figures: dict[str, Any] = {"n": n, "n_excluded": n_rows - n, "probability": probability}
-    names = [m.name for m in metrics_for("sources")]
+    names = [m.name for m in metrics_for("sources") if only is None or m.name in only]
     if n == 0:
         return {**figures, **dict.fromkeys(names)}
     inputs = MetricInputs({"confidence": conf if probability else None, "score": score, "correct": target,
                            "prompt_index": pidx}, {"n_bins": n_bins})
-    found = compute_metrics("sources", inputs)
+    found = compute_metrics("sources", inputs, where=None if only is None else lambda m: m.name in only)
     figures.update({k: _f(found[k]) if k in found else None for k in names})
     return figures
 
 
-def confidence_figures(confidence, correct, score=None, prompt_index=None, *, n_bins: int = 10) -> dict[str, Any]:
+def confidence_figures(confidence, correct, score=None, prompt_index=None, *, n_bins: int = 10,
+                       only: Iterable[str] | None = None) -> dict[str, Any]:
     """One confidence's figures exactly as ``calibrl eval``'s table of confidence sources computes them (every
     declared ``sources`` metric: AUROC, PRR, AURC, ECE, smooth ECE, Brier, ...; None where one is undefined).
     ``confidence`` [N] in [0, 1]; ``correct`` [N] bool; ``score`` [N] what AUROC, PRR and AURC rank (default the
     confidence; exp(score) = confidence ranks the same); ``prompt_index`` [N] (default: each sample its own
-    prompt). The harnesses' metrics (:mod:`calibrl.inspect`, :mod:`calibrl.lm_eval`) report these, so their
-    numbers equal ``calibrl eval``'s on the same samples."""
+    prompt); ``only``: just these figures (each computed as in the full table). The harnesses' metrics
+    (:mod:`calibrl.inspect`, :mod:`calibrl.lm_eval`) report these, one figure per metric, so their numbers equal
+    ``calibrl eval``'s on the same samples."""
     conf = np.asarray(confidence, dtype=np.float64).reshape(-1)
     target = np.asarray(correct, dtype=bool).reshape(-1)
     rank = conf if score is None else np.asarray(score, dtype=np.float64).reshape(-1)
@@ -159,7 +161,8 @@ def confidence_figures(confidence, correct, score=None, prompt_index=None, *, n_
                          f"score {len(rank)}, prompt_index {len(pidx)})")
     if len(conf) and not (np.all(np.isfinite(conf)) and conf.min() >= 0.0 and conf.max() <= 1.0):
         raise ValueError("confidence_figures: every confidence must be a probability in [0, 1]")
-    return _source_metrics(conf, rank, target, pidx, len(conf), True, n_bins)
+    return _source_metrics(conf, rank, target, pidx, len(conf), True, n_bins,
+                           None if only is None else frozenset(only))
 
 
 SOURCE_INTERVALS = ("auroc", "prr", "smooth_ece")  # the source figures with bootstrap intervals

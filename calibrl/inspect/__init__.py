@@ -135,7 +135,7 @@ def _figure(name: str, scores: list[SampleScore]) -> float:
     # a mean log-probability's confidence as calibrl eval computes it: numpy's exp over the array (math.exp, which
     # the scorer recorded, can differ from it in the last digit)
     conf = np.where(from_logprobs, np.exp(rank), conf)
-    value = confidence_figures(conf, right, rank, prompt)[name]
+    value = confidence_figures(conf, right, rank, prompt, only=(name,))[name]
     return float("nan") if value is None else float(value)
 
 

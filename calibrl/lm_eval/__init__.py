@@ -37,6 +37,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError("calibrl.lm_eval needs lm-evaluation-harness: pip install \"calibrl[lm-eval]\"") from exc
 
+from calibrl._files import write_then_rename
 from calibrl.evaluation.readers.lm_eval import option_probabilities
 
 __all__ = ["FIGURES", "SUFFIX", "CalibratedTask", "calibrated", "write_task_files"]
@@ -58,7 +59,7 @@ def _aggregation(name: str):
         if not items:
             return float("nan")
         confidence, correct = zip(*items)
-        value = confidence_figures(confidence, correct)[name]
+        value = confidence_figures(confidence, correct, only=(name,))[name]
         return float("nan") if value is None else float(value)
 
     aggregate.__name__ = aggregate.__qualname__ = f"calibrl_{name}"
@@ -158,9 +159,7 @@ def write_task_files(tasks: Iterable[str], out: str | Path, *, include_path: str
         if target.exists() and target.read_text() != text:
             raise SystemExit(f"calibrl.lm_eval: {target} exists with other content; remove it or choose another --out")
         if not target.exists():
-            staging = target.with_name(f".{target.name}.tmp")
-            staging.write_text(text)
-            staging.replace(target)
+            write_then_rename(target, text)
         written.append(target)
     return written
 
