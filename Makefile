@@ -1,7 +1,7 @@
 # Two commands on a fresh machine:
 #   make demo   -> creates .venv, installs calibrl, runs the built-in demo (report in runs/demo)
-#   make test   -> creates .venv, installs calibrl with test extras, runs the whole test suite;
-#                  then builds .venv-verl (verl 0.9.1, kept apart from TRL's pins) and runs the verl plugin tests,
+#   make test   -> creates .venv, installs calibrl with test extras, runs the whole test suite; beside it builds
+#                  .venv-verl (verl 0.9.1, kept apart from TRL's pins) and runs the verl plugin tests,
 #                  among them verl's own main_ppo under Ray on the CPU for one case (capo, legacy trainer)
 #   make verl-e2e -> the same for all six cases (capo, grpo_mask, seed_grpo x legacy, V1 trainer; tests/verl_e2e)
 #   make test-isa -> the suite under each instruction set (ATen, MKL, oneDNN: none / AVX2 / AVX-512 where the CPU has
