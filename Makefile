@@ -50,13 +50,14 @@ test:
 	          exit 1; }; \
 	   grep -h '^setup_verl_env: [^a]' runs/setup_verl_env.log; \
 	   $(TEST_THREADS) CALIBRL_VERL_E2E=1 CALIBRL_VERL_E2E_CASES=capo_legacy .venv-verl/bin/python -m pytest \
-	     -p no:cacheprovider \
+	     -p no:cacheprovider --durations=15 \
 	     $(VERL_TESTS) ) > runs/verl_tests.log 2>&1 & verl=$$!; \
 	  if ! $(MAKE) --no-print-directory setup; then touch runs/.setup-done.failed; wait $$verl; exit 1; fi; \
 	  touch runs/.setup-done; \
-	  $(TEST_THREADS) $(BIN)/python -m pytest -n 2 --dist loadfile; suite=$$?; \
+	  $(TEST_THREADS) $(BIN)/python -m pytest -n 2 --dist loadfile --durations=25; suite=$$?; \
 	  if wait $$verl; then echo "verl tests (.venv-verl, runs/verl_tests.log):"; \
 	    grep -E '^(setup_verl_env:|[0-9]+ passed)' runs/verl_tests.log | tail -3; \
+	    sed -n '/slowest 15 durations/,/^$$/p' runs/verl_tests.log; \
 	  else cat runs/verl_tests.log; echo "make test: the verl tests failed (runs/verl_tests.log)"; exit 1; fi; \
 	  exit $$suite
 

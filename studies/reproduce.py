@@ -37,6 +37,9 @@ Each study with committed data is rebuilt by the same code that wrote it, from i
   samples) -> ``abstention_testbed.md`` and ``abstention_testbed.png``, written whole
   (``studies/abstention_testbed.py``: which training comes closest to the optimal "I don't know" on
   ``testbed/abstain``);
+- ``warm_realmodel``: the folder ``warm_realmodel/`` (the warm start's adapter record, its ``calibrl generate``
+  samples before RL and of the validation pilot, one record per RL run) -> ``warm_realmodel.md``, written whole
+  (``studies/warm_realmodel.py``);
 - ``abstention_recipe``: the folder ``abstention_recipe/`` (the shipped recipe ``smollm2_cpu_ternary`` run at its own
   length: its held-out evaluations, training log and run record) -> ``abstention_recipe.md``, written whole
   (``studies/abstention_recipe.py``).
@@ -211,6 +214,10 @@ def rebuild_abstention_realmodel(scratch: Path) -> Rebuilt:
     return Rebuilt({"abstention_realmodel.md": _script("abstention_realmodel").rebuild()}, {})
 
 
+def rebuild_warm_realmodel(scratch: Path) -> Rebuilt:
+    return Rebuilt({"warm_realmodel.md": _script("warm_realmodel").rebuild()}, {})
+
+
 def rebuild_deepconf_realmodel(scratch: Path) -> Rebuilt:
     return Rebuilt({"deepconf_realmodel.md": _script("deepconf_realmodel").rebuild()}, {})
 
@@ -263,6 +270,9 @@ DATA_FILES: dict[str, tuple[str, str, str]] = {
     "abstention_testbed": ("abstention_testbed", "abstention_testbed.md",
                            "python -m studies.abstention_testbed run --workers 2 (25 runs of 400 steps, about 2.5 "
                            "minutes each two at a time on 2 cores; docs/protocols/abstention_testbed.md)"),
+    "warm_realmodel": ("warm_realmodel", "warm_realmodel.md",
+                       "python -m calibrl.testbed.warm_real, the calibrl generate command and the --run commands of "
+                       "studies/warm_realmodel.py (docs/protocols/warm_realmodel.md)"),
     "abstention_recipe": ("abstention_recipe", "abstention_recipe.md",
                           "python -m studies.abstention_recipe run (calibrl train smollm2_cpu_ternary, 24 steps, "
                           "about 20-45 minutes on 2 cores)"),
@@ -300,12 +310,13 @@ STUDIES: dict[str, Callable[[Path], Rebuilt]] = {
     "realmodel": rebuild_realmodel, "deepconf_realmodel": rebuild_deepconf_realmodel,
     "newer_methods": rebuild_newer_methods, "abstention_realmodel": rebuild_abstention_realmodel,
     "abstention_testbed": rebuild_abstention_testbed, "abstention_recipe": rebuild_abstention_recipe,
+    "warm_realmodel": rebuild_warm_realmodel,
 }
 
 
 # documents written whole by their script (no hand-written text): every line is checked, not only the tables
 WHOLE_PAGES = {"realmodel_powered.md", "deepconf_realmodel.md", "newer_methods.md", "abstention_realmodel.md",
-               "abstention_testbed.md", "abstention_recipe.md"}
+               "abstention_testbed.md", "abstention_recipe.md", "warm_realmodel.md"}
 
 
 def missing_rows(rebuilt: Rebuilt) -> dict[str, list[str]]:

@@ -182,6 +182,23 @@ def test_a_confidence_outside_zero_one_names_the_sample(tmp_path):
         confidence_scorer(match(), confidence="perplexity")
 
 
+def test_a_null_ranking_score_ranks_by_the_confidence():
+    """A user's scorer may write ``calibrl_score: None``: the figures then rank by the confidence, as when the key
+    is absent (hand-checked AUROC: the two right samples above the two wrong ones but one tie, 3.5 / 4)."""
+    from inspect_ai.scorer import SampleScore, Score
+
+    from calibrl.inspect import auroc
+
+    conf, right = [0.9, 0.6, 0.6, 0.2], [1, 1, 0, 0]
+
+    def scores(with_key: bool) -> list:
+        return [SampleScore(score=Score(value=y, metadata={CONFIDENCE_KEY: c, **({SCORE_KEY: None} if with_key
+                                                                                   else {})}), sample_id=i)
+                for i, (c, y) in enumerate(zip(conf, right))]
+
+    assert auroc()(scores(True)) == auroc()(scores(False)) == pytest.approx(3.5 / 4)
+
+
 def test_inspect_score_rescoring_a_log_by_name_on_its_command_line(tmp_path):
     """The entry point: in a fresh process Inspect resolves calibrl/confidence_scorer and calibrl/<figure> by
     name; ``inspect score`` rescoring a log of plain match() gives the figures of the run scored in process."""

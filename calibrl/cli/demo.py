@@ -27,8 +27,9 @@ def demo_command(
     ),
     model: Optional[str] = typer.Option(
         None, "--model",
-        help="A real model instead of the tiny one: builtin:smollm2-135m-instruct or a .gguf / Hugging Face folder. "
-             "Evaluates it on held-out multiple-choice prompts, trains a few LoRA steps (--steps, default 6; "
+        help="A real model instead of the tiny one: builtin:smollm2-135m-instruct, builtin:smollm2-135m-warm or a "
+             ".gguf / Hugging Face folder. Evaluates it on held-out prompts (arithmetic for the warm model, the task "
+             "it was warm-started on; multiple choice for any other), trains a few LoRA steps (--steps, default 6; "
              "--quick: 2) and evaluates again; about 4 minutes on 2 cores for the built-in model with --quick (README).",
     ),
     dtype: Optional[str] = typer.Option(

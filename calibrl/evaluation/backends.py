@@ -455,8 +455,9 @@ def _load_hf(config: GenerateConfig):
     if config.model.startswith("builtin:"):
         kind = config.model.split(":", 1)[1]
         if kind != "tiny":
-            raise GenerateError(f"unknown builtin model {config.model!r} (builtin:tiny or "
-                                "builtin:smollm2-135m-instruct)")
+            from calibrl.models import known_builtins
+
+            raise GenerateError(f"unknown builtin model {config.model!r} ({', '.join(known_builtins())})")
         from calibrl.models import TinyModelConfig, build_tiny_model
 
         # RoPE has no learned positions: a longer context costs nothing and real prompts fit
@@ -479,7 +480,7 @@ def open_backend(config: GenerateConfig, *, model=None, tokenizer=None, classes:
 
     vLLM when ``config.backend`` says so, or on ``auto`` when vLLM is usable, no model was passed in and the model
     is not a builtin; else transformers, with ``model`` / ``tokenizer`` when given (loaded from ``config.model``
-    otherwise). A GGUF file or ``builtin:smollm2-135m-instruct`` is loaded from its converted folder
+    otherwise). A GGUF file or a GGUF-backed or warm builtin (``builtin:smollm2-135m-instruct``, ``-warm``) is loaded from its converted folder
     (:func:`calibrl.models.resolve_model`); the run keeps the name it was given. A config without
     ``max_new_tokens`` gets the budget :func:`calibrl.evaluation.generate.generate` would give it.
     """

@@ -113,7 +113,8 @@ def _arrays(scores: list[SampleScore]) -> tuple[list[float], list[float], list[b
             missing.append(str(item.sample_id))
             continue
         conf.append(float(value))
-        rank.append(float(meta.get(SCORE_KEY, value)))
+        score = meta.get(SCORE_KEY)  # absent or null (a scorer of the user's own): the confidence itself
+        rank.append(float(value if score is None else score))
         right.append(_to_float(item.score.value) == 1.0)
         prompt.append(prompts.setdefault(item.sample_id, len(prompts)))
         from_logprobs.append(meta.get(SOURCE_KEY) == "logprob_mean")

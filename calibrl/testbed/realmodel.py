@@ -34,6 +34,11 @@ REAL_MODEL_METHODS: dict[str, dict] = {
     "grpo_decision": {"advantage_estimator": "grpo", "decision_classes": ["A", "B", "C", "D"],
                       "decision_loss_coef": 1.0, "decision_zero_advantage": True},
 }
+# dataset -> (template, reward): the reward grades both the training completions and the held-out evaluations
+REAL_MODEL_TASKS: dict[str, tuple[str, str]] = {
+    "multiple_choice": ("chat-direct", "decision"),
+    "arithmetic": ("chat", "number"),
+}
 REAL_MODEL_LABELS = {"grpo": "GRPO", "capo": "CAPO (tau 0.6)", "capo_mask": "CAPO + frozen mask (tau 0.6)",
                      "grpo_decision": "GRPO + decision CE (lambda 1)"}
 
@@ -44,6 +49,9 @@ class RealModelRunConfig:
 
     model: str = BUILTIN_REAL_MODEL
     method: str = "grpo"  # a key of REAL_MODEL_METHODS
+    # the task (a key of REAL_MODEL_TASKS): multiple_choice (chat-direct, graded by letter) or arithmetic (chat,
+    # graded by the number; what builtin:smollm2-135m-warm was warm-started on)
+    dataset: str = "multiple_choice"
     steps: int = 24
     prompts_per_step: int = 4
     num_generations: int = 8
@@ -72,6 +80,11 @@ class RealModelRunConfig:
             raise ValueError("eval_split: the held-out prompts cannot come from the training split")
         if self.method not in REAL_MODEL_METHODS:
             raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(REAL_MODEL_METHODS)}")
+        if self.dataset not in REAL_MODEL_TASKS:
+            raise ValueError(f"unknown dataset {self.dataset!r}; choose from {', '.join(REAL_MODEL_TASKS)}")
+        if "decision_classes" in REAL_MODEL_METHODS[self.method] and self.dataset != "multiple_choice":
+            raise ValueError(f"method {self.method!r} needs a decision token: dataset multiple_choice, not "
+                             f"{self.dataset!r}")
         check_dtype(self.dtype)
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', not {self.device!r}")
@@ -119,10 +132,11 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = _resume_point(config, out) if checkpoints else None
-    loader = get_dataset_loader("multiple_choice")
+    loader = get_dataset_loader(config.dataset)
+    template, reward = REAL_MODEL_TASKS[config.dataset]
     levels = tuple(config.levels)
-    train = loader("train", size=config.train_prompts, seed=0, levels=levels, template="chat-direct")
-    heldout = loader(config.eval_split, size=config.eval_prompts, seed=0, levels=levels, template="chat-direct")
+    train = loader("train", size=config.train_prompts, seed=0, levels=levels, template=template)
+    heldout = loader(config.eval_split, size=config.eval_prompts, seed=0, levels=levels, template=template)
     args = CalibratedGRPOConfig(
         output_dir=str(out), per_device_train_batch_size=config.prompts_per_step * config.num_generations,
         num_generations=config.num_generations, max_completion_length=config.max_completion_length,
@@ -131,7 +145,7 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
         # checkpoints after each evaluation (the callback runs before the save of its step), the newest kept
         **({"save_strategy": "steps", "save_steps": config.eval_every, "save_total_limit": 1} if checkpoints else
            {"save_strategy": "no"}),
-        disable_tqdm=True, bf16=False, gradient_checkpointing=True, correctness_reward="decision",
+        disable_tqdm=True, bf16=False, gradient_checkpointing=True, correctness_reward=reward,
         **{**REAL_MODEL_METHODS[config.method], **config.extra,
            # the base weights in config.dtype; peft keeps the LoRA adapters (and so AdamW's state) in float32
            "model_init_kwargs": {**config.extra.get("model_init_kwargs", {}), "dtype": config.dtype}})
@@ -151,7 +165,7 @@ def train_real_model(config: RealModelRunConfig, out: str | Path, *,
     quiet = quiet_transformers_bars if on_log is not None else contextlib.nullcontext
     with quiet():
         trainer = CalibratedGRPOTrainer(
-            model=config.model, reward_funcs=get_reward("decision"), args=args, train_dataset=train,
+            model=config.model, reward_funcs=get_reward(reward), args=args, train_dataset=train,
             callbacks=callbacks,
             peft_config=LoraConfig(r=config.lora_r, lora_alpha=2 * config.lora_r,
                                    target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"))
@@ -419,22 +433,36 @@ TRAJECTORIES_CAPTION = (
     "bars are 95% intervals, so a move that stays inside them is noise.*")
 
 
+def demo_dataset(model: str) -> str:
+    """The task ``calibrl demo --model`` runs for ``model``: ``arithmetic`` for a warm built-in model (what it was
+    warm-started on), ``multiple_choice`` for any other."""
+    from calibrl.models import WARM_MODELS
+
+    return "arithmetic" if str(model).removeprefix("builtin:") in WARM_MODELS else "multiple_choice"
+
+
+_TASK_WORDS = {"multiple_choice": "`multiple_choice` (levels {levels}, letter answers, chat template)",
+               "arithmetic": "`arithmetic` (levels {levels}, number answers, chat template)"}
+
+
 def run_real_model_demo(out: str | Path, *, model: str = BUILTIN_REAL_MODEL, method: str = "grpo", steps: int = 6,
-                        eval_prompts: int = 32, eval_k: int = 4, dtype: str = "float32",
+                        eval_prompts: int = 32, eval_k: int = 4, dtype: str = "float32", dataset: str | None = None,
                         print_fn: Callable[[str], None] = print) -> Path:
-    """``calibrl demo --model``: the model's calibration on held-out multiple-choice prompts, a short LoRA run of
-    ``method`` with a line per step, the same evaluation after it; writes ``report.md`` and ``trajectories.png``
-    into ``out`` and returns the report's path. ``dtype``: the base weights' (``bfloat16``: steps 1.3-1.8x faster on a
-    CPU with AVX512-BF16, docs/realmodel.md)."""
+    """``calibrl demo --model``: the model's calibration on held-out prompts of ``dataset`` (default
+    :func:`demo_dataset`), a short LoRA run of ``method`` with a line per step, the same evaluation after it; writes
+    ``report.md`` and ``trajectories.png`` into ``out`` and returns the report's path. ``dtype``: the base weights'
+    (``bfloat16``: steps 1.3-1.8x faster on a CPU with AVX512-BF16, docs/realmodel.md)."""
     from calibrl.models import check_dtype, resolve_model
 
     check_dtype(dtype)  # before the model resolves: a bad name leaves nothing behind
+    dataset = dataset or demo_dataset(model)
+    levels = (1, 2, 3, 4) if dataset == "arithmetic" else RealModelRunConfig.levels
     start = time.perf_counter()
     path = resolve_model(model)  # converts a GGUF file once (with progress), then reuses the cached folder
     out = Path(out)  # created only once the model resolves: a bad name leaves nothing behind
     out.mkdir(parents=True, exist_ok=True)
     config = RealModelRunConfig(model=path, method=method, steps=steps, eval_prompts=eval_prompts, eval_k=eval_k,
-                                eval_every=max(1, steps), dtype=dtype)
+                                eval_every=max(1, steps), dtype=dtype, dataset=dataset, levels=levels)
     step_times: list[float] = []
     # the callback evaluates a step before TRL logs that step's training line: its line waits for the step's
     held: dict[int, str] = {}
@@ -473,7 +501,8 @@ def run_real_model_demo(out: str | Path, *, model: str = BUILTIN_REAL_MODEL, met
     label = REAL_MODEL_LABELS[method]
     runs = {label: result["records"]}
     figure = plot_runs(runs, out / "trajectories.png",
-                       title=f"{model}: multiple-choice (held-out {eval_prompts} prompts x {eval_k} samples)")
+                       title=f"{model}: {dataset.replace('_', '-')} (held-out {eval_prompts} prompts x {eval_k} "
+                             "samples)")
     train_rows = ["| step | reward | rollout AUROC | entropy | loss |", "|---:|---:|---:|---:|---:|"]
     for log in result["log_history"]:
         if "reward" in log:
@@ -486,8 +515,8 @@ def run_real_model_demo(out: str | Path, *, model: str = BUILTIN_REAL_MODEL, met
         f"Setup: `{model}`{'' if dtype == 'float32' else f' (weights in {dtype})'} with LoRA r {config.lora_r} on "
         f"the attention projections, {REAL_MODEL_LABELS[method]}, "
         f"{steps} steps of {config.prompts_per_step} prompts x {config.num_generations} completions (at most "
-        f"{config.max_completion_length} tokens, T = 1, lr {config.learning_rate:g}, beta 0) on `multiple_choice` "
-        f"(levels {', '.join(map(str, config.levels))}, letter answers, chat template). Held-out evaluation before "
+        f"{config.max_completion_length} tokens, T = 1, lr {config.learning_rate:g}, beta 0) on "
+        f"{_TASK_WORDS[dataset].format(levels=', '.join(map(str, config.levels)))}. Held-out evaluation before "
         f"and after: {eval_prompts} validation prompts x {eval_k} samples, the same sampling seed both times. "
         "Confidence = exp(mean token log-prob) of the completion. ↑: higher is better, ↓: lower is better.", "",
         "## What this run shows", "", *[f"- {x}" for x in demo_sentences(result["records"], label=label,

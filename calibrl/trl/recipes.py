@@ -159,11 +159,10 @@ def unknown_key_error(key: str, section: str, valid, source: str) -> RecipeError
 def _check_builtin(name: Any, source: str) -> None:
     """A ``builtin:`` model name must be one calibrl knows (checked here, before anything loads; the GGUF-backed
     ones are converted by :func:`calibrl.models.resolve_model` when the trainer is built)."""
-    from calibrl.models import BUILTIN_MODELS
+    from calibrl.models import is_builtin, known_builtins
 
-    if isinstance(name, str) and name.startswith("builtin:") and name != TINY \
-            and name.split(":", 1)[1] not in BUILTIN_MODELS:
-        known = ", ".join([TINY, *(f"builtin:{k}" for k in BUILTIN_MODELS)])
+    if isinstance(name, str) and name.startswith("builtin:") and name != TINY and not is_builtin(name):
+        known = ", ".join(known_builtins())
         raise RecipeError(f"{source}: model.name_or_path: unknown builtin model {name!r}; known: {known}")
 
 

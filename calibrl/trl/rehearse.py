@@ -311,9 +311,9 @@ def model_config(name: str) -> tuple[dict[str, Any], str]:
     """(config fields, where they came from) of model ``name``, read without a download: a config cached under
     ``HF_HOME`` (or a local folder), else :data:`ARCHITECTURES`, else the built-in model's converted folder.
     A model none of these knows is a :class:`RecipeError` listing the known names."""
-    from calibrl.models import BUILTIN_MODELS, resolve_model
+    from calibrl.models import is_builtin, known_builtins, resolve_model
 
-    if name.startswith("builtin:") and name.split(":", 1)[1] in BUILTIN_MODELS:
+    if is_builtin(name):
         folder = Path(resolve_model(name, quiet=True))
         return json.loads((folder / "config.json").read_text()), f"{name}'s config"
     local = Path(name).expanduser()
@@ -329,7 +329,7 @@ def model_config(name: str) -> tuple[dict[str, Any], str]:
         return json.loads(Path(cached).read_text()), f"cached {name} config"
     if name in ARCHITECTURES:
         return dict(ARCHITECTURES[name]), "calibrl's table of the shipped recipes' models: no cached config"
-    known = ", ".join([*ARCHITECTURES, *(f"builtin:{k}" for k in BUILTIN_MODELS)])
+    known = ", ".join([*ARCHITECTURES, *known_builtins()[1:]])
     raise RecipeError(f"model.name_or_path: {name!r} has no cached config (HF_HOME) and is not one calibrl knows "
                       f"({known}); download its config.json once or point name_or_path at a local folder")
 
