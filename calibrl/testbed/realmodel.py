@@ -3,7 +3,9 @@
 Behind ``calibrl demo --model builtin:smollm2-135m-instruct`` (one method, a few steps: the untrained model's
 calibration, then what a short run does to it) and ``studies/realmodel_study.py`` (four methods, equal budgets).
 
-Task ``multiple_choice`` (:mod:`calibrl.tasks.synthetic`: four lettered options about an arithmetic expression,
+Task (``RealModelRunConfig.dataset``, :data:`REAL_MODEL_TASKS`): ``arithmetic`` (chat template, graded by the
+number: what ``builtin:smollm2-135m-warm`` was warm-started on) or, by default, ``multiple_choice``
+(:mod:`calibrl.tasks.synthetic`: four lettered options about an arithmetic expression,
 ``chat-direct`` template, the model answers with the letter), levels 1-2 by default (learnable items and items the
 untrained model gets wrong), reward ``decision`` (1 iff the last option letter of the completion is right). Chosen
 for the CPU: completions are a few tokens, and every method applies (the decision-token term needs a class
