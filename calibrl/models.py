@@ -135,39 +135,41 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path) -> Path:
     return Path(out_dir)
 
 
-def _resolve_gguf(gguf_file: Path, *, quiet: bool) -> str:
-    """The cached converted folder of ``gguf_file``, converting it first when absent. The folder is written under a
+def _cached_folder(target: Path, build, *, what: str, quiet: bool) -> str:
+    """``target``, a cache entry folder, built first by ``build(folder)`` when absent. The folder is written under a
     temporary name in the same directory and renamed into place, so a crash or a concurrent run never leaves a
-    half-written model where a later run would load it; and the conversion holds a lock file beside it, so runs
-    started together on a fresh machine convert once (the others wait, about 50 s for the built-in model, and
-    find the folder) rather than each converting."""
+    half-built model where a later run would load it; and the build holds a lock file beside it, so runs started
+    together on a fresh machine build once (the others wait, and find the folder) rather than each building.
+    ``what`` says what is built, in the once-only message."""
     from calibrl._files import cache_entry_lock
 
-    target = converted_path(gguf_file)
     if target.is_dir():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     with cache_entry_lock(target):
-        if target.is_dir():  # converted by the run that held the lock
+        if target.is_dir():  # built by the run that held the lock
             return str(target)
-        return _convert_into(gguf_file, target, quiet=quiet)
-
-
-def _convert_into(gguf_file: Path, target: Path, *, quiet: bool) -> str:
-    _say(f"converting {gguf_file} to a Hugging Face folder (once; cached in {target})", quiet=quiet)
-    start = time.perf_counter()
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        convert_gguf(gguf_file, staging / "model")
+        _say(f"{what} (once; cached in {target})", quiet=quiet)
+        start = time.perf_counter()
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
-            os.rename(staging / "model", target)
-        except OSError:
-            if not target.is_dir():  # not a concurrent conversion that finished first: a real failure
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    _say(f"converted in {time.perf_counter() - start:.1f} s", quiet=quiet)
+            build(staging / "model")
+            try:
+                os.rename(staging / "model", target)
+            except OSError:
+                if not target.is_dir():  # not a concurrent build that finished first: a real failure
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        _say(f"done in {time.perf_counter() - start:.1f} s", quiet=quiet)
     return str(target)
+
+
+def _resolve_gguf(gguf_file: Path, *, quiet: bool) -> str:
+    """The cached converted folder of ``gguf_file``, converting it first when absent (:func:`_cached_folder`: the
+    others wait about 50 s for the built-in model)."""
+    return _cached_folder(converted_path(gguf_file), lambda folder: convert_gguf(gguf_file, folder),
+                          what=f"converting {gguf_file} to a Hugging Face folder", quiet=quiet)
 
 
 def hub_problem(name: str, *, cache_dir: str | None = None, revision: str | None = None) -> str | None:
@@ -246,31 +248,11 @@ def merge_adapter(base_folder: str | Path, adapter_folder: str | Path, out_dir: 
 
 
 def _resolve_warm(name: str, *, quiet: bool) -> str:
-    """The cached merged folder of warm model ``name``, merging it first when absent (written under a temporary
-    name and renamed, under the entry's lock, as :func:`_resolve_gguf`)."""
-    from calibrl._files import cache_entry_lock
-
+    """The cached merged folder of warm model ``name``, merging it first when absent (:func:`_cached_folder`)."""
     short = name[len(_BUILTIN_PREFIX):]
     base = _resolve_gguf(builtin_model_path(WARM_MODELS[short][0]), quiet=quiet)
-    target = warm_path(short)
-    if target.is_dir():
-        return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with cache_entry_lock(target):
-        if target.is_dir():
-            return str(target)
-        _say(f"merging the {name} adapter into {WARM_MODELS[short][0]} (once; cached in {target})", quiet=quiet)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
-            merge_adapter(base, warm_adapter_path(short), staging / "model")
-            try:
-                os.rename(staging / "model", target)
-            except OSError:
-                if not target.is_dir():
-                    raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return str(target)
+    return _cached_folder(warm_path(short), lambda folder: merge_adapter(base, warm_adapter_path(short), folder),
+                          what=f"merging the {name} adapter into {WARM_MODELS[short][0]}", quiet=quiet)
 
 
 def resolve_model(name_or_path: str, *, quiet: bool = False) -> str:
