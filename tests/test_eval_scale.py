@@ -222,9 +222,15 @@ def test_rpc_scaling_curve_fits_only_undecided_prompts_and_equals_the_full_compu
     real_mask = P.rpc_keep_mask
     monkeypatch.setattr(P, "rpc_keep_mask", lambda p, l, **kw: fitted.append(len(np.unique(p))) or real_mask(p, l))
     fast = scaling.scaling_curve("rpc", ans, ans == 0, pid, logprob_mean=lpm, n_draws=3)
-    assert fitted[-1] == groups and all(n < groups for n in fitted[:-1])  # only the full group fits them all
+    assert fitted and all(n < groups for n in fitted)  # the full group too fits only the undecided prompts
+    # and its accuracy is the full fit's: RPC of every path, all prompts fitted
+    P._KEEP_CACHE.clear()
+    whole = P.rpc(ans, ans == 0, pid, logprob_mean=lpm)
+    assert fast.accuracy[-1] == whole.accuracy
+    assert P.rpc(ans, ans == 0, pid, logprob_mean=lpm, accuracy_only=True).accuracy == whole.accuracy
     monkeypatch.setattr(P, "_pruning_cannot_change_winner", lambda w, pr, a, p, n: np.zeros(n, dtype=bool))
     P._KEEP_CACHE.clear()
     full = scaling.scaling_curve("rpc", ans, ans == 0, pid, logprob_mean=lpm, n_draws=3)
     np.testing.assert_array_equal(fast.accuracy, full.accuracy)
     np.testing.assert_array_equal(fast.std, full.std)
+

@@ -60,13 +60,29 @@ def test_auroc_one_class_is_nan_and_inputs():
         M.auroc([0.1, float("nan")], [0, 1])
 
 
-def test_roc_curve_is_sklearn():
-    conf, correct, _ = _random_data(3)
-    fpr, tpr, thr = M.roc_curve(conf, correct)
-    efpr, etpr, ethr = sk_roc_curve(correct, conf)
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("drop", [True, False])
+def test_roc_curve_is_sklearn(seed, drop):
+    conf, correct, _ = _random_data(seed, ties=bool(seed % 2))
+    if seed == 2:  # integer-valued scores with long runs of ties, and collinear stretches for drop_intermediate
+        conf = np.floor(conf * 4) - 7.0
+    fpr, tpr, thr = M.roc_curve(conf, correct, drop_intermediate=drop)
+    efpr, etpr, ethr = sk_roc_curve(correct, conf, drop_intermediate=drop)
     np.testing.assert_array_equal(fpr, efpr)
     np.testing.assert_array_equal(tpr, etpr)
     np.testing.assert_array_equal(thr, ethr)
+    assert thr.dtype == ethr.dtype
+
+
+def test_roc_curve_by_hand_and_with_one_class():
+    # scores 3, 2, 2, 1 with outcomes right, right, wrong, wrong: (0, 0) at +inf, (0, 1/2) at 3, (1/2, 1) at 2,
+    # (1, 1) at 1; no point is collinear with its neighbours
+    fpr, tpr, thr = M.roc_curve([3, 2, 2, 1], [1, 1, 0, 0])
+    np.testing.assert_array_equal(fpr, [0, 0, 0.5, 1])
+    np.testing.assert_array_equal(tpr, [0, 0.5, 1, 1])
+    np.testing.assert_array_equal(thr, [np.inf, 3, 2, 1])
+    fpr, tpr, _ = M.roc_curve([0.3, 0.2], [1, 1])  # no wrong sample: fpr undefined (sklearn warns, gives nan)
+    assert np.isnan(fpr).all() and tpr[-1] == 1.0
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -85,3 +85,18 @@ def test_smooth_ece_replicates_equal_gathered_rows():
     for r in range(4):
         idx = np.concatenate([np.flatnonzero(group == g) for g in range(n_groups) for _ in range(int(counts[r, g]))])
         assert reps[r] == pytest.approx(M.smooth_ece(f[idx], y[idx]), rel=1e-9)
+
+
+@pytest.mark.parametrize("n", [4, 5, 37, 1001])
+def test_reflected_convolution_by_fft_equals_numpys_direct_one(n):
+    """The FFT is about 2.5n long, shorter than the reflected masses (3n - 2): the n outputs kept must still equal
+    relplot's np.convolve(reflected, kernel, "valid") cut to the grid, nothing cut from them or wrapped onto them."""
+    from calibrl.metrics.smooth import _kernel, _reflected_convolve
+
+    rng = np.random.default_rng(n)
+    mass = rng.random(n)
+    kernel = _kernel(0.4, n)  # wide: the kernel reaches the ends, so a wrap-around would show
+    reflected = np.concatenate([mass[::-1][:-1], mass, mass[::-1][1:]])  # [3n - 2]
+    valid = np.convolve(reflected, kernel, "valid")  # [2n - 1]
+    want = valid[n // 2: n // 2 + n]
+    np.testing.assert_allclose(_reflected_convolve(mass, kernel), want, rtol=1e-12, atol=1e-12 * want.max())

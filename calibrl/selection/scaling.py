@@ -118,9 +118,9 @@ def scaling_curve(
                 completions=text_ids[m],
                 confidence=None if conf is None else conf[m],
                 deepconf_signals=None if signals is None else signals[m],
-                # a random subset's accuracy only: RPC fits only the prompts whose winner pruning could change
-                # (the full group, one draw, reuses the selection's cached fit instead)
-                **({"accuracy_only": True} if method == "rpc" and draws > 1 else {}),
+                # the curve reads the accuracy only: RPC fits only the prompts whose winner pruning could change
+                # (the full group's draw finds the selection's fit made: the same paths)
+                **({"accuracy_only": True} if method == "rpc" else {}),
             )
             accs.append(res.accuracy)
         means.append(float(np.mean(accs)))
