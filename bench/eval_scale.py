@@ -13,7 +13,8 @@ prompt's wrong answers drawn from the same family, so math-verify has distinct s
 three child processes run one after the other on the same file: ``json.loads`` of every line, the stages of
 ``calibrl eval`` timed one by one (reading, then each step the progress display names), and the ``calibrl eval``
 command itself with the defaults (1000 bootstrap resamples, every selection method and its scaling curve, the
-figures). It prints each stage's seconds, the command's seconds and its ratio to ``json.loads``.
+figures). It prints each stage's seconds (and, inside the confidence sources' bootstrap and RPC's stage, each
+source's replicates by figure and each of RPC's fits), the command's seconds and its ratio to ``json.loads``.
 """
 
 from __future__ import annotations
@@ -63,13 +64,60 @@ _JSON = ("import sys, time, json; t = time.perf_counter(); f = open(sys.argv[1],
          "n = sum(1 for line in f if json.loads(line) is not None); print(time.perf_counter() - t)")
 
 
+def _time_inside(times: list[list]) -> None:
+    """Wrap what the two longest stages are made of, so the same run also says where their time goes: each
+    confidence source's PRR + AUROC replicates and smooth-ECE replicates (``inside: <source> <figure>``), and each
+    of RPC's fits (``inside: RPC fit of <P> prompts``), appended to ``times`` as they end."""
+    import calibrl.evaluation.scoring as scoring
+    import calibrl.selection.pruning as pruning
+
+    def timed(label, fn):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            times.append([f"inside: {label(*args)}", time.perf_counter() - start])
+            return out
+        return run
+
+    real_bootstrap, real_fit = scoring.source_bootstrap, pruning._rpc_keep_mask
+
+    def source_bootstrap(arrays, *args, **kwargs):
+        names = {"prr": iter(arrays), "smooth": iter(k for k, v in arrays.items() if v[4])}  # creation order
+        real_prr, real_smooth = scoring.PRRReplicates, scoring.SmoothECEReplicates
+
+        class PRR(real_prr):
+            def __init__(self, *a, **k):
+                super().__init__(*a, **k)
+                name = next(names["prr"])
+                self.with_auroc = timed(lambda c: f"{name} PRR + AUROC", super().with_auroc)
+
+        class Smooth(real_smooth):
+            def __init__(self, *a, **k):
+                super().__init__(*a, **k)
+                self.name = next(names["smooth"])
+
+            def __call__(self, counts):
+                return timed(lambda c: f"{self.name} smooth ECE", super().__call__)(counts)
+
+        scoring.PRRReplicates, scoring.SmoothECEReplicates = PRR, Smooth
+        try:
+            return real_bootstrap(arrays, *args, **kwargs)
+        finally:
+            scoring.PRRReplicates, scoring.SmoothECEReplicates = real_prr, real_smooth
+
+    scoring.source_bootstrap = source_bootstrap
+    pruning._rpc_keep_mask = timed(lambda pidx, *_: f"RPC fit of {int(np.unique(pidx).size):,} prompts", real_fit)
+
+
 def stages_child(path: str) -> None:
-    """Run the stages of ``calibrl eval`` (defaults) on ``path`` and print ``[[stage, seconds], ...]`` as JSON."""
+    """Run the stages of ``calibrl eval`` (defaults) on ``path`` and print ``[[stage, seconds], ...]`` as JSON
+    (what the two longest stages are made of as ``inside: ...`` entries, see :func:`_time_inside`)."""
     from calibrl.evaluation.pipeline import write_eval_report
     from calibrl.evaluation.samples import load_samples
     from calibrl.evaluation.settings import EvalSettings
 
     times: list[list] = []
+    _time_inside(times)
     start = time.perf_counter()
     samples = load_samples(path)
     times.append(["read and validate", time.perf_counter() - start])
@@ -109,7 +157,11 @@ def timing(folder: Path, rows: int, cli: bool, workers: str | None = None) -> No
     _, out = _run([sys.executable, __file__, "--stages-child", str(path)], workers)
     stages = json.loads(out.strip().splitlines()[-1])
     merged: dict[str, float] = {}
+    inside: dict[str, float] = {}
     for name, sec in stages:
+        if name.startswith("inside: "):  # part of a stage, printed below it
+            inside[name[8:]] = inside.get(name[8:], 0.0) + sec
+            continue
         key = name.split(": ", 1)[-1] if ": " in name else name
         if key.startswith("scaling curve '"):  # one step per draw: add them to their method's stage
             key = f"selection {key.split(' ', 2)[2].split(',')[0]} and its scaling curve"
@@ -120,6 +172,9 @@ def timing(folder: Path, rows: int, cli: bool, workers: str | None = None) -> No
         merged[key] = merged.get(key, 0.0) + sec
     for key, sec in merged.items():
         print(f"    {key:55s} {sec:8.1f} s")
+    print("  inside them (the replicates of each source by figure, each of RPC's fits):")
+    for key, sec in inside.items():
+        print(f"      {key:53s} {sec:8.1f} s")
     total = sum(merged.values())
     print(f"  stages in total              {total:8.1f} s  ({total / t_json:.1f}x json.loads)", flush=True)
     if cli:
