@@ -16,7 +16,8 @@ scipy's L-BFGS-B steps (:mod:`calibrl.selection._lbfgsb`): 4-6 ms per prompt for
 per prompt for the per-prompt scipy calls in the same run (``bench/eval_scale.py --agreement``, 2 shared cores
 under heavy load), cheaper per prompt as more prompts share a batch (about 0.25 ms per prompt of 4 paths with
 25,000 prompts); still the slowest selection method. Two things keep it affordable at a million samples: the
-scaling curve's random subsets fit only the prompts whose winner pruning could change (``rpc(accuracy_only=True)``),
+scaling curve and ``calibrl eval``'s selection figure, which read only the accuracy, fit only the prompts whose
+winner pruning could change (``rpc(accuracy_only=True)``),
 and the fits are split by prompts over ``CALIBRL_WORKERS`` processes (default: every core this process may use).
 """
 
@@ -290,9 +291,9 @@ def rpc(answer_ids, correct, prompt_ids, *, logprob_mean=None, completions=None,
         **_: Any) -> SelectionResult:
     """RPC = Reasoning Pruning (Weibull mixture, see :func:`rpc_keep_mask`) + Perplexity Consistency.
 
-    ``accuracy_only`` (the scaling curve's random subsets, which read only the accuracy): the mixture is fitted
-    only for the prompts whose winner pruning could change (:func:`_pruning_cannot_change_winner`); the other
-    prompts' paths are all kept. The accuracy is exactly the full computation's; on the prompts not fitted, the
+    ``accuracy_only`` (the scaling curve's points and ``calibrl eval``'s figure, which read only the accuracy): the
+    mixture is fitted only for the prompts whose winner pruning could change (:func:`_pruning_cannot_change_winner`);
+    the other prompts' paths are all kept. The accuracy is exactly the full computation's; on the prompts not fitted, the
     result's ``confidence`` is PC's without pruning."""
     a, c, p, n, prompts = _prepare(answer_ids, correct, prompt_ids)
     lpm = _need_logprob("rpc", logprob_mean)
