@@ -17,8 +17,8 @@ per prompt for the per-prompt scipy calls in the same run (``bench/eval_scale.py
 under heavy load), cheaper per prompt as more prompts share a batch (about 0.25 ms per prompt of 4 paths with
 25,000 prompts); still the slowest selection method. Two things keep it affordable at a million samples: the
 scaling curve and ``calibrl eval``'s selection figure, which read only the accuracy, fit only the prompts whose
-winner pruning could change (``rpc(accuracy_only=True)``),
-and the fits are split by prompts over ``CALIBRL_WORKERS`` processes (default: every core this process may use).
+winner pruning could change (``rpc(accuracy_only=True)``), and the fits are split by prompts over
+``CALIBRL_WORKERS`` processes (default: every core this process may use).
 """
 
 from __future__ import annotations
