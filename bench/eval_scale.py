@@ -68,8 +68,8 @@ def _time_inside(times: list[list]) -> None:
     """Wrap what the two longest stages are made of, so the same run also says where their time goes: each
     confidence source's PRR + AUROC replicates and smooth-ECE replicates (``inside: <source> <figure>``), and each
     of RPC's fits (``inside: RPC fit of <P> prompts``), appended to ``times`` as they end."""
-    import calibrl.evaluation.scoring as scoring
-    import calibrl.selection.pruning as pruning
+    from calibrl.evaluation import scoring
+    from calibrl.selection import pruning
 
     def timed(label, fn):
         def run(*args, **kwargs):

@@ -249,7 +249,8 @@ class SmoothECEReplicates:
 
     def _kernel_spectrum(self, width: float, n_nodes: int) -> np.ndarray:
         """:func:`_kernel_spectrum` of the kernel of ``width`` on ``n_nodes``, kept for the later replicates (at
-        most 256 kept: 0.6-6 MB on the usual grids)."""
+        most 256 kept: 5 MB on the usual grid of 1,001 nodes, 52 MB at the finest, 10,001, which widths below 0.002
+        alone use)."""
         key = (float(width), n_nodes)
         if key not in self._kernels:
             if len(self._kernels) >= 256:

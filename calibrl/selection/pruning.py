@@ -293,8 +293,8 @@ def rpc(answer_ids, correct, prompt_ids, *, logprob_mean=None, completions=None,
 
     ``accuracy_only`` (the scaling curve's points and ``calibrl eval``'s figure, which read only the accuracy): the
     mixture is fitted only for the prompts whose winner pruning could change (:func:`_pruning_cannot_change_winner`);
-    the other prompts' paths are all kept. The accuracy is exactly the full computation's; on the prompts not fitted, the
-    result's ``confidence`` is PC's without pruning."""
+    the other prompts' paths are all kept. The accuracy is exactly the full computation's; on the prompts not
+    fitted, the result's ``confidence`` is PC's without pruning."""
     a, c, p, n, prompts = _prepare(answer_ids, correct, prompt_ids)
     lpm = _need_logprob("rpc", logprob_mean)
     prob = np.exp(lpm)
