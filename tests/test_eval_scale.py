@@ -179,34 +179,48 @@ def _vote_accuracy(weights, ans, correct, pid):
     return _vote("rpc", weights, ans, correct, pid, prompts.size, prompts).correct  # [P] per prompt
 
 
-def test_prompts_whose_winner_pruning_cannot_change_keep_their_accuracy_under_every_pruning():
-    """Where :func:`_pruning_cannot_change_winner` says so, zeroing ANY set of below-mean paths leaves the
-    vote's accuracy as it is; and it does not say so where some pruning changes the winner."""
+def test_prompts_whose_accuracy_pruning_cannot_change_keep_it_under_every_pruning():
+    """Where :func:`_pruning_cannot_change_accuracy` says so, zeroing ANY set of below-mean paths leaves the
+    vote's accuracy as it is (wrong answers of several clusters, clusters whose paths disagree on correctness,
+    ties); it does not say so where some pruning changes the accuracy; and it says so where pruning can only swap
+    one wrong answer for another, which a test of the winner alone would fit."""
     rng = np.random.default_rng(7)
     groups, k = 400, 6
     pid = np.repeat(np.arange(groups), k)
-    ans = rng.integers(0, 3, pid.size)
-    correct = ans == 0
+    ans = rng.integers(0, 4, pid.size)
+    correct = (ans == 0) ^ (rng.random(pid.size) < 0.05)  # a few clusters whose paths disagree
     prob = np.exp(rng.normal(-1.0, 0.7, pid.size))
     prob[rng.random(pid.size) < 0.1] = 0.3  # ties
     weights = np.where(rng.random(pid.size) < 0.1, 0.0, prob)  # a few duplicates zeroed
-    safe = P._pruning_cannot_change_winner(weights, prob, ans, pid, groups)
+    safe = P._pruning_cannot_change_accuracy(weights, prob, ans, correct, pid, groups)
     assert 0.2 < safe.mean() < 0.95  # both kinds occur
     below = prob < (np.bincount(pid, prob) / k)[pid]
     base = _vote_accuracy(weights, ans, correct, pid)
     changed = np.zeros(groups, dtype=bool)
+    winner_changed = np.zeros(groups, dtype=bool)
+    from calibrl.selection.voting import _vote
+
+    base_answer = _vote("rpc", weights, ans, correct, pid, groups, np.arange(groups)).answer_ids
     for _ in range(60):
         zero = below & (rng.random(pid.size) < rng.uniform(0.2, 1.0))
         acc = _vote_accuracy(np.where(zero, 0.0, weights), ans, correct, pid)
         np.testing.assert_array_equal(acc[safe], base[safe])
         changed |= acc != base
+        answer = _vote("rpc", np.where(zero, 0.0, weights), ans, correct, pid, groups, np.arange(groups)).answer_ids
+        winner_changed |= answer != base_answer
     assert changed[~safe].any()  # the flagged prompts include ones a pruning does change
+    assert (safe & winner_changed).any()  # safe although the winner changes: a wrong answer for another
     # by hand: one prompt, answers A A B with probabilities 0.9, 0.1, 0.5 (mean 0.5): pruning can take A's 0.1
     # (A keeps 0.9 > B's 0.5): safe; with 0.4, 0.1, 0.45 (mean 0.317; A may drop to 0.4 < B's 0.45): not safe
+    # when A is right and B wrong, safe when both are wrong; and not safe when A's two paths disagree (A's
+    # correctness 0.5 against B's 0)
     one = np.zeros(3, dtype=np.int64)
-    for probs, expect in (([0.9, 0.1, 0.5], True), ([0.4, 0.1, 0.45], False)):
+    for probs, right, expect in (([0.9, 0.1, 0.5], [1, 1, 0], True), ([0.4, 0.1, 0.45], [1, 1, 0], False),
+                                 ([0.4, 0.1, 0.45], [0, 0, 0], True), ([0.4, 0.1, 0.45], [1, 0, 0], False),
+                                 ([0.4, 0.1, 0.45], [1, 1, 1], True)):
         probs = np.array(probs)
-        assert P._pruning_cannot_change_winner(probs, probs, np.array([0, 0, 1]), one, 1)[0] == expect
+        got = P._pruning_cannot_change_accuracy(probs, probs, np.array([0, 0, 1]), np.array(right, bool), one, 1)
+        assert got[0] == expect, (probs, right)
 
 
 def test_rpc_scaling_curve_fits_only_undecided_prompts_and_equals_the_full_computation(monkeypatch):
@@ -228,7 +242,7 @@ def test_rpc_scaling_curve_fits_only_undecided_prompts_and_equals_the_full_compu
     whole = P.rpc(ans, ans == 0, pid, logprob_mean=lpm)
     assert fast.accuracy[-1] == whole.accuracy
     assert P.rpc(ans, ans == 0, pid, logprob_mean=lpm, accuracy_only=True).accuracy == whole.accuracy
-    monkeypatch.setattr(P, "_pruning_cannot_change_winner", lambda w, pr, a, p, n: np.zeros(n, dtype=bool))
+    monkeypatch.setattr(P, "_pruning_cannot_change_accuracy", lambda w, pr, a, c, p, n: np.zeros(n, dtype=bool))
     P._KEEP_CACHE.clear()
     full = scaling.scaling_curve("rpc", ans, ans == 0, pid, logprob_mean=lpm, n_draws=3)
     np.testing.assert_array_equal(fast.accuracy, full.accuracy)

@@ -190,10 +190,10 @@ def test_auroc_replicates_from_tie_runs_equal_gathered_rows():
         assert prr[r] == pytest.approx(M.prr(score[idx], y[idx]), rel=1e-9)
 
 
-def test_replicates_of_mixed_ties_equal_gathered_rows_in_both_block_sizes():
-    """Mostly distinct scores with some tied runs (the sorted-run formula's one-sample runs take their accuracy
-    from the sample, tied runs divide), more runs than a block holds (one replicate at a time) and few (many at a
-    time): AUROC exactly, PRR to rounding, for every rejection window."""
+def test_replicates_of_mixed_ties_equal_gathered_rows():
+    """Mostly distinct scores with some tied runs (one-sample runs take their accuracy from the sample, tied runs
+    divide), prompts a replicate leaves out (runs it does not hold), many runs and few: AUROC exactly, PRR to
+    rounding, for every rejection window, a window's start inside a tied run included."""
     from calibrl.metrics.rejection import PRRReplicates
 
     rng = np.random.default_rng(13)
@@ -204,12 +204,33 @@ def test_replicates_of_mixed_ties_equal_gathered_rows_in_both_block_sizes():
         y = rng.random(n) < 1 / (1 + np.exp(-score))
         counts = np.stack([np.bincount(rng.integers(0, n_groups, n_groups), minlength=n_groups)
                            for _ in range(3)]).astype(np.float64)
-        for max_rejection in (1.0, 0.6):
+        assert (counts == 0).any()
+        for max_rejection in (1.0, 0.6, 0.37):
             prr, auc = PRRReplicates(score, y, group, n_groups, max_rejection=max_rejection).with_auroc(counts)
             for r in range(3):
                 idx = np.repeat(np.arange(n), counts[r, group].astype(int))
                 assert auc[r] == M.auroc(score[idx], y[idx])
                 assert prr[r] == pytest.approx(M.prr(score[idx], y[idx], max_rejection=max_rejection), rel=1e-9)
+
+
+def test_replicates_where_the_figures_are_undefined_are_nan_as_the_gathered_rows():
+    """A replicate holding only right samples (one class: AUROC and PRR undefined), one with no rejection level
+    (max_rejection x n < 1), and an all-zero replicate, beside a defined one; and a by-hand value: scores
+    0.9 > 0.5 = 0.5 > 0.1 with correctness 1, 1, 0, 0 (the tie holds one right and one wrong sample): AUROC
+    (1 x 2 + 1 x (1 + 1/2)) / 4 = 0.875."""
+    from calibrl.metrics.rejection import PRRReplicates
+
+    score = np.array([0.9, 0.5, 0.5, 0.1])
+    y = np.array([True, True, False, False])
+    group = np.array([0, 1, 2, 3])
+    counts = np.array([[1, 1, 1, 1], [2, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 0]])
+    prr, auc = PRRReplicates(score, y, group, 4).with_auroc(counts)
+    assert auc[0] == 0.875 == M.auroc(score, y)
+    assert prr[0] == pytest.approx(M.prr(score, y), rel=1e-12)
+    assert np.isnan(auc[1]) and np.isnan(prr[1]) and np.isnan(auc[2]) and np.isnan(prr[2])
+    assert auc[3] == 1.0 and prr[3] == pytest.approx(1.0)  # right above wrong: the oracle's order
+    few, _ = PRRReplicates(score, y, group, 4, max_rejection=0.2).with_auroc(counts[:1])  # 0.2 x 4 < 1 level
+    assert np.isnan(few[0]) and np.isnan(M.prr(score, y, max_rejection=0.2))
 
 
 def test_semantic_entropy_ties_prompts_with_the_same_cluster_sizes_exactly():

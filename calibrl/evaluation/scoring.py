@@ -537,8 +537,8 @@ def _selection_block(samples: Samples, answer_ids: np.ndarray, arrays: _Arrays, 
     sel: dict[str, Any] = {}  # accuracy of each method on all of each prompt's paths
     for method in usable:
         step(f"selection '{method}' and its scaling curve")
-        # only the accuracy is read: RPC then fits only the prompts whose winner its pruning could change (the
-        # same accuracy exactly, :func:`calibrl.selection.pruning.rpc`), 21% of them at 200,000 samples here
+        # only the accuracy is read: RPC then fits only the prompts whose accuracy its pruning could change (the
+        # same accuracy exactly, :func:`calibrl.selection.pruning.rpc`), 14% of them at 200,000 samples here
         only = {"accuracy_only": True} if method == "rpc" else {}
         sel[method] = _f(select(method, answer_ids, samples.correct, pidx, **kwargs, **only).accuracy)
         draws = settings.rpc_draws if method == "rpc" else settings.scaling_draws  # rpc: one fit per prompt per draw

@@ -170,94 +170,49 @@ class PRRReplicates:
     ``confidence``, ``correct``, ``group`` [N] (dense group index), ``n_groups``. Calling it with ``counts`` [b, G]
     (replicate r holds the samples of group g ``counts[r, g]`` times, integer-valued) returns [b], equal to
     :func:`prr` on each replicate's gathered rows up to float rounding (copies of one sample are ties); no replicate
-    is sorted again. A replicate's samples and correct samples per tie run are one sparse product, (per-(run, group)
-    counts [T, G]) @ counts.T; then, with K_t and R_t the samples and correct samples in runs 1 .. t (highest
-    first) and m_t = r_t / w_t the run's accuracy, the area's sum over every level k (``max_rejection`` 1) is
-
-        sum_t (R_t - K_t m_t) (H(K_t) - H(K_{t-1})) + P
-
-    (the module docstring's (C(a) - a m)(H_b - H_a) + m (b - a) with C(a) = R_t - r_t, a = K_t - w_t: the -r_t and
-    +w_t m_t cancel), so a replicate costs the product, two cumulative sums and a few passes over its runs, in
-    integers where it can (counts, K, R). A run of one sample has m_t = its correctness, so only runs of tied
-    samples divide. ``max_rejection`` < 1 goes through :func:`_areas` (the window's start falls inside a run).
-    Replicates go in blocks of at most 2^15 replicate x run entries (256 kB per array), so each pass stays in cache
-    (at 177,000 runs, one replicate at a time was 2.3-2.5x faster than 11 at a time, docs/eval.md).
+    is sorted again. A replicate is one compiled pass over the samples in score order
+    (:func:`calibrl.metrics._replicate_kernel.prr_auroc_replicates`): each tie run's samples and correct samples are
+    its samples' counts summed, then :func:`_areas`' sum for the run, with the running sums K and R in integers.
+    At 200,000 samples in 177,307 tie runs: 1.0-1.3 ms a replicate here, against 3.9 ms for the same sums as some
+    fifteen numpy passes and 19 ms for gathering and sorting each replicate's rows (``bench/eval_bootstrap.py``,
+    ``bench/eval_scale.py``; docs/eval.md).
     """
 
     def __init__(self, confidence: np.ndarray, correct: np.ndarray, group: np.ndarray, n_groups: int, *,
                  max_rejection: float = 1.0):
-        from scipy.sparse import csr_matrix
-
         self.max_rejection = _check_max_rejection(max_rejection)
         s = np.asarray(confidence, dtype=np.float64)
         y = np.asarray(correct, dtype=bool)
+        g = np.asarray(group, dtype=np.int64)
         order, ends = _tie_runs(s)
-        sizes = np.diff(ends, prepend=0)
-        run = np.repeat(np.arange(ends.size), sizes)  # run of each sorted sample
-        g_sorted = np.asarray(group)[order]
-        shape = (ends.size, int(n_groups))
-        # per-(run, group) samples and correct samples: a run's counts in a replicate are one sparse product
-        self.samples = csr_matrix((np.ones(s.size, dtype=np.int64), (run, g_sorted)), shape=shape)  # [T, G]
-        self.right = csr_matrix((y[order].astype(np.int64), (run, g_sorted)), shape=shape)  # [T, G]
-        self.tied = np.flatnonzero(sizes > 1)  # [T'] runs of two or more samples: their accuracy varies
-        self.run_accuracy = y[order][ends - sizes].astype(np.float64)  # [T] m_t of a one-sample run
-        self.group_sizes = np.bincount(group, minlength=n_groups).astype(np.int64)
+        run = np.repeat(np.arange(ends.size, dtype=np.int64), np.diff(ends, prepend=0))  # [N] run of each sorted sample
+        # the (run, prompt) pairs, runs highest first: a prompt's tied samples (one answer cluster's consistency,
+        # say) are summed once per replicate, not once each
+        pair, inverse, size = np.unique(run * n_groups + g[order], return_inverse=True, return_counts=True)
+        self.pair_group = (pair % n_groups).astype(np.int32)  # [E]
+        self.pair_size = size.astype(np.int32)  # [E] samples
+        self.pair_right = np.bincount(inverse.reshape(-1), weights=y[order], minlength=pair.size).astype(np.int32)
+        self.run_start = np.searchsorted(pair // n_groups, np.arange(ends.size + 1)).astype(np.int64)  # [T + 1]
+        self.group_sizes = np.bincount(g, minlength=n_groups).astype(np.int64)  # [G]
+        self.group_right = np.bincount(g, weights=y, minlength=n_groups).astype(np.int64)  # [G]
 
     def __call__(self, counts: np.ndarray) -> np.ndarray:
         return self.with_auroc(counts)[0]
 
-    def _run_counts(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """For ``counts`` [b, G] int64: the samples ``w`` and correct samples ``r`` of each tie run and their
-        cumulative sums ``kept``, ``right`` along the runs, highest first, [b, T] int64 each."""
-        c = np.ascontiguousarray(counts.T)  # [G, b]
-        w, r = np.asarray(self.samples @ c).T, np.asarray(self.right @ c).T
-        return w, r, np.cumsum(w, axis=1), np.cumsum(r, axis=1)
-
     def with_auroc(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(prr [b], auroc [b])`` of the replicates: the pooled AUROC from the same per-run counts, the
-        Mann-Whitney count sum_t r_t (wrong samples in lower runs + (w_t - r_t) / 2) = P W - sum_t r_t (K_t - R_t)
-        + sum_t r_t (w_t - r_t) / 2 over P right x W wrong, in int64 (:func:`calibrl.metrics.auroc` of the gathered
-        rows exactly)."""
-        counts = np.rint(np.asarray(counts, dtype=np.float64)).astype(np.int64)
-        harmonic = _harmonic(int((counts @ self.group_sizes).max(initial=0)))
-        prr_out, auroc_out = np.empty(len(counts)), np.empty(len(counts))
-        step = max(1, _REPLICATE_BLOCK // max(1, self.samples.shape[0]))
-        for a in range(0, len(counts), step):
-            w, r, kept, right = self._run_counts(counts[a:a + step])  # [b, T]
-            n, p = kept[:, -1], right[:, -1]
-            wrong_total = n - p
-            twice_u = 2 * p * wrong_total - 2 * _rowdot(r, kept - right) + _rowdot(r, w) - _rowdot(r, r)
-            den = p * wrong_total
-            with np.errstate(invalid="ignore", divide="ignore"):
-                auroc_out[a:a + step] = np.where(den > 0, (twice_u / 2.0) / np.where(den > 0, den, 1), np.nan)
-            if self.max_rejection < 1.0:
-                prr_out[a:a + step] = _areas(w.astype(np.float64), r.astype(np.float64), self.max_rejection,
-                                             _table_lookup(harmonic), kept=kept.astype(np.float64),
-                                             right=right.astype(np.float64))
-                continue
-            m = np.broadcast_to(self.run_accuracy, w.shape)
-            if self.tied.size:  # a tied run's accuracy in this replicate (0 for a run it does not hold)
-                m = m.copy()
-                wt, rt = w[:, self.tied], r[:, self.tied]
-                m[:, self.tied] = rt / np.where(wt > 0, wt, 1)
-            h_kept = harmonic[kept]
-            h_gap = np.diff(h_kept, axis=1, prepend=0.0)  # H(K_t) - H(K_{t-1}), K_0 = 0
-            area = (_rowdot(right - kept * m, h_gap) + p) / np.maximum(n, 1)
-            oracle = (p + p * (harmonic[n] - harmonic[p])) / np.maximum(n, 1)  # min(k, P) / k summed over k
-            random = p / np.maximum(n, 1)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                out = (area - random) / (oracle - random)
-            out[(oracle - random <= 0) | (n < 1)] = np.nan
-            prr_out[a:a + step] = out
-        return prr_out, auroc_out
+        Mann-Whitney count in int64 (:func:`calibrl.metrics.auroc` of the gathered rows exactly)."""
+        from calibrl.metrics._replicate_kernel import prr_auroc_replicates
 
-
-_REPLICATE_BLOCK = 1 << 15  # replicate x tie-run entries per block of PRRReplicates (256 kB per int64 array)
-
-
-def _rowdot(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """sum_j x[i, j] y[i, j] per row i, [b] (one pass, no product array kept)."""
-    return np.einsum("ij,ij->i", x, y)
+        counts = np.rint(np.asarray(counts, dtype=np.float64))
+        if counts.size and not (0 <= counts.min() and counts.max() < 2 ** 31):
+            raise ValueError(f"counts must be whole numbers in [0, 2^31), got {counts.min()} .. {counts.max()}")
+        counts = np.ascontiguousarray(counts.astype(np.int32))
+        if counts.ndim != 2 or counts.shape[1] != self.group_sizes.size:
+            raise ValueError(f"counts must be [replicates, {self.group_sizes.size}], got {counts.shape}")
+        harmonic = _harmonic(int((counts.astype(np.int64) @ self.group_sizes).max(initial=0)))
+        return prr_auroc_replicates(counts, self.run_start, self.pair_group, self.pair_size, self.pair_right,
+                                    self.group_sizes, self.group_right, harmonic, self.max_rejection)
 
 
 def prr_replicates(confidence: np.ndarray, correct: np.ndarray, group: np.ndarray, counts: np.ndarray, *,

@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+from numba import njit
 
 __all__ = ["minimize_lbfgsb_batch"]
 
@@ -54,41 +55,47 @@ def _bfgs_matrix(theta, S, Y, SY, col, head, rows):
 
     theta [A]; S / Y [n, m, P] and SY [m, P] (the stored s'y) hold the pairs of all P problems in ring buffers:
     problem r's ``col[r]`` pairs sit in slots (head[r] - col[r] + j) mod m, j = 0 (oldest) .. col[r] - 1; col /
-    head [P]. Returns [A, n, n]. Pair j: B <- B - (B s)(B s)' / (s' B s) + y y' / (s'y). Worked with the problems
-    on the last axis ([n, n, A] blocks of at most ``_BLOCK`` problems), so every step is an elementwise pass over
-    contiguous rows.
+    head [P]. Returns [A, n, n]. Pair j: B <- B - (B s)(B s)' / (s' B s) + y y' / (s'y), each sum taken in index
+    order. A compiled loop over the problems (:func:`_bfgs_matrix_into`): some 500 multiply-adds per problem, which
+    as numpy passes over [n, n, problems] blocks cost more in the passes than in the arithmetic (about a third of
+    a fit's time, docs/eval.md).
     """
-    n, m, _ = S.shape
-    a = rows.size
-    out = np.empty((a, n, n))
-    pairs = int(col[rows].max(initial=0))
-    for lo in range(0, a, _BLOCK):
-        r = rows[lo:lo + _BLOCK]
-        c = col[r]
-        slots = (head[r] - c + np.arange(pairs)[:, None]) % m  # [pairs, b] the slot of each problem's j-th pair
-        St, Yt, SYt = S[:, slots, r], Y[:, slots, r], SY[slots, r]  # [n, pairs, b], [pairs, b]
-        B = np.zeros((n, n, r.size))
-        for i in range(n):
-            B[i, i] = theta[lo:lo + _BLOCK]
-        tmp = np.empty_like(B)
-        bs = np.empty((n, r.size))
-        for j in range(pairs):
-            on = c > j  # problems holding a j-th pair
-            s, y = St[:, j], Yt[:, j]  # [n, b]
-            np.multiply(B, s[None], out=tmp)
-            tmp.sum(axis=1, out=bs)  # B s: B is symmetric
-            with np.errstate(divide="ignore", invalid="ignore"):
-                cs = np.where(on, 1.0 / (s * bs).sum(axis=0), 0.0)
-                cy = np.where(on, 1.0 / SYt[j], 0.0)
-            np.multiply((bs * cs)[:, None], bs[None], out=tmp)
-            B -= tmp
-            np.multiply((y * cy)[:, None], y[None], out=tmp)
-            B += tmp
-        out[lo:lo + _BLOCK] = B.transpose(2, 0, 1)
+    out = np.empty((rows.size, S.shape[0], S.shape[0]))
+    _bfgs_matrix_into(np.ascontiguousarray(theta, dtype=np.float64), S, Y, SY, col.astype(np.int64),
+                      head.astype(np.int64), rows.astype(np.int64), out)
     return out
 
 
-_BLOCK = 2048  # problems per block of the matrix build ([n, n, block] temporaries: 400 kB at n = 5, in cache)
+@njit(cache=True, nogil=True, error_model="numpy")
+def _bfgs_matrix_into(theta, S, Y, SY, col, head, rows, out):
+    """:func:`_bfgs_matrix` into ``out`` [A, n, n] (division by a zero s'Bs or s'y gives inf, as numpy's)."""
+    n, m = S.shape[0], S.shape[1]
+    bs = np.empty(n)
+    for a in range(rows.size):
+        r = rows[a]
+        c = col[r]
+        for i in range(n):
+            for k in range(n):
+                out[a, i, k] = 0.0
+            out[a, i, i] = theta[a]
+        for j in range(c):
+            slot = (head[r] - c + j) % m
+            for i in range(n):  # B s (B is symmetric)
+                acc = out[a, i, 0] * S[0, slot, r]
+                for k in range(1, n):
+                    acc += out[a, i, k] * S[k, slot, r]
+                bs[i] = acc
+            sbs = S[0, slot, r] * bs[0]
+            for i in range(1, n):
+                sbs += S[i, slot, r] * bs[i]
+            cs = 1.0 / sbs
+            cy = 1.0 / SY[slot, r]
+            for i in range(n):
+                for k in range(n):
+                    out[a, i, k] -= (bs[i] * cs) * bs[k]
+            for i in range(n):
+                for k in range(n):
+                    out[a, i, k] += (Y[i, slot, r] * cy) * Y[k, slot, r]
 
 
 def _cauchy(x, g, B, lo, hi):

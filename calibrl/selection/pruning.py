@@ -17,7 +17,7 @@ per prompt for the per-prompt scipy calls in the same run (``bench/eval_scale.py
 under heavy load), cheaper per prompt as more prompts share a batch (about 0.25 ms per prompt of 4 paths with
 25,000 prompts); still the slowest selection method. Two things keep it affordable at a million samples: the
 scaling curve and ``calibrl eval``'s selection figure, which read only the accuracy, fit only the prompts whose
-winner pruning could change (``rpc(accuracy_only=True)``), and the fits are split by prompts over
+accuracy pruning could change (``rpc(accuracy_only=True)``), and the fits are split by prompts over
 ``CALIBRL_WORKERS`` processes (default: every core this process may use).
 """
 
@@ -292,9 +292,10 @@ def rpc(answer_ids, correct, prompt_ids, *, logprob_mean=None, completions=None,
     """RPC = Reasoning Pruning (Weibull mixture, see :func:`rpc_keep_mask`) + Perplexity Consistency.
 
     ``accuracy_only`` (the scaling curve's points and ``calibrl eval``'s figure, which read only the accuracy): the
-    mixture is fitted only for the prompts whose winner pruning could change (:func:`_pruning_cannot_change_winner`);
-    the other prompts' paths are all kept. The accuracy is exactly the full computation's; on the prompts not
-    fitted, the result's ``confidence`` is PC's without pruning."""
+    mixture is fitted only for the prompts whose accuracy pruning could change
+    (:func:`_pruning_cannot_change_accuracy`); the other prompts' paths are all kept. The accuracy is exactly the
+    full computation's; on the prompts not fitted, the result's ``confidence`` and chosen answer are PC's without
+    pruning."""
     a, c, p, n, prompts = _prepare(answer_ids, correct, prompt_ids)
     lpm = _need_logprob("rpc", logprob_mean)
     prob = np.exp(lpm)
@@ -302,38 +303,50 @@ def rpc(answer_ids, correct, prompt_ids, *, logprob_mean=None, completions=None,
     if not accuracy_only:
         keep &= rpc_keep_mask(p, lpm)
     else:
-        fit = ~_pruning_cannot_change_winner(np.where(keep, prob, 0.0), prob, a, p, n)[p]  # [N] paths to fit
+        fit = ~_pruning_cannot_change_accuracy(np.where(keep, prob, 0.0), prob, a, c, p, n)[p]  # [N] paths to fit
         if fit.any():
             keep[fit] &= rpc_keep_mask(p[fit], lpm[fit])
     return _vote("rpc", np.where(keep, prob, 0.0), a, c, p, n, prompts)
 
 
-def _pruning_cannot_change_winner(weights: np.ndarray, prob: np.ndarray, answer_ids: np.ndarray, pidx: np.ndarray,
-                                  n_prompts: int) -> np.ndarray:
-    """[P] True where no keep-mask of RPC's pruning can change the prompt's winning answer cluster, so the fit
-    need not run for the accuracy: pruning only zeroes paths below their prompt's mean probability, so the
-    winner of the unpruned vote (``weights`` [N]: PC's, duplicates zeroed) stays the only top cluster when its
-    weight without ANY of its below-mean paths still exceeds every other cluster's full weight (margin 1e-9,
-    far above the vote's 1e-12 tie tolerance; "below the mean" read with a 1e-12 margin the other way, so
-    rounding in the mean can only make this answer False). A prompt with one answer cluster is always True: its
-    accuracy is that cluster's, whatever the weights."""
+def _pruning_cannot_change_accuracy(weights: np.ndarray, prob: np.ndarray, answer_ids: np.ndarray,
+                                    correct: np.ndarray, pidx: np.ndarray, n_prompts: int) -> np.ndarray:
+    """[P] True where no keep-mask of RPC's pruning can change the prompt's accuracy in the vote, so the fit need
+    not run when only the accuracy is read.
+
+    Pruning only zeroes paths below their prompt's mean probability ("below" read with a 1e-12 margin the other
+    way, so rounding in the mean only adds paths), so each answer cluster's weight lies between ``least`` (every
+    such path of it zeroed) and ``full`` (none; ``weights`` [N] is PC's, duplicates zeroed). A cluster can be
+    among the vote's top ones only if its ``full`` reaches the largest ``least`` of the prompt's other clusters
+    (with a 1e-9 relative margin, far wider than the vote's 1e-12 tie tolerance, so borderline clusters count as
+    possible winners). The vote's accuracy is the mean correctness of its top clusters, so it cannot change when
+    every possible winner has the same correctness, 0 or 1 (the mean of equal 0s or 1s is exact; a single possible
+    winner with a fractional correctness, a cluster whose paths disagree, is exact too). This holds for a prompt
+    with one cluster, and where the unpruned winner keeps the lead with all its below-mean paths pruned (the only
+    possible winner), and also where pruning could only swap one wrong answer for another."""
     sizes = np.bincount(pidx, minlength=n_prompts)
     mean = np.bincount(pidx, weights=prob, minlength=n_prompts) / np.maximum(sizes, 1)
     prunable = prob <= mean[pidx] * (1.0 + 1e-12)  # [N] a superset of the paths pruning may zero
     first, pair_idx = _answer_pairs(pidx, answer_ids)
-    full = np.bincount(pair_idx, weights=weights, minlength=first.size)  # [pairs] nothing pruned
-    least = np.bincount(pair_idx, weights=np.where(prunable, 0.0, weights), minlength=first.size)  # all pruned
+    n_pairs = first.size
+    full = np.bincount(pair_idx, weights=weights, minlength=n_pairs)  # [pairs] nothing pruned
+    least = np.bincount(pair_idx, weights=np.where(prunable, 0.0, weights), minlength=n_pairs)  # all pruned
+    pair_correct = np.bincount(pair_idx, weights=correct.astype(np.float64), minlength=n_pairs) / np.bincount(
+        pair_idx, minlength=n_pairs)  # as the vote computes it
     pair_prompt = pidx[first]
-    top = np.full(n_prompts, -np.inf)
-    np.maximum.at(top, pair_prompt, full)
-    # the unpruned winner: the first pair reaching the top (any pair reaching it: if two do, the test below fails)
-    at_top = full >= top[pair_prompt]
-    winner = np.full(n_prompts, first.size, dtype=np.int64)
-    np.minimum.at(winner, pair_prompt[at_top], np.flatnonzero(at_top))
-    others = full.copy()
-    others[winner[winner < first.size]] = -np.inf
+    # the largest ``least`` among each pair's OTHER clusters: the prompt's best, or its second best for the best one
+    best = np.full(n_prompts, -np.inf)
+    np.maximum.at(best, pair_prompt, least)
+    best_pair = np.full(n_prompts, n_pairs, dtype=np.int64)
+    at_best = least >= best[pair_prompt]
+    np.minimum.at(best_pair, pair_prompt[at_best], np.flatnonzero(at_best))
+    others = least.copy()
+    others[best_pair[best_pair < n_pairs]] = -np.inf
     second = np.full(n_prompts, -np.inf)
-    np.maximum.at(second, pair_prompt, others)  # [P] the best other cluster's full weight (-inf: none)
-    pairs_per_prompt = np.bincount(pair_prompt, minlength=n_prompts)
-    safe = least[np.minimum(winner, first.size - 1)] > second * (1.0 + 1e-9) + 1e-300
-    return (pairs_per_prompt <= 1) | safe
+    np.maximum.at(second, pair_prompt, others)
+    rival = np.where(np.arange(n_pairs) == best_pair[pair_prompt], second[pair_prompt], best[pair_prompt])
+    possible = full * (1.0 + 1e-9) + 1e-300 >= rival  # [pairs] could be among the top ones under some pruning
+    n_possible = np.bincount(pair_prompt, weights=possible, minlength=n_prompts)
+    right = np.bincount(pair_prompt, weights=possible & (pair_correct == 1.0), minlength=n_prompts)
+    wrong = np.bincount(pair_prompt, weights=possible & (pair_correct == 0.0), minlength=n_prompts)
+    return (n_possible <= 1) | (right == n_possible) | (wrong == n_possible)

@@ -118,7 +118,7 @@ def scaling_curve(
                 completions=text_ids[m],
                 confidence=None if conf is None else conf[m],
                 deepconf_signals=None if signals is None else signals[m],
-                # the curve reads the accuracy only: RPC fits only the prompts whose winner pruning could change
+                # the curve reads the accuracy only: RPC fits only the prompts whose accuracy pruning could change
                 # (the full group's draw finds the selection's fit made: the same paths)
                 **({"accuracy_only": True} if method == "rpc" else {}),
             )
