@@ -251,3 +251,32 @@ def test_semantic_entropy_ties_prompts_with_the_same_cluster_sizes_exactly():
     assert se[0] == pytest.approx(want, rel=1e-15)
     # and its AUROC and PRR treat them as ties: one distinct score level
     assert M.ranking_figures(-se, np.arange(se.size) % 2 == 0).levels.size == 1
+
+
+def test_a_compiled_loop_without_a_writable_cache_is_compiled_in_the_process(monkeypatch):
+    """Where numba can write no cache (it refuses ``cache=True`` when the function is defined), calibrl's compiled
+    loops are compiled without one instead of failing the import, and compute the same."""
+    import numba
+
+    import calibrl._compiled as C
+
+    calls = []
+
+    def njit_without_cache_folder(**options):
+        calls.append(options.get("cache", False))
+        if options.get("cache"):
+            raise RuntimeError("cannot cache function 'f': no locator available for file 'f.py'")
+        return numba.njit(**options)
+
+    monkeypatch.setattr(C, "njit", njit_without_cache_folder)
+
+    @C.compiled(nogil=True)
+    def total(x):
+        s = 0.0
+        for v in x:
+            s += v
+        return s
+
+    assert calls == [True, False]  # asked with the cache, then without
+    assert total(np.arange(5.0)) == 10.0
+    assert isinstance(total, numba.core.registry.CPUDispatcher)  # compiled, not the Python function

@@ -2,16 +2,17 @@
 replicates given as prompt counts, one pass over the samples sorted once.
 
 Imported only when replicates are computed (numba's import and, on a machine's first call, its compilation: about
-a second, then read from numba's cache beside this file or in ``$NUMBA_CACHE_DIR``).
+a second, then read from numba's cache: :mod:`calibrl._compiled`).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from calibrl._compiled import compiled
 
 
-@njit(cache=True, nogil=True)
+@compiled(nogil=True)
 def prr_auroc_replicates(counts, run_start, pair_group, pair_size, pair_right, group_sizes, group_right, harmonic,
                          max_rejection):
     """(prr [b], auroc [b]) of replicates ``counts`` [b, G] int32 (replicate r holds every sample of prompt g

@@ -34,7 +34,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from numba import njit
+
+from calibrl._compiled import compiled
 
 __all__ = ["minimize_lbfgsb_batch"]
 
@@ -66,7 +67,7 @@ def _bfgs_matrix(theta, S, Y, SY, col, head, rows):
     return out
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@compiled(nogil=True, error_model="numpy")
 def _bfgs_matrix_into(theta, S, Y, SY, col, head, rows, out):
     """:func:`_bfgs_matrix` into ``out`` [A, n, n] (division by a zero s'Bs or s'y gives inf, as numpy's)."""
     n, m = S.shape[0], S.shape[1]
