@@ -156,6 +156,9 @@ def interrupted(folder, *args, **kwargs):
     raise AssertionError("not interrupted")
 
 pipeline.write_eval_report = interrupted
+# Ctrl-C as a terminal delivers it: a shell that started this suite in the background leaves SIGINT ignored, and
+# Python then raises no KeyboardInterrupt
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from calibrl.cli import app
 app(sys.argv[2:], prog_name="calibrl")
 """
