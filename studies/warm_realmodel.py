@@ -43,7 +43,7 @@ MODEL = "builtin:smollm2-135m-warm"
 RUNS = Path("runs/warm_realmodel")
 N_BOOT, SEED = 2000, 0
 
-# the protocol's two designs ("Arms", "Budget", "Seeds"): every run's RealModelRunConfig fields, its arms and seeds.
+# the protocol's designs ("Arms", "Budget", "Seeds"; "premise": its amendment): every run's RealModelRunConfig fields, its arms and seeds.
 # "pilot": what 2 CPU cores allow in a session, reported as a pilot; "full": the study, on one GPU when one is lent.
 COMMON = {"model": MODEL, "dataset": "arithmetic", "prompts_per_step": 4, "num_generations": 8,
           "max_completion_length": 8, "learning_rate": 3e-4, "levels": (1, 2, 3, 4), "train_prompts": 2000,
@@ -53,6 +53,9 @@ DESIGNS = {
               "arms": ("grpo", "capo_mask"), "seeds": (0, 1)},
     "full": {"runs": {**COMMON, "steps": 60, "eval_prompts": 400, "eval_k": 4, "eval_every": 20},
              "arms": ("grpo", "capo", "capo_mask"), "seeds": (0, 1, 2, 3, 4)},
+    # the amendment of 2026-11-29 (night): does GRPO raise held-out accuracy at all in 48 steps? (CPU, exploratory)
+    "premise": {"runs": {**COMMON, "steps": 48, "eval_prompts": 100, "eval_k": 4, "eval_every": 16},
+                "arms": ("grpo",), "seeds": (0, 1)},
 }
 # a rehearsal of either design at tiny size (the device script's check on the CPU): never packed into the data
 TINY = {"steps": 2, "eval_prompts": 4, "eval_k": 2, "eval_every": 2, "train_prompts": 16, "eval_batch_prompts": 4}
