@@ -325,6 +325,46 @@ def report(before: dict | None, run: dict | None, adapter: dict | None, pilot: d
     return "\n".join(lines)
 
 
+def premise_section(premise: dict[tuple[str, int], dict], pilot: dict[tuple[str, int], dict]) -> list[str]:
+    """The amendment's exploratory check (design ``premise``): GRPO's evaluations over 48 steps, its accuracy
+    change with the paired interval, and whether each run's step-16 evaluation repeats the pilot's."""
+    if not premise:
+        return []
+    lines = ["## Exploratory: does GRPO raise accuracy in 48 steps? (amendment of 2026-11-29, night)", "",
+             "GRPO alone, the pilot's settings and held-out prompts, 48 steps (`python -m studies.warm_realmodel --run "
+             "premise`). Exploratory: it bears on whether the full design's budget can reach the claim's regime, not "
+             "on the claim.", "",
+             "| seed | step | samples | accuracy | AUROC | ECE | UTC start - end |", "|---:|---:|---:|---:|---:|---:|---|"]
+    for (arm, seed), doc in sorted(premise.items(), key=lambda kv: kv[0][1]):
+        for e in doc["evaluations"]:
+            lines.append(f"| {seed} | {e['step']} | {int(e['n_samples'])} | {e['accuracy']:.3f} | {e['auroc']:.3f} | "
+                         f"{e['ece']:.3f} | {doc['started_utc']} - {doc['finished_utc']} |")
+    moves = accuracy_moves(premise)
+    met = [m["seed"] for m in moves if m["low"] > 0]
+    lines += ["", "GRPO's held-out accuracy from step 0 to its last evaluation, paired on the same prompts: " + "; ".join(
+        f"seed {m['seed']}: {m['from']:.3f} -> {m['to']:.3f} at step {m['step']}, {m['difference']:+.3f} "
+        f"{_ci((m['low'], m['high']), True)}" for m in moves) + "."]
+    if met:
+        lines[-1] += f" By the amendment's rule the premise is met in seed(s) {', '.join(map(str, met))}."
+    else:
+        lines[-1] += (" By the amendment's rule the premise is met in no seed (no interval above 0): at this recipe's "
+                      "pace, 60 steps are likely too few to reach the regime the seeds' claim is about from this start.")
+    same = []
+    for (arm, seed), doc in sorted(premise.items(), key=lambda kv: kv[0][1]):
+        mine = next((e for e in doc["evaluations"] if e["step"] == 16), None)
+        theirs = next((e for e in pilot.get((arm, seed), {}).get("evaluations", []) if e["step"] == 16), None)
+        if mine is not None and theirs is not None:
+            equal = all(np.array_equal(np.asarray(mine["samples"][k]), np.asarray(theirs["samples"][k]))
+                        for k in theirs["samples"])
+            same.append(f"seed {seed}: {'the same samples' if equal else 'different samples'} "
+                        f"(accuracy {mine['accuracy']:.3f} against the pilot's {theirs['accuracy']:.3f})")
+    if same:
+        lines += ["", "The runs' mechanics: each run's step-16 evaluation against the pilot's GRPO run of the same "
+                  "seed (the same first 16 steps): " + "; ".join(same) + "."]
+    lines.append("")
+    return lines
+
+
 def rebuild(folder: Path = DATA_DIR) -> str:
     """The page from the committed data."""
     from studies.data_files import load_packed_samples
@@ -340,7 +380,10 @@ def rebuild(folder: Path = DATA_DIR) -> str:
         run = json.loads((folder / BEFORE_RUN.name).read_text())
     if (folder / ADAPTER_RECORD.name).exists():
         adapter = json.loads((folder / ADAPTER_RECORD.name).read_text())
-    return report(before, run, adapter, load_design("pilot", folder), validation)
+    pilot = load_design("pilot", folder)
+    page = report(before, run, adapter, pilot, validation)
+    extra = premise_section(load_design("premise", folder), pilot)
+    return page + ("\n".join(extra) if extra else "")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -154,3 +155,33 @@ def test_evaluation_noise_is_the_spread_of_the_auroc_over_drawn_prompts(tmp_path
     assert 0.03 < large["auroc_sd"] < 0.05
     assert 2.5 < small["auroc_sd"] / large["auroc_sd"] < 5.0
     assert large["difference_sd"] == pytest.approx(large["auroc_sd"] * 2 ** 0.5)
+
+
+def _evaluation(step, correct, lpm, prompts):
+    return {"step": step, "n_samples": len(correct), "accuracy": float(np.mean(correct)), "auroc": 0.5, "ece": 0.1,
+            "samples": {"prompt_id": list(prompts), "correct": list(correct), "logprob_mean": list(lpm)}}
+
+
+def test_the_premise_section_applies_the_amendments_rule_and_compares_step_16_with_the_pilot():
+    """The amendment's check: accuracy up by far more than its interval in one seed and flat in the other -> met in
+    that seed only; a run whose step-16 samples are the pilot's says so, one whose are not says that."""
+    from studies.warm_realmodel import premise_section
+
+    rng = np.random.default_rng(0)
+    prompts = np.repeat([f"p{i}" for i in range(100)], 4)
+    lpm = list(-rng.exponential(0.5, prompts.size))
+    low = [i % 4 == 0 for i in range(prompts.size)]  # accuracy 0.25
+    high = [i % 4 != 3 for i in range(prompts.size)]  # 0.75: every prompt gains
+    run = lambda seed, evals: {"method": "grpo", "config": {"seed": seed}, "started_utc": "S", "finished_utc": "E",
+                               "evaluations": evals}
+    premise = {("grpo", 0): run(0, [_evaluation(0, low, lpm, prompts), _evaluation(16, low, lpm, prompts),
+                                    _evaluation(48, high, lpm, prompts)]),
+               ("grpo", 1): run(1, [_evaluation(0, low, lpm, prompts), _evaluation(16, high, lpm, prompts),
+                                    _evaluation(48, low, lpm, prompts)])}
+    pilot = {("grpo", 0): run(0, [_evaluation(16, low, lpm, prompts)]),
+             ("grpo", 1): run(1, [_evaluation(16, low, lpm, prompts)])}
+    text = "\n".join(premise_section(premise, pilot))
+    assert "seed 0: 0.250 -> 0.750 at step 48, +0.500" in text and "seed 1: 0.250 -> 0.250 at step 48, +0.000" in text
+    assert "the premise is met in seed(s) 0." in text
+    assert "seed 0: the same samples" in text and "seed 1: different samples" in text
+    assert premise_section({}, pilot) == []
