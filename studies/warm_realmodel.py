@@ -43,7 +43,8 @@ MODEL = "builtin:smollm2-135m-warm"
 RUNS = Path("runs/warm_realmodel")
 N_BOOT, SEED = 2000, 0
 
-# the protocol's designs ("Arms", "Budget", "Seeds"; "premise": its amendment): every run's RealModelRunConfig fields, its arms and seeds.
+# the protocol's designs ("Arms", "Budget", "Seeds"; "premise": its amendment): every run's RealModelRunConfig
+# fields, its arms and seeds.
 # "pilot": what 2 CPU cores allow in a session, reported as a pilot; "full": the study, on one GPU when one is lent.
 COMMON = {"model": MODEL, "dataset": "arithmetic", "prompts_per_step": 4, "num_generations": 8,
           "max_completion_length": 8, "learning_rate": 3e-4, "levels": (1, 2, 3, 4), "train_prompts": 2000,
@@ -334,21 +335,24 @@ def premise_section(premise: dict[tuple[str, int], dict], pilot: dict[tuple[str,
              "GRPO alone, the pilot's settings and held-out prompts, 48 steps (`python -m studies.warm_realmodel --run "
              "premise`). Exploratory: it bears on whether the full design's budget can reach the claim's regime, not "
              "on the claim.", "",
-             "| seed | step | samples | accuracy | AUROC | ECE | UTC start - end |", "|---:|---:|---:|---:|---:|---:|---|"]
+             "| seed | step | samples | accuracy | AUROC | ECE | UTC start - end |",
+             "|---:|---:|---:|---:|---:|---:|---|"]
     for (arm, seed), doc in sorted(premise.items(), key=lambda kv: kv[0][1]):
         for e in doc["evaluations"]:
             lines.append(f"| {seed} | {e['step']} | {int(e['n_samples'])} | {e['accuracy']:.3f} | {e['auroc']:.3f} | "
                          f"{e['ece']:.3f} | {doc['started_utc']} - {doc['finished_utc']} |")
     moves = accuracy_moves(premise)
     met = [m["seed"] for m in moves if m["low"] > 0]
-    lines += ["", "GRPO's held-out accuracy from step 0 to its last evaluation, paired on the same prompts: " + "; ".join(
+    lines += ["", "GRPO's held-out accuracy from step 0 to its last evaluation, paired on the same prompts: "
+              + "; ".join(
         f"seed {m['seed']}: {m['from']:.3f} -> {m['to']:.3f} at step {m['step']}, {m['difference']:+.3f} "
         f"{_ci((m['low'], m['high']), True)}" for m in moves) + "."]
     if met:
         lines[-1] += f" By the amendment's rule the premise is met in seed(s) {', '.join(map(str, met))}."
     else:
-        lines[-1] += (" By the amendment's rule the premise is met in no seed (no interval above 0): at this recipe's "
-                      "pace, 60 steps are likely too few to reach the regime the seeds' claim is about from this start.")
+        lines[-1] += (" By the amendment's rule the premise is met in no seed (no interval above 0): at this "
+                      "recipe's pace, 60 steps are likely too few to reach the regime the seeds' claim is about from "
+                      "this start.")
     same = []
     for (arm, seed), doc in sorted(premise.items(), key=lambda kv: kv[0][1]):
         mine = next((e for e in doc["evaluations"] if e["step"] == 16), None)

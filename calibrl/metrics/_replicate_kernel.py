@@ -20,10 +20,10 @@ def prr_auroc_replicates(counts, run_start, pair_group, pair_size, pair_right, g
 
     The samples sorted by decreasing score, in tie runs, each run's samples grouped by prompt into (run, prompt)
     pairs: ``run_start`` [T + 1] int64 the first pair of each run (and the end); per pair [E], its prompt
-    ``pair_group``, its samples ``pair_size`` and correct samples ``pair_right`` (int32: the pass streams them,
-    12 bytes a pair, and gathers the counts at random, so smaller is faster at a million samples); ``group_sizes`` / ``group_right`` [G] int64 each prompt's samples and correct
-    samples; ``harmonic`` [M] float64 H_0 .. H_{M-1}, M above every replicate's sample count; ``max_rejection`` in
-    (0, 1].
+    ``pair_group``, its samples ``pair_size`` and correct samples ``pair_right`` (int32: the pass streams them, 12
+    bytes a pair, and gathers the counts at random, so smaller is faster at a million samples); ``group_sizes`` /
+    ``group_right`` [G] int64 each prompt's samples and correct samples; ``harmonic`` [M] float64 H_0 .. H_{M-1}, M
+    above every replicate's sample count; ``max_rejection`` in (0, 1].
 
     One pass over the pairs per replicate. A run's samples w_t and correct samples r_t sum its pairs' counts
     times their sizes; K, R are their running sums, highest first. PRR: the area of
@@ -31,9 +31,9 @@ def prr_auroc_replicates(counts, run_start, pair_group, pair_size, pair_right, g
     (R_{t-1} - K_{t-1} m_t)(H(K_t) - H(s_t)) + m_t (K_t - s_t), m_t = r_t / w_t, s_t = max(K_{t-1}, n - n_rej);
     the oracle and random as there. A run of one pair has m_t = that pair's accuracy (the same rational, so the
     same double, as r_t / w_t; no division for a pair of one sample) and adds nothing when the replicate does not
-    hold its prompt (w_t = 0), so those runs, most of them, take no branch on the counts. AUROC: the Mann-Whitney count sum_t r_t (wrong below + (w_t - r_t) / 2)
-    = P W - sum_t r_t (K_t - R_t) + sum_t r_t (w_t - r_t) / 2 over P right x W wrong, in int64 (exact). nan where a
-    replicate has one class only (both figures) or no level (PRR).
+    hold its prompt (w_t = 0), so those runs, most of them, take no branch on the counts. AUROC: the Mann-Whitney
+    count sum_t r_t (wrong below + (w_t - r_t) / 2) = P W - sum_t r_t (K_t - R_t) + sum_t r_t (w_t - r_t) / 2 over
+    P right x W wrong, in int64 (exact). nan where a replicate has one class only (both figures) or no level (PRR).
     """
     b = counts.shape[0]
     n_runs = run_start.shape[0] - 1
