@@ -38,6 +38,7 @@ from calibrl.selection.voting import (
     _dense,
     _first_occurrence,
     _need_logprob,
+    _pair_correctness,
     _prepare,
     _text_ids,
     _vote,
@@ -331,8 +332,7 @@ def _pruning_cannot_change_accuracy(weights: np.ndarray, prob: np.ndarray, answe
     n_pairs = first.size
     full = np.bincount(pair_idx, weights=weights, minlength=n_pairs)  # [pairs] nothing pruned
     least = np.bincount(pair_idx, weights=np.where(prunable, 0.0, weights), minlength=n_pairs)  # all pruned
-    pair_correct = np.bincount(pair_idx, weights=correct.astype(np.float64), minlength=n_pairs) / np.bincount(
-        pair_idx, minlength=n_pairs)  # as the vote computes it
+    pair_correct = _pair_correctness(pair_idx, correct, n_pairs)  # what the vote credits a top pair with
     pair_prompt = pidx[first]
     # the largest ``least`` among each pair's OTHER clusters: the prompt's best, or its second best for the best one
     best = np.full(n_prompts, -np.inf)

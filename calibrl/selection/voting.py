@@ -62,6 +62,13 @@ def _answer_pairs(pidx: np.ndarray, answer_ids) -> tuple[np.ndarray, np.ndarray]
     return pair_first, pair_idx.reshape(-1)
 
 
+def _pair_correctness(pair_idx: np.ndarray, correct: np.ndarray, n_pairs: int) -> np.ndarray:
+    """[pairs] the share of correct paths in each (prompt, answer cluster) pair (fractional where the cluster's
+    paths disagree): what the vote credits a top pair with."""
+    return np.bincount(pair_idx, weights=correct.astype(np.float64), minlength=n_pairs) / np.bincount(
+        pair_idx, minlength=n_pairs)
+
+
 def _vote(
     method: str,
     weights: np.ndarray,
@@ -75,9 +82,7 @@ def _vote(
     pair_first, pair_idx = _answer_pairs(pidx, answer_ids)
     n_pairs = len(pair_first)
     score = np.bincount(pair_idx, weights=weights, minlength=n_pairs)
-    pair_correct = np.bincount(pair_idx, weights=correct.astype(np.float64), minlength=n_pairs) / np.bincount(
-        pair_idx, minlength=n_pairs
-    )
+    pair_correct = _pair_correctness(pair_idx, correct, n_pairs)
     pair_prompt = pidx[pair_first]
     top = np.full(n_prompts, -np.inf)
     np.maximum.at(top, pair_prompt, score)
