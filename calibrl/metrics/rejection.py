@@ -73,13 +73,12 @@ def _harmonic_at(k: np.ndarray) -> np.ndarray:
     return digamma(k + 1.0) + np.euler_gamma
 
 
-def _areas(run_kept: np.ndarray, run_right: np.ndarray, max_rejection: float, harmonic, *,
-           kept: np.ndarray | None = None, right: np.ndarray | None = None) -> np.ndarray:
+def _areas(run_kept: np.ndarray, run_right: np.ndarray, max_rejection: float, harmonic) -> np.ndarray:
     """PRR per row from the samples ``run_kept`` [b, T] and correct samples ``run_right`` [b, T] of each tie run,
-    highest confidence first (integer-valued); ``harmonic(k)`` H at integer-valued k; ``kept`` / ``right`` their
-    cumulative sums along the runs when the caller has them. Returns [b] (nan where undefined)."""
-    kept = np.cumsum(run_kept, axis=1) if kept is None else kept
-    right = np.cumsum(run_right, axis=1) if right is None else right
+    highest confidence first (integer-valued); ``harmonic(k)`` H at integer-valued k. Returns [b] (nan where
+    undefined)."""
+    kept = np.cumsum(run_kept, axis=1)
+    right = np.cumsum(run_right, axis=1)
     n, p = kept[:, -1], right[:, -1]
     n_rej = np.floor(max_rejection * n)
     prev_k = kept - run_kept

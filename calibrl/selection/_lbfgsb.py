@@ -62,8 +62,9 @@ def _bfgs_matrix(theta, S, Y, SY, col, head, rows):
     a fit's time, docs/eval.md).
     """
     out = np.empty((rows.size, S.shape[0], S.shape[0]))
-    _bfgs_matrix_into(np.ascontiguousarray(theta, dtype=np.float64), S, Y, SY, col.astype(np.int64),
-                      head.astype(np.int64), rows.astype(np.int64), out)
+    # int64 and float64 already (the solver's own arrays): no copies on this per-round path
+    _bfgs_matrix_into(np.ascontiguousarray(theta, dtype=np.float64), S, Y, SY, np.asarray(col, dtype=np.int64),
+                      np.asarray(head, dtype=np.int64), np.asarray(rows, dtype=np.int64), out)
     return out
 
 
