@@ -241,36 +241,59 @@ def test_clusters_follow_grading_not_a_looser_parse():
     assert ids[0] != ids[1] and ids[0] != ids[2] and ids[1] != ids[2] and ids[0] == ids[3]
 
 
-def test_literal_shortcut_decides_only_pairs_math_verify_tells_apart():
-    from calibrl.selection.answers import _literal_square, _literals_differ, _verify_pair
+def test_literal_shortcut_gives_math_verify_s_verdict():
+    from calibrl.selection.answers import _literal_square, _literals_equal, _verify_pair
 
     # hand-worked signed squares: (3/6)^2 = 1/4, -(1/2)^2, (3 sqrt 2)^2 = 18
     assert _literal_square("\\frac{3}{6}") == _literal_square("\\dfrac{1}{2}") == 0.25
     assert _literal_square("-\\tfrac{1}{2}") == -0.25 and _literal_square("3\\sqrt{2}") == 18
     assert _literal_square("\\frac{1}{0}") is None and _literal_square("1.5") is None
-    assert not _literals_differ("2\\sqrt{2}", "\\sqrt{8}") and not _literals_differ("2\\sqrt{4}", "4")
-    assert _literals_differ("3\\sqrt{2}", "\\sqrt{17}") and _literals_differ("-\\frac{1}{2}", "\\frac{1}{2}")
+    assert _literals_equal("2\\sqrt{2}", "\\sqrt{8}") is True and _literals_equal("2\\sqrt{4}", "4") is True
+    assert _literals_equal("3\\sqrt{2}", "\\sqrt{17}") is False
+    assert _literals_equal("-\\frac{1}{2}", "\\frac{1}{2}") is False
+    assert _literals_equal("1.5", "\\frac{3}{2}") is None and _literals_equal("\\pi", "\\pi") is None
     rng = np.random.default_rng(7)
 
     def draw() -> str:
         sign, kind, a, b = "-" * int(rng.uniform() < 0.2), int(rng.integers(0, 3)), *rng.integers(0, 9, 2).tolist()
         return sign + [f"{a}", f"\\frac{{{a}}}{{{b + 1}}}", f"{a or ''}\\sqrt{{{b}}}"][kind]
 
-    decided = 0
-    for _ in range(40):
-        a, b = sorted((draw(), draw()))
-        if _literals_differ(a, b):  # wherever the shortcut says "different", math-verify agrees
-            decided += 1
-            assert not _verify_pair(a, b, None), (a, b)
-    assert decided > 20
+    def equal_pair() -> tuple[str, str]:  # one value written two ways: a fraction scaled, a square taken in
+        a, b, k = rng.integers(1, 9, 3).tolist()
+        return [(f"\\frac{{{a}}}{{{b}}}", f"\\frac{{{k * a}}}{{{k * b}}}"),
+                (f"{k}\\sqrt{{{b}}}", f"\\sqrt{{{k * k * b}}}")][int(rng.integers(0, 2))]
+
+    verdicts = {True: 0, False: 0}
+    for i in range(80):
+        a, b = sorted(equal_pair() if i % 4 == 0 else (draw(), draw()))
+        if a != b:
+            shortcut = _literals_equal(a, b)  # every drawn string is a literal: the shortcut decides
+            verdicts[shortcut] += 1
+            assert _verify_pair(a, b, None) is shortcut, (a, b)  # math-verify's own verdict, parsed
+    assert verdicts[True] >= 20 and verdicts[False] >= 30
     rows = [draw() for _ in range(200)]
     pids = rng.integers(0, 20, 200)
     fast = S.answer_clusters(rows, pids)
     from unittest import mock
 
-    with mock.patch("calibrl.selection.answers._literals_differ", return_value=False):
+    with mock.patch("calibrl.selection.answers._literals_equal", return_value=None):
         slow = S.answer_clusters(rows, pids)
     np.testing.assert_array_equal(fast, slow)
+
+
+def test_literal_answers_are_clustered_without_importing_math_verify():
+    import subprocess
+    import sys
+
+    code = ("import sys; from calibrl.selection import answer_clusters; "
+            "ids = answer_clusters(['12', '\\\\frac{4}{2}', '2', '-3\\\\sqrt{8}', '-6\\\\sqrt{2}', '\\\\frac{8}{4}'], [0] * 6); "
+            "print(ids.tolist(), 'math_verify' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[-1] == "False"  # no pair needed math-verify's parse: not imported (about a second)
+    ids = [int(x.strip("[],")) for x in out[:-1]]
+    assert ids[1] == ids[2] == ids[5] and ids[3] == ids[4] and len({ids[0], ids[1], ids[3]}) == 3
+    pi = S.answer_clusters(["\\pi", "\\frac{22}{7}", "\\pi"], [0, 0, 0])  # parsed: pi is no literal
+    assert pi[0] == pi[2] != pi[1]
 
 
 def test_confidence_weighted_vote_lets_a_few_confident_paths_outvote_many_unconfident_ones():

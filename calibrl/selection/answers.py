@@ -98,16 +98,18 @@ def _literal_square(s: str) -> Fraction | None:
     return -square if minus else square
 
 
-def _literals_differ(a: str, b: str) -> bool:
-    """Whether ``a`` and ``b`` are both plain literals (:func:`_literal_square`) with different exact values:
-    math-verify then never judges them equal (their sympy values differ exactly; integers and fractions compare as
-    exact Rationals; with a radical, ``simplify(a - b)`` is not 0 and ``(a - b).evalf()`` is at least
-    ``1e-13`` of the values with integers under 10^4), so the pair is decided without parsing it."""
+def _literals_equal(a: str, b: str) -> bool | None:
+    """math-verify's verdict on ``a`` and ``b`` when both are plain literals (:func:`_literal_square`), decided
+    without parsing them: True when their exact values are equal (math-verify parses both to the same sympy number:
+    integers and fractions to one Rational, ``2\\sqrt{2}`` and ``\\sqrt{8}`` to one radical), False when they differ
+    (their sympy values differ exactly; integers and fractions compare as exact Rationals; with a radical,
+    ``simplify(a - b)`` is not 0 and ``(a - b).evalf()`` is at least ``1e-13`` of the values with integers under
+    10^4); None when either is not such a literal."""
     x = _literal_square(a)
     if x is None:
-        return False
+        return None
     y = _literal_square(b)
-    return y is not None and x != y
+    return None if y is None else x == y
 
 
 @functools.lru_cache(maxsize=1 << 18)
@@ -138,9 +140,9 @@ def _parse(expr: str, timeout: int | None):
 def _verify_pair(a: str, b: str, timeout: int | None) -> bool:
     """math-verify equivalence in either direction (verify is not symmetric: an interval gold accepts the
     inequality, not the reverse); called with ``a <= b`` so the cache is symmetric."""
-    from math_verify import verify
+    try:  # a math-verify that fails to import shows nothing equal, as one missing
+        from math_verify import verify
 
-    try:
         pa, pb = _parse(a, timeout), _parse(b, timeout)
         if not pa or not pb:
             return False
@@ -149,12 +151,13 @@ def _verify_pair(a: str, b: str, timeout: int | None) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=1)
 def _math_verify_available() -> bool:
-    try:
-        import math_verify  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether math-verify is installed, without importing it: its import (sympy, the LaTeX parser) takes about a
+    second, paid only when a pair of answers needs its parse (:func:`_verify_pair`)."""
+    import importlib.util
+
+    return importlib.util.find_spec("math_verify") is not None
 
 
 def answers_equivalent(a: str | None, b: str | None, *, timeout: int | None = MATH_TIMEOUT_SECONDS) -> bool:
@@ -179,8 +182,9 @@ def answers_equivalent(a: str | None, b: str | None, *, timeout: int | None = MA
         return False
     if _INTEGER.fullmatch(a) and _INTEGER.fullmatch(b) and int(a) != int(b):
         return False  # math-verify's verdict on two different integer literals, without parsing them
-    if _literals_differ(a, b):
-        return False  # math-verify's verdict on two literals of different exact values
+    literal = _literals_equal(a, b)
+    if literal is not None:
+        return literal  # math-verify's verdict on two literals, without parsing them
     x, y = sorted((a, b))
     return _verify_pair(x, y, _effective_timeout(timeout))
 
