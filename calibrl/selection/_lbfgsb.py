@@ -1,9 +1,11 @@
-"""L-BFGS-B for many small independent bound-constrained problems at once, following scipy's steps.
+"""L-BFGS-B for many small independent bound-constrained problems, following scipy's steps: RPC's Weibull-mixture
+fits, one compiled loop per problem.
 
-:func:`minimize_lbfgsb_batch` runs the algorithm of ``scipy.optimize.minimize(method="L-BFGS-B")`` (L-BFGS-B 3.0,
-Byrd, Lu, Nocedal & Zhu 1995; Morales & Nocedal 2011; scipy's defaults m = 10, factr = 1e7, pgtol = 1e-5,
-maxls = 20) on P problems of n variables at once, each with its own iterate, memory, line search and
-convergence test. It takes the same steps as scipy's code:
+:func:`fit_weibull_mixtures` minimises the negative log-likelihood of RPC's two-component Weibull mixture
+(:func:`mixture_nll_grad`) for P problems (one prompt's path probabilities each) with the algorithm of
+``scipy.optimize.minimize(method="L-BFGS-B")`` (L-BFGS-B 3.0, Byrd, Lu, Nocedal & Zhu 1995; Morales & Nocedal
+2011; scipy's defaults m = 10, factr = 1e7, pgtol = 1e-5, maxls = 20), each problem with its own iterate, memory,
+line search and convergence test. It takes the same steps as scipy's code:
 
 - the generalized Cauchy point along the projected steepest-descent path (breakpoints visited in increasing order,
   f' and f'' of the quadratic model on each segment, f'' floored at eps * its first value);
@@ -15,453 +17,568 @@ convergence test. It takes the same steps as scipy's code:
 - stopping on a projected gradient <= pgtol or a relative decrease <= factr * eps; memory updates skipped when
   s'y <= eps * (-g'd * stp).
 
-One difference of representation: the limited-memory matrix is held as the dense n x n matrix
-B = BFGS updates of theta * I by the stored pairs (oldest first), which is the compact form theta * I - W M W'
-that scipy's code keeps, written out (n is small here); it is rebuilt each iteration from ring buffers of the pairs
-with the problems on the last axis (contiguous elementwise passes, blocks that stay in cache). Results therefore
-agree with scipy's up to rounding; where a problem's path is sensitive to rounding (a line-search comparison falling
-the other way) the two can end in different local optima. :mod:`calibrl.selection.pruning` measures how often that
-happens.
+Differences of representation: the limited-memory matrix is held as the dense n x n matrix B = BFGS updates of
+theta * I by the stored pairs (oldest first), which is the compact form theta * I - W M W' that scipy's code keeps,
+written out (n = 5 here); the reduced system of the subspace step is solved by Gaussian elimination with partial
+pivoting (LAPACK's ``dgesv``, which scipy calls, pivots the same way). Results therefore agree with scipy's up to
+rounding; where a problem's path is sensitive to rounding (a line-search comparison falling the other way) the
+two can end in different local optima. :mod:`calibrl.selection.pruning` measures how often that happens.
 
-Schedule: each round gives every problem that is between iterations its search direction (Cauchy point, subspace
-step) and every problem inside a line search one trial evaluation, so a round never waits for the longest search;
-each problem's own sequence of steps is the same as when it is fitted alone (a problem's numbers never depend on
-the others in the batch).
+Each problem is fitted alone, in order, so a problem's numbers never depend on the others. About 20-40 us a problem
+of 4-8 paths here, against about 250 us for the same steps as numpy passes over all problems at once
+(docs/eval.md).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import numpy as np
 
 from calibrl._compiled import compiled
 
-__all__ = ["minimize_lbfgsb_batch"]
+__all__ = ["fit_weibull_mixtures", "mixture_nll_grad"]
 
 _EPS = float(np.finfo(float).eps)
 _FTOL, _GTOL, _XTOL = 1e-3, 0.9, 0.1
 _BIG = 1e10
-
-
-def _projgr(x, g, lo, hi):
-    """Infinity norm of the projected gradient, [P] (scipy's ``projgr``)."""
-    gi = np.where((g < 0) & np.isfinite(hi), np.maximum(x - hi, g), g)
-    gi = np.where((g >= 0) & np.isfinite(lo), np.minimum(x - lo, gi), gi)
-    return np.abs(gi).max(axis=1)
-
-
-def _bfgs_matrix(theta, S, Y, SY, col, head, rows):
-    """Dense L-BFGS matrix of problems ``rows`` [A]: theta * I updated by their stored (s, y) pairs, oldest first.
-
-    theta [A]; S / Y [n, m, P] and SY [m, P] (the stored s'y) hold the pairs of all P problems in ring buffers:
-    problem r's ``col[r]`` pairs sit in slots (head[r] - col[r] + j) mod m, j = 0 (oldest) .. col[r] - 1; col /
-    head [P]. Returns [A, n, n]. Pair j: B <- B - (B s)(B s)' / (s' B s) + y y' / (s'y), each sum taken in index
-    order. A compiled loop over the problems (:func:`_bfgs_matrix_into`): some 500 multiply-adds per problem, which
-    as numpy passes over [n, n, problems] blocks cost more in the passes than in the arithmetic (about a third of
-    a fit's time, docs/eval.md).
-    """
-    out = np.empty((rows.size, S.shape[0], S.shape[0]))
-    # int64 and float64 already (the solver's own arrays): no copies on this per-round path
-    _bfgs_matrix_into(np.ascontiguousarray(theta, dtype=np.float64), S, Y, SY, np.asarray(col, dtype=np.int64),
-                      np.asarray(head, dtype=np.int64), np.asarray(rows, dtype=np.int64), out)
-    return out
+_N = 5  # the mixture's parameters (w, k1, lam1, k2, lam2)
 
 
 @compiled(nogil=True, error_model="numpy")
-def _bfgs_matrix_into(theta, S, Y, SY, col, head, rows, out):
-    """:func:`_bfgs_matrix` into ``out`` [A, n, n] (division by a zero s'Bs or s'y gives inf, as numpy's)."""
+def mixture_nll_grad(params, x, log_x, grad):
+    """Negative log-likelihood of the path probabilities ``x`` [n] (``log_x`` = log x) under the mixture
+    w Weibull(k1, lam1) + (1 - w) Weibull(k2, lam2), ``params`` = (w, k1, lam1, k2, lam2); its gradient is written
+    into ``grad`` [5]. A non-finite value or gradient gives 1e300 and a zero gradient (the optimiser then steps
+    back).
+
+    Per path, in log space: log f(x; k, lam) = log k - log lam + (k - 1) z - exp(k z), z = log x - log lam;
+    log mix = logsumexp(log w + log f1, log(1 - w) + log f2); with r1 = exp(log w + log f1 - log mix) and
+    r2 = 1 - r1, d/dw = r1 / w - r2 / (1 - w), d/dk = r (1/k + z (1 - e^{kz})), d/dlam = r (k / lam)(e^{kz} - 1).
+    """
+    w, k1, l1, k2, l2 = params[0], params[1], params[2], params[3], params[4]
+    log_w, log_1w = np.log(w), np.log1p(-w)
+    log_k1, log_l1, log_k2, log_l2 = np.log(k1), np.log(l1), np.log(k2), np.log(l2)
+    for j in range(_N):
+        grad[j] = 0.0
+    nll = 0.0
+    for i in range(x.shape[0]):
+        z1 = log_x[i] - log_l1
+        t1 = np.exp(k1 * z1)
+        z2 = log_x[i] - log_l2
+        t2 = np.exp(k2 * z2)
+        a1 = log_w + (log_k1 - log_l1 + (k1 - 1.0) * z1 - t1)
+        a2 = log_1w + (log_k2 - log_l2 + (k2 - 1.0) * z2 - t2)
+        m = a1 if a1 >= a2 else a2
+        if a1 != a1 or a2 != a2:
+            m = np.nan
+        log_mix = m + np.log(np.exp(a1 - m) + np.exp(a2 - m))
+        r1 = np.exp(a1 - log_mix)
+        r2 = 1.0 - r1
+        nll -= log_mix
+        grad[0] -= r1 / w - r2 / (1.0 - w)
+        grad[1] -= r1 * (1.0 / k1 + z1 * (1.0 - t1))
+        grad[2] -= r1 * (k1 / l1) * (t1 - 1.0)
+        grad[3] -= r2 * (1.0 / k2 + z2 * (1.0 - t2))
+        grad[4] -= r2 * (k2 / l2) * (t2 - 1.0)
+    finite = np.isfinite(nll)
+    for j in range(_N):
+        finite = finite and np.isfinite(grad[j])
+    if not finite:
+        for j in range(_N):
+            grad[j] = 0.0
+        return 1e300
+    return nll
+
+
+@compiled(nogil=True, error_model="numpy")
+def _nan_max(a, b):
+    """np.maximum of two floats (nan if either is)."""
+    if a != a or b != b:
+        return np.nan
+    return a if a >= b else b
+
+
+@compiled(nogil=True, error_model="numpy")
+def _nan_min(a, b):
+    """np.minimum of two floats (nan if either is)."""
+    if a != a or b != b:
+        return np.nan
+    return a if a <= b else b
+
+
+@compiled(nogil=True, error_model="numpy")
+def _projgr(x, g, lo, hi):
+    """Infinity norm of the projected gradient (scipy's ``projgr``)."""
+    norm = 0.0
+    for i in range(x.shape[0]):
+        gi = g[i]
+        if gi < 0:
+            if np.isfinite(hi[i]):
+                gi = _nan_max(x[i] - hi[i], gi)
+        elif np.isfinite(lo[i]):
+            gi = _nan_min(x[i] - lo[i], gi)
+        norm = _nan_max(norm, abs(gi))
+    return norm
+
+
+@compiled(nogil=True, error_model="numpy")
+def _bfgs_matrix(theta, S, Y, SY, col, head, out, bs):
+    """Dense L-BFGS matrix into ``out`` [n, n]: theta * I updated by the stored (s, y) pairs, oldest first. ``S`` /
+    ``Y`` [n, m] and ``SY`` [m] (the stored s'y) hold the pairs in a ring buffer: ``col`` pairs in slots
+    (head - col + j) mod m, j = 0 (oldest) .. col - 1. Pair j: B <- B - (B s)(B s)' / (s' B s) + y y' / (s'y), each
+    sum taken in index order (division by a zero s'Bs or s'y gives inf, as numpy's)."""
     n, m = S.shape[0], S.shape[1]
-    bs = np.empty(n)
-    for a in range(rows.size):
-        r = rows[a]
-        c = col[r]
+    for i in range(n):
+        for k in range(n):
+            out[i, k] = 0.0
+        out[i, i] = theta
+    for j in range(col):
+        slot = (head - col + j) % m
+        for i in range(n):  # B s (B is symmetric)
+            acc = out[i, 0] * S[0, slot]
+            for k in range(1, n):
+                acc += out[i, k] * S[k, slot]
+            bs[i] = acc
+        sbs = S[0, slot] * bs[0]
+        for i in range(1, n):
+            sbs += S[i, slot] * bs[i]
+        cs = 1.0 / sbs
+        cy = 1.0 / SY[slot]
         for i in range(n):
             for k in range(n):
-                out[a, i, k] = 0.0
-            out[a, i, i] = theta[a]
-        for j in range(c):
-            slot = (head[r] - c + j) % m
-            for i in range(n):  # B s (B is symmetric)
-                acc = out[a, i, 0] * S[0, slot, r]
-                for k in range(1, n):
-                    acc += out[a, i, k] * S[k, slot, r]
-                bs[i] = acc
-            sbs = S[0, slot, r] * bs[0]
-            for i in range(1, n):
-                sbs += S[i, slot, r] * bs[i]
-            cs = 1.0 / sbs
-            cy = 1.0 / SY[slot, r]
-            for i in range(n):
-                for k in range(n):
-                    out[a, i, k] -= (bs[i] * cs) * bs[k]
-            for i in range(n):
-                for k in range(n):
-                    out[a, i, k] += (Y[i, slot, r] * cy) * Y[k, slot, r]
+                out[i, k] -= (bs[i] * cs) * bs[k]
+        for i in range(n):
+            for k in range(n):
+                out[i, k] += (Y[i, slot] * cy) * Y[k, slot]
 
 
-def _cauchy(x, g, B, lo, hi):
-    """Generalized Cauchy point and the variables fixed at a bound there (scipy's ``cauchy``); [A, n] each."""
-    a, n = x.shape
-    has_lo, has_hi = np.isfinite(lo)[None], np.isfinite(hi)[None]
-    tl, tu = x - lo, hi - x
-    neg = -g
-    xlower = has_lo & (tl <= 0)
-    xupper = has_hi & (tu <= 0)
-    at_bound = (xlower & (neg <= 0)) | (~xlower & xupper & (neg >= 0))
-    zero_g = ~xlower & ~xupper & (np.abs(neg) <= 0)
-    d = np.where(at_bound | zero_g, 0.0, neg)
-    moving = d != 0
-    brk_lo = moving & has_lo & (neg < 0)
-    brk_hi = moving & ~brk_lo & has_hi & (neg > 0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        tbrk = np.where(brk_lo, tl / -neg, np.where(brk_hi, tu / neg, np.inf))
-    bnded = ~(moving & ~brk_lo & ~brk_hi).any(axis=1)
-    xcp = x.copy()
-    rows = np.arange(a)
-    f1 = -np.einsum("ai,ai->a", d, d)
-    bd = np.einsum("aij,aj->ai", B, d)
-    f2 = np.einsum("ai,ai->a", d, bd)
-    f2_org = f2.copy()
-    with np.errstate(divide="ignore", invalid="ignore"):
-        dtm = -f1 / f2
-    tsum = np.zeros(a)
-    tj = np.zeros(a)
-    going = moving.any(axis=1) & np.isfinite(tbrk).any(axis=1)  # nbreak > 0
-    left = np.isfinite(tbrk)
-    fixed = at_bound.copy()
+@compiled(nogil=True, error_model="numpy")
+def _dot(a, b):
+    acc = a[0] * b[0]
+    for i in range(1, a.shape[0]):
+        acc += a[i] * b[i]
+    return acc
+
+
+@compiled(nogil=True, error_model="numpy")
+def _matvec(B, v, out):
+    for i in range(v.shape[0]):
+        acc = B[i, 0] * v[0]
+        for k in range(1, v.shape[0]):
+            acc += B[i, k] * v[k]
+        out[i] = acc
+
+
+@compiled(nogil=True, error_model="numpy")
+def _cauchy(x, g, B, lo, hi, xcp, fixed, d, tbrk, left, bd, zc):
+    """Generalized Cauchy point into ``xcp`` [n] and the variables fixed at a bound there into ``fixed`` [n]
+    (scipy's ``cauchy``); ``d``, ``tbrk``, ``left``, ``bd``, ``zc`` [n] are work space."""
+    n = x.shape[0]
+    any_move = False
+    unbounded_move = False
+    any_break = False
+    for i in range(n):
+        has_lo, has_hi = np.isfinite(lo[i]), np.isfinite(hi[i])
+        tl, tu = x[i] - lo[i], hi[i] - x[i]
+        neg = -g[i]
+        xlower = has_lo and tl <= 0
+        xupper = has_hi and tu <= 0
+        at_bound = (xlower and neg <= 0) or (not xlower and xupper and neg >= 0)
+        zero_g = not xlower and not xupper and abs(neg) <= 0
+        d[i] = 0.0 if (at_bound or zero_g) else neg
+        moving = d[i] != 0
+        brk_lo = moving and has_lo and neg < 0
+        brk_hi = moving and not brk_lo and has_hi and neg > 0
+        if brk_lo:
+            tbrk[i] = tl / -neg
+        elif brk_hi:
+            tbrk[i] = tu / neg
+        else:
+            tbrk[i] = np.inf
+        left[i] = np.isfinite(tbrk[i])
+        any_break = any_break or left[i]
+        unbounded_move = unbounded_move or (moving and not brk_lo and not brk_hi)
+        any_move = any_move or moving
+        fixed[i] = at_bound
+        xcp[i] = x[i]
+    bnded = not unbounded_move
+    f1 = -_dot(d, d)
+    _matvec(B, d, bd)
+    f2 = _dot(d, bd)
+    f2_org = f2
+    dtm = -f1 / f2
+    tsum = 0.0
+    tj = 0.0
+    going = any_move and any_break
     for _ in range(n):
-        if not going.any():
+        if not going:
             break
-        tb = np.where(left, tbrk, np.inf)
-        ibp = np.argmin(tb, axis=1)
-        tnext = tb[rows, ibp]
+        ibp = 0
+        tnext = np.inf
+        for i in range(n):  # the first smallest breakpoint left (np.argmin)
+            t = tbrk[i] if left[i] else np.inf
+            if t < tnext:
+                tnext, ibp = t, i
         dt = tnext - tj
-        going &= np.isfinite(tnext) & ~(dtm < dt)
-        idx = np.flatnonzero(going)
-        if not idx.size:
+        going = np.isfinite(tnext) and not (dtm < dt)
+        if not going:
             break
-        b = ibp[idx]
-        tj[idx] = tnext[idx]
-        tsum[idx] += dt[idx]
-        left[idx, b] = False
-        dibp = d[idx, b]
-        bound = np.where(dibp > 0, hi[b], lo[b])
-        xcp[idx, b] = bound
-        d[idx, b] = 0.0
-        fixed[idx, b] = True
+        tj = tnext
+        tsum += dt
+        left[ibp] = False
+        xcp[ibp] = hi[ibp] if d[ibp] > 0 else lo[ibp]
+        d[ibp] = 0.0
+        fixed[ibp] = True
         # f' and f'' of the model at the breakpoint along the new direction (scipy updates them in closed form)
-        zc = np.where(fixed[idx], xcp[idx], x[idx] + tsum[idx, None] * d[idx])
-        bdi = np.einsum("aij,aj->ai", B[idx], d[idx])
-        nf1 = np.einsum("ai,ai->a", g[idx], d[idx]) + np.einsum("ai,ai->a", zc - x[idx], bdi)
-        nf2 = np.maximum(_EPS * f2_org[idx], np.einsum("ai,ai->a", d[idx], bdi))
-        nleft = left[idx].sum(axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ndtm = np.where(nleft > 0, -nf1 / nf2, np.where(bnded[idx], 0.0, -nf1 / nf2))
-        dtm[idx] = ndtm
-        going[idx] = nleft > 0
-    dtm = np.where(dtm <= 0, 0.0, dtm)
-    any_move = moving.any(axis=1)
-    tsum = tsum + np.where(any_move, dtm, 0.0)
-    xcp = np.where(any_move[:, None], xcp + tsum[:, None] * d, xcp)
-    return xcp, fixed
+        for i in range(n):
+            zc[i] = (xcp[i] if fixed[i] else x[i] + tsum * d[i]) - x[i]
+        _matvec(B, d, bd)
+        nf1 = _dot(g, d) + _dot(zc, bd)
+        nf2 = _nan_max(_EPS * f2_org, _dot(d, bd))
+        nleft = 0
+        for i in range(n):
+            nleft += left[i]
+        dtm = -nf1 / nf2 if (nleft > 0 or not bnded) else 0.0
+        going = nleft > 0
+    if dtm <= 0:
+        dtm = 0.0
+    if any_move:
+        tsum = tsum + dtm
+        for i in range(n):
+            xcp[i] = xcp[i] + tsum * d[i]
 
 
-def _subspace(x, g, B, z, free, lo, hi):
+@compiled(nogil=True, error_model="numpy")
+def _solve(A, b):
+    """Solve A u = b in place (``b`` becomes u) by Gaussian elimination with partial pivoting (the first largest
+    pivot, as LAPACK's ``dgetrf``); False where a pivot is exactly 0 (singular; ``b`` is then garbage)."""
+    n = b.shape[0]
+    for k in range(n):
+        p = k
+        big = abs(A[k, k])
+        for i in range(k + 1, n):
+            if abs(A[i, k]) > big:
+                big, p = abs(A[i, k]), i
+        if big == 0.0:
+            return False
+        if p != k:
+            for j in range(n):
+                A[k, j], A[p, j] = A[p, j], A[k, j]
+            b[k], b[p] = b[p], b[k]
+        for i in range(k + 1, n):
+            f = A[i, k] / A[k, k]
+            for j in range(k + 1, n):
+                A[i, j] -= f * A[k, j]
+            b[i] -= f * b[k]
+    for k in range(n - 1, -1, -1):
+        acc = b[k]
+        for j in range(k + 1, n):
+            acc -= A[k, j] * b[j]
+        b[k] = acc / A[k, k]
+    return True
+
+
+@compiled(nogil=True, error_model="numpy")
+def _subspace(x, g, B, z, free, lo, hi, xn, Bf, du, work):
     """Subspace minimisation from the Cauchy point ``z`` over the ``free`` variables, then the projection of
-    L-BFGS-B 3.0 with its fallback (scipy's ``cmprlb`` + ``subsm``); returns the new point [A, n] and [A] True
+    L-BFGS-B 3.0 with its fallback (scipy's ``cmprlb`` + ``subsm``), the new point into ``xn`` [n]; returns False
     where the reduced matrix is singular (scipy then empties the memory and restarts the iteration)."""
-    a, n = x.shape
-    r = -(g + np.einsum("aij,aj->ai", B, z - x))
-    eye = np.eye(n)[None]
-    keep = free[:, :, None] & free[:, None, :]
-    Bf = np.where(keep, B, eye)
-    rhs = np.where(free, r, 0.0)[..., None]
-    try:
-        du = np.linalg.solve(Bf, rhs)[..., 0]
-    except np.linalg.LinAlgError:  # some reduced matrix is singular: solve one by one, nan where singular
-        du = np.full(x.shape, np.nan)
-        for i in range(a):
-            try:
-                du[i] = np.linalg.solve(Bf[i], rhs[i])[:, 0]
-            except np.linalg.LinAlgError:
-                pass
-    singular = ~np.isfinite(du).all(axis=1)
-    du = np.where(free & ~singular[:, None], du, 0.0)
-    has_lo, has_hi = np.isfinite(lo)[None], np.isfinite(hi)[None]
-    xn = np.where(free, np.minimum(hi, np.maximum(lo, z + du)), z)
-    iword = (free & ((has_lo & (xn == lo)) | (has_hi & (xn == hi)))).any(axis=1)
-    ddp = np.einsum("ai,ai->a", xn - x, g)
-    back = iword & (ddp > 0)
-    if back.any():
-        i = np.flatnonzero(back)
-        zb, dk, fr = z[i], du[i], free[i]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t_lo = np.where(lo - zb >= 0, 0.0, (lo - zb) / dk)
-            t_hi = np.where(hi - zb <= 0, 0.0, (hi - zb) / dk)
-        ratio = np.where(fr & (dk < 0) & has_lo, t_lo, np.where(fr & (dk > 0) & has_hi, t_hi, np.inf))
-        ibd = np.argmin(ratio, axis=1)
-        alpha = np.minimum(1.0, ratio[np.arange(i.size), ibd])
-        hit = alpha < 1.0
-        rows = np.flatnonzero(hit)
-        cols = ibd[hit]
-        sign = dk[rows, cols]
-        zb[rows, cols] = np.where(sign > 0, hi[cols], np.where(sign < 0, lo[cols], zb[rows, cols]))
-        dk[rows, cols] = np.where(sign != 0, 0.0, dk[rows, cols])
-        xn[i] = np.where(fr, zb + alpha[:, None] * dk, zb)
-    return xn, singular
+    n = x.shape[0]
+    for i in range(n):
+        work[i] = z[i] - x[i]
+    _matvec(B, work, du)
+    for i in range(n):
+        r = -(g[i] + du[i])
+        du[i] = r if free[i] else 0.0
+        for k in range(n):
+            Bf[i, k] = B[i, k] if (free[i] and free[k]) else (1.0 if i == k else 0.0)
+    if not _solve(Bf, du):
+        return False
+    for i in range(n):
+        if not np.isfinite(du[i]):
+            return False
+    iword = False
+    for i in range(n):
+        if free[i]:
+            xn[i] = _nan_min(hi[i], _nan_max(lo[i], z[i] + du[i]))
+            iword = iword or (np.isfinite(lo[i]) and xn[i] == lo[i]) or (np.isfinite(hi[i]) and xn[i] == hi[i])
+        else:
+            xn[i] = z[i]
+            du[i] = 0.0
+    for i in range(n):
+        work[i] = xn[i] - x[i]
+    if not (iword and _dot(work, g) > 0):
+        return True
+    # the projected point is not a descent direction: the truncated step from the Cauchy point instead
+    ibd = 0
+    ratio_min = np.inf
+    for i in range(n):
+        ratio = np.inf
+        if free[i] and du[i] < 0 and np.isfinite(lo[i]):
+            ratio = 0.0 if lo[i] - z[i] >= 0 else (lo[i] - z[i]) / du[i]
+        elif free[i] and du[i] > 0 and np.isfinite(hi[i]):
+            ratio = 0.0 if hi[i] - z[i] <= 0 else (hi[i] - z[i]) / du[i]
+        if ratio < ratio_min or (i == 0 and ratio != ratio):
+            ratio_min, ibd = ratio, i
+    alpha = _nan_min(1.0, ratio_min)
+    for i in range(n):
+        work[i] = z[i]
+    if alpha < 1.0:
+        if du[ibd] > 0:
+            work[ibd] = hi[ibd]
+            du[ibd] = 0.0
+        elif du[ibd] < 0:
+            work[ibd] = lo[ibd]
+            du[ibd] = 0.0
+    for i in range(n):
+        xn[i] = work[i] + alpha * du[i] if free[i] else work[i]
+    return True
 
 
+@compiled(nogil=True, error_model="numpy")
 def _dcstep(stx, fx, dx, sty, fy, dy, stp, fp, dp, brackt, stpmin, stpmax):
-    """MINPACK-2 ``dcstep`` elementwise over arrays (scipy.optimize._dcsrch.dcstep)."""
+    """MINPACK-2 ``dcstep`` (scipy.optimize._dcsrch.dcstep): the safeguarded step of the Moré-Thuente search;
+    returns (stx, fx, dx, sty, fy, dy, stp, brackt)."""
     sgnd = np.sign(dp) * np.sign(dx)
-    with np.errstate(all="ignore"):
-        # case 1: higher function value, the minimum is bracketed
+    if fp > fx:  # case 1: higher function value, the minimum is bracketed
         th = 3.0 * (fx - fp) / (stp - stx) + dx + dp
-        s = np.maximum(np.maximum(np.abs(th), np.abs(dx)), np.abs(dp))
+        s = _nan_max(_nan_max(abs(th), abs(dx)), abs(dp))
         gam = s * np.sqrt((th / s) ** 2 - (dx / s) * (dp / s))
-        gam1 = np.where(stp < stx, -gam, gam)
-        r = ((gam1 - dx) + th) / (((gam1 - dx) + gam1) + dp)
+        if stp < stx:
+            gam = -gam
+        r = ((gam - dx) + th) / (((gam - dx) + gam) + dp)
         stpc = stx + r * (stp - stx)
         stpq = stx + ((dx / ((fx - fp) / (stp - stx) + dx)) / 2.0) * (stp - stx)
-        f_case1 = np.where(np.abs(stpc - stx) <= np.abs(stpq - stx), stpc, stpc + (stpq - stpc) / 2.0)
-        # case 2: derivatives of opposite sign, bracketed
-        gam2 = np.where(stp > stx, -gam, gam)
-        r = ((gam2 - dp) + th) / (((gam2 - dp) + gam2) + dx)
-        stpc2 = stp + r * (stx - stp)
-        stpq2 = stp + (dp / (dp - dx)) * (stx - stp)
-        f_case2 = np.where(np.abs(stpc2 - stp) > np.abs(stpq2 - stp), stpc2, stpq2)
-        # case 3: derivative decreases in magnitude
-        gam3 = s * np.sqrt(np.maximum(0.0, (th / s) ** 2 - (dx / s) * (dp / s)))
-        gam3 = np.where(stp > stx, -gam3, gam3)
-        r = ((gam3 - dp) + th) / ((gam3 + (dx - dp)) + gam3)
-        stpc3 = np.where((r < 0) & (gam3 != 0), stp + r * (stx - stp), np.where(stp > stx, stpmax, stpmin))
-        f3_b = np.where(np.abs(stpc3 - stp) < np.abs(stpq2 - stp), stpc3, stpq2)
-        reach = stp + 0.66 * (sty - stp)
-        f3_b = np.where(stp > stx, np.minimum(reach, f3_b), np.maximum(reach, f3_b))
-        f3_u = np.clip(np.where(np.abs(stpc3 - stp) > np.abs(stpq2 - stp), stpc3, stpq2), stpmin, stpmax)
-        f_case3 = np.where(brackt, f3_b, f3_u)
-        # case 4: derivative does not decrease in magnitude
-        th4 = 3.0 * (fp - fy) / (sty - stp) + dy + dp
-        s4 = np.maximum(np.maximum(np.abs(th4), np.abs(dy)), np.abs(dp))
-        gam4 = s4 * np.sqrt((th4 / s4) ** 2 - (dy / s4) * (dp / s4))
-        gam4 = np.where(stp > sty, -gam4, gam4)
-        r = ((gam4 - dp) + th4) / (((gam4 - dp) + gam4) + dy)
-        f_case4 = np.where(brackt, stp + r * (sty - stp), np.where(stp > stx, stpmax, stpmin))
-    c1 = fp > fx
-    c2 = ~c1 & (sgnd < 0)
-    c3 = ~c1 & ~c2 & (np.abs(dp) < np.abs(dx))
-    stpf = np.where(c1, f_case1, np.where(c2, f_case2, np.where(c3, f_case3, f_case4)))
-    brackt = brackt | c1 | c2
-    move_y = c1 | (~c1 & (sgnd < 0))
-    y_from_p = c1
-    nsty = np.where(y_from_p, stp, np.where(move_y, stx, sty))
-    nfy = np.where(y_from_p, fp, np.where(move_y, fx, fy))
-    ndy = np.where(y_from_p, dp, np.where(move_y, dx, dy))
-    nstx = np.where(c1, stx, stp)
-    nfx = np.where(c1, fx, fp)
-    ndx = np.where(c1, dx, dp)
-    return nstx, nfx, ndx, nsty, nfy, ndy, stpf, brackt
+        stpf = stpc if abs(stpc - stx) <= abs(stpq - stx) else stpc + (stpq - stpc) / 2.0
+        brackt = True
+    elif sgnd < 0:  # case 2: derivatives of opposite sign, bracketed
+        th = 3.0 * (fx - fp) / (stp - stx) + dx + dp
+        s = _nan_max(_nan_max(abs(th), abs(dx)), abs(dp))
+        gam = s * np.sqrt((th / s) ** 2 - (dx / s) * (dp / s))
+        if stp > stx:
+            gam = -gam
+        r = ((gam - dp) + th) / (((gam - dp) + gam) + dx)
+        stpc = stp + r * (stx - stp)
+        stpq = stp + (dp / (dp - dx)) * (stx - stp)
+        stpf = stpc if abs(stpc - stp) > abs(stpq - stp) else stpq
+        brackt = True
+    elif abs(dp) < abs(dx):  # case 3: the derivative decreases in magnitude
+        th = 3.0 * (fx - fp) / (stp - stx) + dx + dp
+        s = _nan_max(_nan_max(abs(th), abs(dx)), abs(dp))
+        gam = s * np.sqrt(_nan_max(0.0, (th / s) ** 2 - (dx / s) * (dp / s)))
+        if stp > stx:
+            gam = -gam
+        r = ((gam - dp) + th) / ((gam + (dx - dp)) + gam)
+        if r < 0 and gam != 0:
+            stpc = stp + r * (stx - stp)
+        else:
+            stpc = stpmax if stp > stx else stpmin
+        stpq = stp + (dp / (dp - dx)) * (stx - stp)
+        if brackt:
+            stpf = stpc if abs(stpc - stp) < abs(stpq - stp) else stpq
+            reach = stp + 0.66 * (sty - stp)
+            stpf = _nan_min(reach, stpf) if stp > stx else _nan_max(reach, stpf)
+        else:
+            stpf = stpc if abs(stpc - stp) > abs(stpq - stp) else stpq
+            stpf = _nan_min(_nan_max(stpf, stpmin), stpmax)
+    else:  # case 4: the derivative does not decrease in magnitude
+        if brackt:
+            th = 3.0 * (fp - fy) / (sty - stp) + dy + dp
+            s = _nan_max(_nan_max(abs(th), abs(dy)), abs(dp))
+            gam = s * np.sqrt((th / s) ** 2 - (dy / s) * (dp / s))
+            if stp > sty:
+                gam = -gam
+            r = ((gam - dp) + th) / (((gam - dp) + gam) + dy)
+            stpf = stp + r * (sty - stp)
+        else:
+            stpf = stpmax if stp > stx else stpmin
+    if fp > fx:
+        sty, fy, dy = stp, fp, dp
+    else:
+        if sgnd < 0:
+            sty, fy, dy = stx, fx, dx
+        stx, fx, dx = stp, fp, dp
+    return stx, fx, dx, sty, fy, dy, stpf, brackt
 
 
-class _LineSearch:
-    """MINPACK-2 ``dcsrch`` state of the line searches of P problems (stpmin = 0), each started by :meth:`start`."""
-
-    _FIELDS = ("stpmax", "finit", "ginit", "gtest", "width", "width1", "stx", "fx", "gx", "sty", "fy", "gy", "stmin",
-               "stmax")
-
-    def __init__(self, p):
-        for name in self._FIELDS:
-            setattr(self, name, np.zeros(p))
-        self.brackt = np.zeros(p, dtype=bool)
-        self.stage = np.ones(p, dtype=np.int8)
-
-    def start(self, i, f, g, stp, stpmax):
-        """New searches of problems ``i`` [k] from f, g = derivative along d, first step ``stp``, bound ``stpmax``."""
-        self.stpmax[i] = stpmax
-        self.brackt[i] = False
-        self.stage[i] = 1
-        self.finit[i], self.ginit[i] = f, g
-        self.gtest[i] = _FTOL * g
-        width = stpmax - 0.0
-        self.width[i], self.width1[i] = width, width / 0.5
-        self.stx[i], self.fx[i], self.gx[i] = 0.0, f, g
-        self.sty[i], self.fy[i], self.gy[i] = 0.0, f, g
-        self.stmin[i] = 0.0
-        self.stmax[i] = stp + 4.0 * stp
-
-    def step(self, i, stp, f, g):
-        """Rows ``i`` evaluated at ``stp`` (f, g = derivative along d); returns (done [k], new stp [k])."""
-        ftest = self.finit[i] + stp * self.gtest[i]
-        stage = self.stage[i]
-        stage = np.where((stage == 1) & (f <= ftest) & (g >= 0), 2, stage)
-        br, stmin, stmax = self.brackt[i], self.stmin[i], self.stmax[i]
-        done = br & ((stp <= stmin) | (stp >= stmax))
-        done |= br & (stmax - stmin <= _XTOL * stmax)
-        done |= (stp == self.stpmax[i]) & (f <= ftest) & (g <= self.gtest[i])
-        done |= (stp == 0.0) & ((f > ftest) | (g >= self.gtest[i]))
-        done |= (f <= ftest) & (np.abs(g) <= _GTOL * -self.ginit[i])
-        self.stage[i[done]] = stage[done]
-        go = ~done
-        out = stp.copy()  # a finished search keeps its step
-        if not go.any():
-            return done, out
-        # the searches going on: the next trial step (dcsrch's update), only for them
-        i, stp, f, g, ftest, stage = i[go], stp[go], f[go], g[go], ftest[go], stage[go]
-        br, stmin, stmax = br[go], stmin[go], stmax[go]
-        gt = self.gtest[i]
-        stx, fx, gx, sty, fy, gy = self.stx[i], self.fx[i], self.gx[i], self.sty[i], self.fy[i], self.gy[i]
-        mod = (stage == 1) & (f <= fx) & (f > ftest)
-        shift_f = np.where(mod, gt, 0.0)
-        fxm, fym, fm = fx - stx * shift_f, fy - sty * shift_f, f - stp * shift_f
-        gxm, gym, gm = gx - shift_f, gy - shift_f, g - shift_f
-        stx, fxm, gxm, sty, fym, gym, nstp, br = _dcstep(stx, fxm, gxm, sty, fym, gym, stp, fm, gm, br, stmin, stmax)
-        fx, fy = fxm + stx * shift_f, fym + sty * shift_f
-        gx, gy = gxm + shift_f, gym + shift_f
-        width, width1 = self.width[i], self.width1[i]
-        halve = br & (np.abs(sty - stx) >= 0.66 * width1)
-        nstp = np.where(halve, stx + 0.5 * (sty - stx), nstp)
-        width1 = np.where(br, width, width1)
-        width = np.where(br, np.abs(sty - stx), width)
-        stmin = np.where(br, np.minimum(stx, sty), nstp + 1.1 * (nstp - stx))
-        stmax = np.where(br, np.maximum(stx, sty), nstp + 4.0 * (nstp - stx))
-        nstp = np.clip(nstp, 0.0, self.stpmax[i])
-        back = (br & ((nstp <= stmin) | (nstp >= stmax))) | (br & (stmax - stmin <= _XTOL * stmax))
-        nstp = np.where(back, stx, nstp)
-        for name, val in (("stage", stage), ("brackt", br), ("stx", stx), ("fx", fx), ("gx", gx), ("sty", sty),
-                          ("fy", fy), ("gy", gy), ("width", width), ("width1", width1), ("stmin", stmin),
-                          ("stmax", stmax)):
-            getattr(self, name)[i] = val
-        out[go] = nstp
-        return done, out
+@compiled(nogil=True, error_model="numpy")
+def _search_step(ls, stp, f, g):
+    """One evaluation of a MINPACK-2 ``dcsrch`` search (stpmin = 0) at ``stp`` (f, g = the derivative along d),
+    its state in ``ls`` [15] (:func:`_search_start`); returns (done, the next step: ``stp`` itself when done)."""
+    stpmax, finit, ginit, gtest = ls[0], ls[1], ls[2], ls[3]
+    width, width1 = ls[4], ls[5]
+    stx, fx, gx, sty, fy, gy = ls[6], ls[7], ls[8], ls[9], ls[10], ls[11]
+    stmin, stmax, brackt, stage = ls[12], ls[13], ls[14] > 0, ls[15]
+    ftest = finit + stp * gtest
+    if stage == 1 and f <= ftest and g >= 0:
+        stage = 2.0
+    ls[15] = stage
+    if (brackt and (stp <= stmin or stp >= stmax)) or (brackt and stmax - stmin <= _XTOL * stmax) \
+            or (stp == stpmax and f <= ftest and g <= gtest) or (stp == 0.0 and (f > ftest or g >= gtest)) \
+            or (f <= ftest and abs(g) <= _GTOL * -ginit):
+        return True, stp
+    shift = gtest if (stage == 1 and f <= fx and f > ftest) else 0.0
+    fxm, fym, fm = fx - stx * shift, fy - sty * shift, f - stp * shift
+    gxm, gym, gm = gx - shift, gy - shift, g - shift
+    stx, fxm, gxm, sty, fym, gym, nstp, brackt = _dcstep(stx, fxm, gxm, sty, fym, gym, stp, fm, gm, brackt,
+                                                         stmin, stmax)
+    fx, fy = fxm + stx * shift, fym + sty * shift
+    gx, gy = gxm + shift, gym + shift
+    if brackt and abs(sty - stx) >= 0.66 * width1:
+        nstp = stx + 0.5 * (sty - stx)
+    if brackt:
+        width1 = width
+        width = abs(sty - stx)
+        stmin, stmax = _nan_min(stx, sty), _nan_max(stx, sty)
+    else:
+        stmin, stmax = nstp + 1.1 * (nstp - stx), nstp + 4.0 * (nstp - stx)
+    nstp = _nan_min(_nan_max(nstp, 0.0), stpmax)
+    if (brackt and (nstp <= stmin or nstp >= stmax)) or (brackt and stmax - stmin <= _XTOL * stmax):
+        nstp = stx
+    ls[4], ls[5] = width, width1
+    ls[6], ls[7], ls[8], ls[9], ls[10], ls[11] = stx, fx, gx, sty, fy, gy
+    ls[12], ls[13], ls[14] = stmin, stmax, 1.0 if brackt else 0.0
+    return False, nstp
 
 
-def minimize_lbfgsb_batch(
-    fun_grad: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]],
-    x0: np.ndarray,
-    lower: np.ndarray,
-    upper: np.ndarray,
-    *,
-    m: int = 10,
-    factr: float = 1e7,
-    pgtol: float = 1e-5,
-    maxls: int = 20,
-    maxiter: int = 15000,
-) -> np.ndarray:
-    """Minimise P independent problems with scipy's L-BFGS-B steps; returns the final points [P, n].
+@compiled(nogil=True, error_model="numpy")
+def _search_start(ls, f, g, stp, stpmax):
+    """A new search from f, g = the derivative along d, first step ``stp``, bound ``stpmax``, into ``ls``."""
+    ls[0], ls[1], ls[2], ls[3] = stpmax, f, g, _FTOL * g
+    ls[4] = stpmax - 0.0
+    ls[5] = ls[4] / 0.5
+    ls[6], ls[7], ls[8], ls[9], ls[10], ls[11] = 0.0, f, g, 0.0, f, g
+    ls[12], ls[13], ls[14], ls[15] = 0.0, stp + 4.0 * stp, 0.0, 1.0
 
-    ``fun_grad(x [Q, n], rows [Q])`` returns the objectives [Q] and gradients [Q, n] of problems ``rows`` at ``x``;
-    ``x0`` [P, n] start points (clipped into the bounds), ``lower`` / ``upper`` [n] bounds (+-inf: none). As
-    scipy's, a problem ends on a projected gradient <= ``pgtol``, a relative decrease <= ``factr`` * eps, a line
-    search failing with an empty memory (the last accepted point is returned) or ``maxiter`` iterations.
-    """
-    lo, hi = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
-    x = np.clip(np.asarray(x0, dtype=np.float64), lo, hi).copy()
-    p, n = x.shape
-    all_rows = np.arange(p)
-    f, g = fun_grad(x, all_rows)
-    f, g = np.asarray(f, dtype=np.float64).copy(), np.asarray(g, dtype=np.float64).copy()
-    S, Y = np.zeros((n, m, p)), np.zeros((n, m, p))  # ring buffers of the (s, y) pairs, see _bfgs_matrix
-    SY = np.ones((m, p))
-    col = np.zeros(p, dtype=np.int64)
-    head = np.zeros(p, dtype=np.int64)  # the slot the next pair goes to
-    theta = np.ones(p)
-    iters = np.zeros(p, dtype=np.int64)
-    active = _projgr(x, g, lo, hi) > pgtol
+
+@compiled(nogil=True, error_model="numpy")
+def _minimize_one(x, log_x, x0, lo, hi, m, factr, pgtol, maxls, maxiter, out):
+    """L-BFGS-B of :func:`mixture_nll_grad` on one problem's ``x`` / ``log_x`` [k] from ``x0`` [5]; the final point
+    into ``out`` [5]."""
+    n = x0.shape[0]
+    xc = np.empty(n)
+    for i in range(n):
+        xc[i] = _nan_min(_nan_max(x0[i], lo[i]), hi[i])
+    g = np.empty(n)
+    f = mixture_nll_grad(xc, x, log_x, g)
+    S, Y, SY = np.zeros((n, m)), np.zeros((n, m)), np.ones(m)
+    col, head, theta, iters = 0, 0, 1.0, 0
+    B, bs, Bf = np.empty((n, n)), np.empty(n), np.empty((n, n))
+    z, fixed, free = np.empty(n), np.zeros(n, dtype=np.bool_), np.zeros(n, dtype=np.bool_)
+    d, tbrk, left, w1, w2 = np.empty(n), np.empty(n), np.zeros(n, dtype=np.bool_), np.empty(n), np.empty(n)
+    xn, du = np.empty(n), np.empty(n)
+    xt, gt = np.empty(n), np.empty(n)
+    ls = np.zeros(16)
     tol = factr * _EPS
-    # every problem is either between iterations or inside a line search; each round gives the first a search
-    # direction and every problem inside a search one evaluation, so no round waits for the longest search
-    searching = np.zeros(p, dtype=bool)
-    d, z = np.zeros((p, n)), np.zeros((p, n))  # search direction and the subspace point (the step of length 1)
-    gd0, fold, stp_cur = np.zeros(p), np.zeros(p), np.zeros(p)
-    nls = np.zeros(p, dtype=np.int64)  # evaluations of the current search
-    x_new, f_new, g_new, gd_last = x.copy(), f.copy(), g.copy(), np.zeros(p)
-    ls = _LineSearch(p)
-    none = np.zeros(0, dtype=np.int64)
-    while active.any():
-        failed = none
-        A = np.flatnonzero(active & ~searching)
-        if A.size:
-            xa, ga = x[A], g[A]
-            B = _bfgs_matrix(theta[A], S, Y, SY, col, head, A)
-            broken = ~np.isfinite(B).all(axis=(1, 2))
-            if broken.any():  # a failed factorisation in scipy's code: empty the memory, restart the iteration
-                col[A[broken]], theta[A[broken]] = 0, 1.0
-                B[broken] = np.eye(n)
-            za, fixed = _cauchy(xa, ga, B, lo, hi)
-            free = ~fixed
-            sub = (col[A] > 0) & free.any(axis=1)
-            restart = np.zeros(A.size, dtype=bool)
-            if sub.any():
-                j = np.flatnonzero(sub)
-                za[j], restart[j] = _subspace(xa[j], ga[j], B[j], za[j], free[j], lo, hi)
-            if restart.any():  # singular reduced matrix: the memory is emptied and the iteration restarted
-                col[A[restart]], theta[A[restart]] = 0, 1.0
-                keep_on = ~restart
-                A, xa, ga, za = A[keep_on], xa[keep_on], ga[keep_on], za[keep_on]
-            da = za - xa
-            dnorm = np.sqrt(np.einsum("ai,ai->a", da, da))
-            # largest feasible step along d (the first iteration: 1)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                r_lo = np.where(lo - xa >= 0, 0.0, (lo - xa) / da)
-                r_hi = np.where(hi - xa <= 0, 0.0, (hi - xa) / da)
-            ratio = np.where((da < 0) & np.isfinite(lo), r_lo, np.where((da > 0) & np.isfinite(hi), r_hi, _BIG))
-            first = iters[A] == 0
-            stpmx = np.where(first, 1.0, np.minimum(_BIG, ratio.min(axis=1)))
-            with np.errstate(divide="ignore"):
-                stp = np.where(first, np.minimum(1.0 / dnorm, stpmx), 1.0)
-            gda = np.einsum("ai,ai->a", ga, da)
-            descent = gda < 0
-            failed = A[~descent]  # not a descent direction: a failed search
-            go = A[descent]
-            d[go], z[go], gd0[go], fold[go], stp_cur[go] = da[descent], za[descent], gda[descent], f[go], stp[descent]
-            nls[go] = 0
-            ls.start(go, f[go], gda[descent], stp[descent], stpmx[descent])
-            searching[go] = True
-        ok = none
-        L = np.flatnonzero(searching)
-        if L.size:  # one trial step of every search
-            s_ = stp_cur[L]
-            xt = np.where((s_ == 1.0)[:, None], z[L], s_[:, None] * d[L] + x[L])
-            ft, gt = fun_grad(xt, L)
-            gdt = np.einsum("ai,ai->a", gt, d[L])
-            f_new[L], g_new[L], x_new[L], gd_last[L] = ft, gt, xt, gdt
-            done, nstp = ls.step(L, s_, ft, gdt)
-            stp_cur[L] = nstp
-            nls[L] += 1
-            ok = L[done]
-            spent = L[~done & (nls[L] >= maxls)]
-            searching[ok], searching[spent] = False, False
-            failed = np.concatenate([failed, spent])
-        # failed search: back to the old point; reset the memory, or stop when it is empty
-        stop = failed[col[failed] == 0]
-        active[stop] = False
-        reset = failed[col[failed] > 0]
-        col[reset], theta[reset] = 0, 1.0
-        if not ok.size:
+    active = _projgr(xc, g, lo, hi) > pgtol
+    while active:
+        # the search direction: the Cauchy point, then the subspace step
+        _bfgs_matrix(theta, S, Y, SY, col, head, B, bs)
+        broken = False
+        for i in range(n):
+            for k in range(n):
+                broken = broken or not np.isfinite(B[i, k])
+        if broken:  # a failed factorisation in scipy's code: empty the memory, restart the iteration
+            col, theta = 0, 1.0
+            for i in range(n):
+                for k in range(n):
+                    B[i, k] = 1.0 if i == k else 0.0
+        _cauchy(xc, g, B, lo, hi, z, fixed, d, tbrk, left, w1, w2)
+        any_free = False
+        for i in range(n):
+            free[i] = not fixed[i]
+            any_free = any_free or free[i]
+        if col > 0 and any_free:
+            if not _subspace(xc, g, B, z, free, lo, hi, xn, Bf, du, w1):
+                col, theta = 0, 1.0  # singular reduced matrix: the memory is emptied and the iteration restarted
+                continue
+            for i in range(n):
+                z[i] = xn[i]
+        dnorm2 = 0.0
+        ratio_min = np.inf
+        for i in range(n):
+            d[i] = z[i] - xc[i]
+        dnorm = np.sqrt(_dot(d, d))
+        for i in range(n):  # the largest feasible step along d (the first iteration: 1)
+            if d[i] < 0 and np.isfinite(lo[i]):
+                ratio = 0.0 if lo[i] - xc[i] >= 0 else (lo[i] - xc[i]) / d[i]
+            elif d[i] > 0 and np.isfinite(hi[i]):
+                ratio = 0.0 if hi[i] - xc[i] <= 0 else (hi[i] - xc[i]) / d[i]
+            else:
+                ratio = _BIG
+            ratio_min = _nan_min(ratio_min, ratio) if i else ratio
+        if iters == 0:
+            stpmx = 1.0
+            stp = _nan_min(1.0 / dnorm, stpmx)
+        else:
+            stpmx = _nan_min(_BIG, ratio_min)
+            stp = 1.0
+        gd0 = _dot(g, d)
+        ok = False
+        if gd0 < 0:  # a descent direction: the line search
+            fold = f
+            _search_start(ls, f, gd0, stp, stpmx)
+            for nls in range(maxls):
+                for i in range(n):
+                    xt[i] = z[i] if stp == 1.0 else stp * d[i] + xc[i]
+                ft = mixture_nll_grad(xt, x, log_x, gt)
+                gdt = _dot(gt, d)
+                done, nstp = _search_step(ls, stp, ft, gdt)
+                if done:
+                    ok = True
+                    break
+                stp = nstp
+        if not ok:  # a failed search: back to the old point; reset the memory, or stop when it is empty
+            if col == 0:
+                break
+            col, theta = 0, 1.0
             continue
-        # accepted steps
-        Ak = ok
-        y = g_new[Ak] - g[Ak]
-        x[Ak], f[Ak], g[Ak] = x_new[Ak], f_new[Ak], g_new[Ak]
-        iters[Ak] += 1
-        sk = stp_cur[Ak]
-        converged = _projgr(x[Ak], g[Ak], lo, hi) <= pgtol
-        fo, fn = fold[Ak], f_new[Ak]
-        converged |= (fo - fn) <= tol * np.maximum(np.maximum(np.abs(fo), np.abs(fn)), 1.0)
-        converged |= iters[Ak] >= maxiter
-        active[Ak[converged]] = False
-        one = sk == 1.0
-        g0, gl, dk = gd0[Ak], gd_last[Ak], d[Ak]
-        dr = np.where(one, gl - g0, (gl - g0) * sk)
-        s = np.where(one[:, None], dk, sk[:, None] * dk)
-        ddum = np.where(one, -g0, -g0 * sk)
-        upd = ~converged & ~(dr <= _EPS * ddum)
-        u = Ak[upd]
-        if u.size:
-            h = head[u]
-            S[:, h, u], Y[:, h, u], SY[h, u] = s[upd].T, y[upd].T, dr[upd]
-            head[u] = (h + 1) % m
-            col[u] = np.minimum(col[u] + 1, m)
-            theta[u] = np.einsum("ai,ai->a", y[upd], y[upd]) / dr[upd]
-    return x
+        # the accepted step
+        for i in range(n):
+            w1[i] = gt[i] - g[i]  # y
+            xc[i], g[i] = xt[i], gt[i]
+        f = ft
+        iters += 1
+        if _projgr(xc, g, lo, hi) <= pgtol or (fold - ft) <= tol * _nan_max(_nan_max(abs(fold), abs(ft)), 1.0) \
+                or iters >= maxiter:
+            break
+        one = stp == 1.0
+        dr = (gdt - gd0) if one else (gdt - gd0) * stp
+        ddum = -gd0 if one else -gd0 * stp
+        if not (dr <= _EPS * ddum):
+            for i in range(n):
+                S[i, head] = d[i] if one else stp * d[i]
+                Y[i, head] = w1[i]
+            SY[head] = dr
+            head = (head + 1) % m
+            col = min(col + 1, m)
+            theta = _dot(w1, w1) / dr
+    for i in range(n):
+        out[i] = xc[i]
+
+
+@compiled(nogil=True, error_model="numpy")
+def _minimize_all(x, log_x, x0, lo, hi, m, factr, pgtol, maxls, maxiter, out):
+    for p in range(x.shape[0]):
+        _minimize_one(x[p], log_x[p], x0, lo, hi, m, factr, pgtol, maxls, maxiter, out[p])
+
+
+def fit_weibull_mixtures(x: np.ndarray, x0: np.ndarray, lower: np.ndarray, upper: np.ndarray, *, m: int = 10,
+                         factr: float = 1e7, pgtol: float = 1e-5, maxls: int = 20, maxiter: int = 15000) -> np.ndarray:
+    """Minimise :func:`mixture_nll_grad` for P problems with scipy's L-BFGS-B steps; returns the final points
+    [P, 5].
+
+    ``x`` [P, k] each problem's path probabilities (> 0); ``x0`` [5] the start point (clipped into the bounds),
+    ``lower`` / ``upper`` [5] bounds (+-inf: none). As scipy's, a problem ends on a projected gradient <= ``pgtol``,
+    a relative decrease <= ``factr`` * eps, a line search failing with an empty memory (the last accepted point is
+    returned) or ``maxiter`` iterations.
+    """
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    if x.ndim != 2:
+        raise ValueError(f"x must be [problems, paths], got shape {x.shape}")
+    out = np.empty((x.shape[0], _N))
+    with np.errstate(all="ignore"):
+        log_x = np.log(x)
+    _minimize_all(x, log_x, np.asarray(x0, dtype=np.float64), np.asarray(lower, dtype=np.float64),
+                  np.asarray(upper, dtype=np.float64), int(m), float(factr), float(pgtol), int(maxls), int(maxiter),
+                  out)
+    return out

@@ -58,36 +58,14 @@ def _weibull_logpdf(x, k, lam, log_x=None):
     return np.log(k) - np.log(lam) + (k - 1.0) * z - t, z, t
 
 
-def _mixture_terms(params: np.ndarray, x: np.ndarray, log_x: np.ndarray | None = None):
-    """Per-path log mixture density and its gradient wrt (w, k1, lam1, k2, lam2); params broadcast against x
-    (``log_x``: np.log(x), when known)."""
-    w, k1, l1, k2, l2 = (params[..., i] for i in range(5))
-    if log_x is None:
-        log_x = np.log(x)
-    lp1, z1, t1 = _weibull_logpdf(x, k1, l1, log_x)
-    lp2, z2, t2 = _weibull_logpdf(x, k2, l2, log_x)
-    a1, a2 = np.log(w) + lp1, np.log1p(-w) + lp2
-    m = np.maximum(a1, a2)
-    log_mix = m + np.log(np.exp(a1 - m) + np.exp(a2 - m))
-    r1 = np.exp(a1 - log_mix)
-    r2 = 1.0 - r1
-    grad = np.stack([
-        r1 / w - r2 / (1.0 - w),
-        r1 * (1.0 / k1 + z1 * (1.0 - t1)),
-        r1 * (k1 / l1) * (t1 - 1.0),
-        r2 * (1.0 / k2 + z2 * (1.0 - t2)),
-        r2 * (k2 / l2) * (t2 - 1.0),
-    ], axis=-1)
-    return log_mix, grad
-
-
 def _mixture_nll_grad(params: np.ndarray, x: np.ndarray) -> tuple[float, np.ndarray]:
-    """Negative log-likelihood of one prompt's probabilities under the mixture, and its gradient."""
-    log_mix, grad = _mixture_terms(params, x)
-    nll, g = -float(np.sum(log_mix)), -grad.sum(axis=0)
-    if not np.isfinite(nll) or not np.all(np.isfinite(g)):
-        return 1e300, np.zeros(5)
-    return nll, g
+    """Negative log-likelihood of one prompt's probabilities under the mixture, and its gradient
+    (:func:`calibrl.selection._lbfgsb.mixture_nll_grad`, the objective of both solvers)."""
+    from calibrl.selection._lbfgsb import mixture_nll_grad
+
+    grad = np.empty(5)
+    nll = mixture_nll_grad(np.asarray(params, dtype=np.float64), x, np.log(x), grad)
+    return float(nll), grad
 
 
 def _weibull_mean(k, lam):
@@ -118,45 +96,26 @@ def _rpc_prune_group(prob: np.ndarray) -> np.ndarray:
     return ~(low & (prob < prob.mean()))
 
 
-def _batch_nll_grad(x: np.ndarray):
-    """``fun_grad(params [Q, 5], rows [Q])`` of problems whose probabilities are the rows of ``x`` [P, n]: the
-    negative log-likelihood [Q] and its gradient [Q, 5], each row as :func:`_mixture_nll_grad` computes it."""
-
-    log_x = np.log(x)  # [P, n], once for every evaluation
-
-    def fun_grad(params: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        log_mix, grad = _mixture_terms(params[:, None, :], x[rows], log_x[rows])  # [Q, n], [Q, n, 5]
-        nll, g = -log_mix.sum(axis=1), -grad.sum(axis=1)
-        bad = ~np.isfinite(nll) | ~np.isfinite(g).all(axis=1)
-        nll[bad], g[bad] = 1e300, 0.0
-        return nll, g
-
-    return fun_grad
-
-
-_BATCH = 32768  # problems fitted together (memory: about 2 kB each plus [batch, n, 5] gradients)
-
-
 def _rpc_prune_batch(prob: np.ndarray) -> np.ndarray:
-    """Keep-masks [P, n] of P prompts with n paths each (rows of ``prob``), all fitted at once.
+    """Keep-masks [P, n] of P prompts with n paths each (rows of ``prob``).
 
     The same fit as :func:`_rpc_prune_group` (scipy's L-BFGS-B from the reference's start, the same objective and
-    bounds), run by :func:`calibrl.selection._lbfgsb.minimize_lbfgsb_batch`, which takes scipy's steps for all
-    prompts at once."""
-    from calibrl.selection._lbfgsb import minimize_lbfgsb_batch
+    bounds), run by :func:`calibrl.selection._lbfgsb.fit_weibull_mixtures`, which takes scipy's steps in one
+    compiled loop over the prompts."""
+    from calibrl.selection._lbfgsb import fit_weibull_mixtures
 
     keep = np.ones(prob.shape, dtype=bool)
-    fit = np.flatnonzero((prob.shape[1] >= 2) & ~np.all(prob == prob[:, :1], axis=1))
+    rows = np.flatnonzero((prob.shape[1] >= 2) & ~np.all(prob == prob[:, :1], axis=1))
+    if not rows.size:
+        return keep
     lower = np.array([b[0] for b in _RPC_BOUNDS], dtype=np.float64)
     upper = np.array([np.inf if b[1] is None else b[1] for b in _RPC_BOUNDS], dtype=np.float64)
-    for start in range(0, fit.size, _BATCH):
-        rows = fit[start:start + _BATCH]
-        p = prob[rows]
-        x = np.clip(p, 1e-300, None)
-        with np.errstate(all="ignore"):
-            params = minimize_lbfgsb_batch(_batch_nll_grad(x), np.broadcast_to(_RPC_X0, (rows.size, 5)), lower, upper)
-            low = _posterior_low(x, params[:, None, :])
-        keep[rows] = ~(low & (p < p.mean(axis=1, keepdims=True)))
+    p = prob[rows]
+    x = np.clip(p, 1e-300, None)
+    params = fit_weibull_mixtures(x, _RPC_X0, lower, upper)
+    with np.errstate(all="ignore"):
+        low = _posterior_low(x, params[:, None, :])
+    keep[rows] = ~(low & (p < p.mean(axis=1, keepdims=True)))
     return keep
 
 
