@@ -393,3 +393,39 @@ def test_first_occurrence_keeps_the_first_path_of_each_prompt_answer_text():
         expected.append(key not in seen)
         seen.add(key)
     assert keep.tolist() == expected
+
+
+def test_dense_is_numpy_unique_with_inverse():
+    from calibrl.selection.voting import _dense
+
+    rng = np.random.default_rng(11)
+    cases = [rng.integers(0, 2 * n + 1, n).astype(dt) for n in (1, 7, 300) for dt in (np.int64, np.int32, np.uint16)]
+    cases += [np.array([5, -1, 5, 0]), np.array([10 ** 9, 3, 3]), np.array(["b", "a", "b"]), np.array([0.5, 0.5, 2.0])]
+    for values in cases:  # the bincount path (small whole numbers) and the sorted one (the rest) agree with numpy
+        uniq, inverse = _dense(values)
+        ref_uniq, ref_inverse = np.unique(values, return_inverse=True)
+        assert uniq.dtype == ref_uniq.dtype and np.array_equal(uniq, ref_uniq)
+        assert inverse.dtype == np.int64 and np.array_equal(inverse, ref_inverse.reshape(-1))
+
+
+def test_scaling_curves_share_their_draws_and_keep_n_paths_per_prompt():
+    from calibrl.selection import scaling
+
+    rng = np.random.default_rng(5)
+    pid = np.repeat(np.arange(50), 8)
+    answers = rng.integers(0, 3, pid.size) + 10 * pid
+    correct = answers % 10 == 0
+    scaling._MASKS.clear()
+    alone = S.scaling_curve("majority", answers, correct, pid, n_draws=4, seed=3)
+    p = np.asarray(pid, dtype=np.int64)
+    masks = scaling._subset_masks(p, np.bincount(p), [1, 2, 4, 8], 4, 3)
+    assert [len(m) for m in masks] == [0, 4, 4, 1]  # N = 1 exact, N = 8 the whole group once
+    for n, draws in zip([2, 4, 8], masks[1:]):
+        kept = [np.unpackbits(m, count=pid.size).astype(bool) for m in draws]
+        assert all((np.bincount(pid[k], minlength=50) == n).all() for k in kept)
+        assert n == 8 or len({k.tobytes() for k in kept}) == len(kept)  # the draws differ from each other
+    S.scaling_curve("best_of_n", answers, correct, pid, confidence=rng.uniform(size=pid.size), n_draws=4, seed=3)
+    again = S.scaling_curve("majority", answers, correct, pid, n_draws=4, seed=3)  # the draws read back
+    assert np.array_equal(again.accuracy, alone.accuracy) and np.array_equal(again.std, alone.std)
+    other = scaling._subset_masks(p, np.bincount(p), [1, 2, 4, 8], 4, 4)
+    assert other[1][0].tobytes() != masks[1][0].tobytes()  # another seed, other draws

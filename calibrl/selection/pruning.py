@@ -11,11 +11,12 @@ the "high" one; pruned paths keep their answer cluster in the vote with zero wei
 the likelihood is computed in log space (logsumexp; the reference's plain pdf underflows to log(0) for far
 outliers), the analytic gradient is passed to the optimiser (same optimum, ~5x fewer evaluations), and prompts whose
 N path probabilities are all equal (e.g. N = 1) skip the fit (no path lies below the mean, so none is pruned).
-Cost: one small fit per prompt; ``solver="batched"`` (the default) fits all prompts of a group size at once with
-scipy's L-BFGS-B steps (:mod:`calibrl.selection._lbfgsb`): 4-6 ms per prompt for 120 prompts against 0.1-0.8 s
-per prompt for the per-prompt scipy calls in the same run (``bench/eval_scale.py --agreement``, 2 shared cores
-under heavy load), cheaper per prompt as more prompts share a batch (about 0.25 ms per prompt of 4 paths with
-25,000 prompts); still the slowest selection method. Two things keep it affordable at a million samples: the
+Cost: one small fit per prompt; ``solver="batched"`` (the default) fits the prompts of a group size in one
+compiled loop taking scipy's L-BFGS-B steps (:mod:`calibrl.selection._lbfgsb`): about 60-75 us per prompt of 4 to
+16 paths, against about 0.3 ms for the same steps as numpy passes over all prompts at once and 1-2 ms for
+scipy's own per-prompt calls (``bench/eval_scale.py --agreement``); the first fit on a machine compiles the loop
+(about 13 s here, then read from numba's cache: :mod:`calibrl._compiled`). Still the slowest selection method.
+Two things keep it affordable at a million samples: the
 scaling curve and ``calibrl eval``'s selection figure, which read only the accuracy, fit only the prompts whose
 accuracy pruning could change (``rpc(accuracy_only=True)``), and the fits are split by prompts over
 ``CALIBRL_WORKERS`` processes (default: every core this process may use).
@@ -150,7 +151,7 @@ def _pool(processes: int):
             old.shutdown(wait=False, cancel_futures=True)
         _POOL.clear()
         # fork: the workers need no import of the caller's main module (spawn would run a script that lacks a
-        # __main__ guard again); they only run numpy on the arrays they are sent
+        # __main__ guard again); they only run the compiled fits on the arrays they are sent
         _POOL[processes] = ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("fork"))
     return _POOL[processes]
 
@@ -179,9 +180,12 @@ def _prune_rows(prob: np.ndarray) -> np.ndarray:
     # lock another thread of this process held at the fork
     import scipy.special  # noqa: F401  (_weibull_mean)
 
-    import calibrl.selection._lbfgsb  # noqa: F401
+    from calibrl.selection._lbfgsb import fit_weibull_mixtures
+
+    # compiled (or read from numba's cache) here once, not in each worker forked below
+    fit_weibull_mixtures(np.ones((0, 2)), _RPC_X0, np.zeros(5), np.full(5, np.inf))
     try:
-        with warnings.catch_warnings():  # python >= 3.12 warns on fork in a threaded process; the workers run numpy
+        with warnings.catch_warnings():  # python >= 3.12 warns on fork in a threaded process; the workers run no threads
             warnings.simplefilter("ignore", DeprecationWarning)
             futures = [_pool(parts - 1).submit(_rpc_prune_batch, chunk) for chunk in chunks[1:]]
         first = _rpc_prune_batch(chunks[0])  # this process takes the first part meanwhile
@@ -200,8 +204,8 @@ def rpc_keep_mask(prompt_ids, logprob_mean, *, solver: str = "batched") -> np.nd
     probability exp(logprob_mean) is below its prompt's mean.
 
     ``solver="scipy"``: one ``scipy.optimize.minimize`` L-BFGS-B fit per prompt, as the reference code.
-    ``solver="batched"`` (default): the same L-BFGS-B steps for all prompts of one group size at once
-    (:func:`calibrl.selection._lbfgsb.minimize_lbfgsb_batch`); the two agree up to rounding, which on random
+    ``solver="batched"`` (default): the same L-BFGS-B steps for all prompts of one group size in one compiled loop
+    (:func:`calibrl.selection._lbfgsb.fit_weibull_mixtures`); the two agree up to rounding, which on random
     groups of 2 to 64 paths changes the keep-mask of a small fraction of prompts (measured by
     ``bench/eval_scale.py --agreement``; docs/eval.md).
 

@@ -3,6 +3,7 @@ and maj@k (majority's point at N = k)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,34 +85,20 @@ def scaling_curve(
     conf = None if confidence is None else np.asarray(confidence, dtype=np.float64).reshape(-1)
     signals = None if deepconf_signals is None else np.asarray(deepconf_signals, dtype=np.float64)
     text_ids = _text_ids(completions, len(a))
-    rng = np.random.default_rng(seed)
     per_prompt_acc = np.bincount(p, weights=c, minlength=n_prompts) / sizes
     means, stds = [], []
     used = 1
-    start = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    by_prompt = np.argsort(p, kind="stable")  # [N] paths grouped by prompt, each group in path order
-    equal = bool((sizes == sizes[0]).all())
-    for n in ns:
+    for n, masks in zip(ns, _subset_masks(p, sizes, ns, n_draws, seed)):
         if n == 1:
             means.append(float(per_prompt_acc.mean()))
             stds.append(0.0)
             continue
-        draws = 1 if n >= sizes.max() else n_draws
-        used = max(used, draws)
+        used = max(used, len(masks))
         accs = []
-        for d in range(draws):
+        for d, packed in enumerate(masks):
             if progress is not None:
-                progress(f"N = {n}, draw {d + 1} of {draws}")
-            # rank paths within each prompt by a random key, keep the first n
-            key = rng.random(len(a))
-            rank = np.empty(len(a), dtype=np.int64)
-            if equal:  # the same ranks as the lexsort below, by one stable sort per prompt's row
-                within = np.argsort(key[by_prompt].reshape(-1, int(sizes[0])), axis=1, kind="stable")  # [G, k]
-                rank[by_prompt[(start[:, None] + within).reshape(-1)]] = np.tile(np.arange(int(sizes[0])), len(sizes))
-            else:
-                order = np.lexsort((key, p))
-                rank[order] = np.arange(len(a)) - start[p[order]]
-            m = rank < n
+                progress(f"N = {n}, draw {d + 1} of {len(masks)}")
+            m = np.flatnonzero(np.unpackbits(packed, count=len(a)))  # the kept paths, in order
             res = spec.fn(
                 a[m], c[m], p[m],
                 logprob_mean=None if lpm is None else lpm[m],
@@ -126,6 +113,45 @@ def scaling_curve(
         means.append(float(np.mean(accs)))
         stds.append(float(np.std(accs)))
     return ScalingCurve(method, np.asarray(ns), np.asarray(means), np.asarray(stds), used)
+
+
+_MASKS: dict[bytes, list[list[np.ndarray]]] = {}  # the last few curves' draws, kept for the other methods' curves
+
+
+def _subset_masks(p: np.ndarray, sizes: np.ndarray, ns: list[int], n_draws: int, seed: int) -> list[list[np.ndarray]]:
+    """The random path subsets of a curve: per N of ``ns``, the draws' masks [N paths] (np.packbits; N = 1 none,
+    one draw where N covers every prompt's whole group, else ``n_draws``), each prompt's paths ranked by a random
+    key and its first N kept. The draws depend only on the prompts ``p`` [paths] (dense), ``ns``, ``n_draws`` and
+    ``seed``, not on the method, so the curves of several methods on one file share them: kept for the last four
+    such requests (1 bit a path a draw: 2.6 MB for 21 draws of a million paths)."""
+    key = hashlib.blake2b(p.tobytes() + repr((list(ns), n_draws, seed)).encode(), digest_size=16).digest()
+    if key in _MASKS:
+        return _MASKS[key]
+    rng = np.random.default_rng(seed)
+    start = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    by_prompt = np.argsort(p, kind="stable")  # [N] paths grouped by prompt, each group in path order
+    equal = bool((sizes == sizes[0]).all())
+    out: list[list[np.ndarray]] = []
+    for n in ns:
+        masks: list[np.ndarray] = []
+        out.append(masks)
+        if n == 1:  # exact: the mean of the per-prompt accuracies
+            continue
+        for _ in range(1 if n >= sizes.max() else n_draws):
+            # rank paths within each prompt by a random key, keep the first n
+            rand = rng.random(len(p))
+            rank = np.empty(len(p), dtype=np.int64)
+            if equal:  # the same ranks as the lexsort below, by one stable sort per prompt's row
+                within = np.argsort(rand[by_prompt].reshape(-1, int(sizes[0])), axis=1, kind="stable")  # [G, k]
+                rank[by_prompt[(start[:, None] + within).reshape(-1)]] = np.tile(np.arange(int(sizes[0])), len(sizes))
+            else:
+                order = np.lexsort((rand, p))
+                rank[order] = np.arange(len(p)) - start[p[order]]
+            masks.append(np.packbits(rank < n))
+    _MASKS[key] = out
+    while len(_MASKS) > 4:
+        _MASKS.pop(next(iter(_MASKS)))
+    return out
 
 
 def maj_at_k(answer_ids, correct, prompt_ids, *, k: int, n_draws: int = 20, seed: int = 0) -> float:

@@ -49,7 +49,16 @@ class SelectionResult:
 
 
 def _dense(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    uniq, inv = np.unique(np.asarray(values), return_inverse=True)
+    """``np.unique(values, return_inverse=True)``: the sorted distinct values and each value's index among them.
+    Whole numbers from 0 to at most twice their count (prompt indices, answer clusters: every call of a scaling
+    curve's draws) take a bincount of which values occur instead of a sort, the same result in linear time."""
+    values = np.asarray(values).reshape(-1)
+    if values.dtype.kind in "iu" and values.size and 0 <= values.min() and values.max() <= 2 * values.size:
+        present = np.zeros(int(values.max()) + 1, dtype=bool)
+        present[values] = True
+        uniq = np.flatnonzero(present)
+        return uniq.astype(values.dtype), (np.cumsum(present) - 1)[values].astype(np.int64)
+    uniq, inv = np.unique(values, return_inverse=True)
     return uniq, inv.reshape(-1).astype(np.int64)
 
 
