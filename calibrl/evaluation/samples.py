@@ -479,8 +479,15 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
     no_benchmark: str | None = None  # file:line of the first row naming none
     signals = array("d")  # [N x 4] DeepConf signals of each row's token_confidence (NaN where none)
 
+    # the columns' appends bound once (a row's loop below runs a million times at users' sizes)
+    add_reward, add_n_tokens, add_truncated = cols["reward"].append, cols["n_tokens"].append, cols["truncated"].append
+    add_logprob, add_decision, add_stated = (cols["logprob_mean"].append, cols["decision_prob"].append,
+                                             cols["verbalized_confidence"].append)
+    add_certainty, add_voted, add_lowest = (cols["self_certainty"].append, cols["deepconf_voted"].append,
+                                            cols["deepconf_lowest"].append)
+    nan = math.nan
     for position, (where, raw) in enumerate(rows):
-        if not isinstance(raw, dict):
+        if type(raw) is not dict and not isinstance(raw, dict):
             raise SamplesError(f"{where}: expected a JSON object per line, got {type(raw).__name__}")
         r = _Row(where, raw)
         if kind is None:
@@ -506,33 +513,27 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
             key_digests += _NO_DIGEST
         prompt_ids.append(pid_text)
         positions.append(position)
-        signals.extend(_deepconf_signals(r, *deepconf))
+        signals.extend(_NO_SIGNALS if raw.get("token_confidence") is None else _deepconf_signals(r, *deepconf))
         voted = raw.get("deepconf_voted")
         if voted is not None and not isinstance(voted, (bool, np.bool_)):
             raise r.fail("deepconf_voted", f"expected a bool, got {_shown(voted)}")
-        cols["deepconf_voted"].append(math.nan if voted is None else float(voted))
-        cols["deepconf_lowest"].append(r.number("deepconf_lowest", low=0) if raw.get("deepconf_lowest") is not None
-                                       else math.nan)
+        add_voted(nan if voted is None else float(voted))
+        add_lowest(r.number("deepconf_lowest", low=0) if raw.get("deepconf_lowest") is not None else nan)
 
-        for name in ("reward", "n_tokens"):
-            cols[name].append(r.number(name, low=0 if name == "n_tokens" else -math.inf)
-                              if raw.get(name) is not None else math.nan)
+        add_reward(r.number("reward") if raw.get("reward") is not None else nan)
+        n_tokens = raw.get("n_tokens")
+        add_n_tokens(r.number("n_tokens", low=0) if n_tokens is not None else nan)
         cut = raw.get("truncated")
         if cut is not None and not isinstance(cut, (bool, np.bool_)) and not (_is_int(cut) and int(cut) in (0, 1)):
             raise r.fail("truncated", f"expected a bool, got {type(cut).__name__} {_shown(cut)}")
-        cols["truncated"].append(math.nan if cut is None else float(cut))
-        n_tokens = raw.get("n_tokens")
+        add_truncated(nan if cut is None else float(cut))
         if n_tokens is not None and type(n_tokens) is not int and not _is_int(n_tokens):
             raise r.fail("n_tokens", f"expected an integer, got {n_tokens!r}")
-        cols["logprob_mean"].append(
-            min(r.number("logprob_mean", high=_LOGPROB_TOL), 0.0)
-            if raw.get("logprob_mean") is not None or kind == "logprob_mean" else math.nan
-        )
-        cols["decision_prob"].append(
-            r.number("decision_prob", low=0.0, high=1.0)
-            if raw.get("decision_prob") is not None or kind == "decision_prob" else math.nan
-        )
-        cols["self_certainty"].append(_self_certainty(r) if raw.get("self_certainty") is not None else math.nan)
+        add_logprob(min(r.number("logprob_mean", high=_LOGPROB_TOL), 0.0)
+                    if kind == "logprob_mean" or raw.get("logprob_mean") is not None else nan)
+        add_decision(r.number("decision_prob", low=0.0, high=1.0)
+                     if kind == "decision_prob" or raw.get("decision_prob") is not None else nan)
+        add_certainty(_self_certainty(r) if raw.get("self_certainty") is not None else nan)
         if "verbalized_confidence" in raw:  # null: the completion stated none
             stated = (r.number("verbalized_confidence", low=0.0, high=1.0)
                       if raw["verbalized_confidence"] is not None else None)
@@ -543,7 +544,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
             raise r.fail("verbalized_confidence", "missing (no value, and no <confidence>x</confidence> with x in "
                          "[0, 1] at the end of the completion); it is the main confidence, needed on every row: "
                          "choose another --confidence to compare it on the rows that have it")
-        cols["verbalized_confidence"].append(math.nan if stated is None else stated)
+        add_stated(nan if stated is None else stated)
 
         # class_probs + label (+ classes)
         row_classes = raw.get("classes")
@@ -614,35 +615,34 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         else:
             raise r.fail("correct", "missing (give 'correct' (bool) or 'reward' (number))")
 
-        for name in ("answer", "benchmark", "completion"):
-            value = raw.get(name)
-            if value is not None and not isinstance(value, str):
-                if name == "answer" and _is_number(value):
-                    value = str(value)
-                else:
-                    raise r.fail(name, f"expected a string, got {type(value).__name__} {_shown(value)}")
-            if name == "completion":
-                digests += _NO_DIGEST if value is None else text_digest(value)
-                no_text.append(value is None)
-                said = raw.get("abstained")
-                if said is not None:
-                    if not isinstance(said, (bool, np.bool_)) and not (_is_int(said) and int(said) in (0, 1)):
-                        raise r.fail("abstained", f"expected a bool, got {type(said).__name__} {_shown(said)}")
-                    abstained_named = True
-                    abstained.append(bool(said))
-                else:
-                    abstained.append(value is not None and is_abstention(value))
-                can = raw.get("answerable")
-                if can is not None and not isinstance(can, (bool, np.bool_)) and not (
-                        _is_int(can) and int(can) in (0, 1)):
-                    raise r.fail("answerable", f"expected a bool, got {type(can).__name__} {_shown(can)}")
-                answerable.append(can is None or bool(can))
-            else:
-                texts[name].append(value)
-        if texts["benchmark"][-1] is None:
+        answer, bench, value = raw.get("answer"), raw.get("benchmark"), raw.get("completion")
+        if answer is not None and type(answer) is not str:
+            answer = _text_field(r, "answer", answer)
+        if bench is not None and type(bench) is not str:
+            bench = _text_field(r, "benchmark", bench)
+        if value is not None and type(value) is not str:
+            value = _text_field(r, "completion", value)
+        texts["answer"].append(answer)
+        texts["benchmark"].append(bench)
+        digests += _NO_DIGEST if value is None else text_digest(value)
+        no_text.append(value is None)
+        said = raw.get("abstained")
+        if said is not None:
+            if not isinstance(said, (bool, np.bool_)) and not (_is_int(said) and int(said) in (0, 1)):
+                raise r.fail("abstained", f"expected a bool, got {type(said).__name__} {_shown(said)}")
+            abstained_named = True
+            abstained.append(bool(said))
+        else:
+            abstained.append(value is not None and is_abstention(value))
+        can = raw.get("answerable")
+        if can is not None and not isinstance(can, (bool, np.bool_)) and not (
+                _is_int(can) and int(can) in (0, 1)):
+            raise r.fail("answerable", f"expected a bool, got {type(can).__name__} {_shown(can)}")
+        answerable.append(can is None or bool(can))
+        if bench is None:
             no_benchmark = no_benchmark or where
         elif benchmark_named is None:
-            benchmark_named = (where, texts["benchmark"][-1])
+            benchmark_named = (where, bench)
         if index is None:
             content_digests += _NO_DIGEST
         elif no_text[-1]:  # a row without a completion is compared whole
@@ -721,6 +721,16 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
                          "completion, correctness and confidence as an earlier row)")
     samples.skipped = {"repeated sample": n_repeated}
     return samples
+
+
+def _text_field(r: _Row, name: str, value: Any) -> str:
+    """A row's text field ``name`` that is not a plain ``str``: a str subclass as it is, a number given as the
+    ``answer`` as its text; anything else refused."""
+    if isinstance(value, str):
+        return value
+    if name == "answer" and _is_number(value):
+        return str(value)
+    raise r.fail(name, f"expected a string, got {type(value).__name__} {_shown(value)}")
 
 
 def _row_digest(raw: dict) -> bytes:

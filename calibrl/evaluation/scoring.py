@@ -197,11 +197,12 @@ def source_bootstrap(arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray,
             new_rows = np.flatnonzero(first == done - len(counts) + rows)
         else:
             first, new_rows = done - len(counts) + rows, rows
+        fresh = counts[new_rows]
+        fresh_int = fresh.astype(np.int32)  # whole numbers up to G: once for every source's ranking pass
         for k, (pidx, conf, score, target, probability) in arrays.items():
-            fresh = counts[new_rows]
             none = np.empty(0)
             # one pass over the tie runs of the source's scores
-            prr, auc = prr_of[k].with_auroc(fresh) if len(fresh) else (none, none)
+            prr, auc = prr_of[k].with_auroc(fresh_int) if len(fresh) else (none, none)
             smooth = smooth_of[k](fresh) if probability and len(fresh) else np.full(len(fresh), np.nan)
             for metric, values in (("prr", prr), ("auroc", auc), ("smooth_ece", smooth)):
                 if seen is None:

@@ -194,6 +194,7 @@ class PRRReplicates:
         self.run_start = np.searchsorted(pair // n_groups, np.arange(ends.size + 1)).astype(np.int64)  # [T + 1]
         self.group_sizes = np.bincount(g, minlength=n_groups).astype(np.int64)  # [G]
         self.group_right = np.bincount(g, weights=y, minlength=n_groups).astype(np.int64)  # [G]
+        self._harmonic = _harmonic(0)
 
     def __call__(self, counts: np.ndarray) -> np.ndarray:
         return self.with_auroc(counts)[0]
@@ -203,15 +204,22 @@ class PRRReplicates:
         Mann-Whitney count in int64 (:func:`calibrl.metrics.auroc` of the gathered rows exactly)."""
         from calibrl.metrics._replicate_kernel import prr_auroc_replicates
 
-        counts = np.rint(np.asarray(counts, dtype=np.float64))
-        if counts.size and not (0 <= counts.min() and counts.max() < 2 ** 31):
+        counts = np.asarray(counts)
+        if counts.dtype != np.int32:  # int32 counts (the eval's, shared by its sources) are taken as they are
+            counts = np.rint(np.asarray(counts, dtype=np.float64))
+            if counts.size and not (0 <= counts.min() and counts.max() < 2 ** 31):
+                raise ValueError(f"counts must be whole numbers in [0, 2^31), got {counts.min()} .. {counts.max()}")
+            counts = counts.astype(np.int32)
+        elif counts.size and counts.min() < 0:
             raise ValueError(f"counts must be whole numbers in [0, 2^31), got {counts.min()} .. {counts.max()}")
-        counts = np.ascontiguousarray(counts.astype(np.int32))
+        counts = np.ascontiguousarray(counts)
         if counts.ndim != 2 or counts.shape[1] != self.group_sizes.size:
             raise ValueError(f"counts must be [replicates, {self.group_sizes.size}], got {counts.shape}")
-        harmonic = _harmonic(int((counts.astype(np.int64) @ self.group_sizes).max(initial=0)))
+        n_max = int((counts @ self.group_sizes).max(initial=0))
+        if self._harmonic.size <= n_max:  # H_0 .. H_n, grown for the largest replicate so far (a prefix of a longer
+            self._harmonic = _harmonic(max(n_max, 2 * self._harmonic.size))  # cumsum is the same bits)
         return prr_auroc_replicates(counts, self.run_start, self.pair_group, self.pair_size, self.pair_right,
-                                    self.group_sizes, self.group_right, harmonic, self.max_rejection)
+                                    self.group_sizes, self.group_right, self._harmonic, self.max_rejection)
 
 
 def prr_replicates(confidence: np.ndarray, correct: np.ndarray, group: np.ndarray, counts: np.ndarray, *,
