@@ -57,7 +57,8 @@ def test_compiled_lbfgsb_lands_where_scipy_lands(n, share):
     from calibrl.selection._lbfgsb import fit_weibull_mixtures
 
     rng = np.random.default_rng(n)
-    x = np.exp(-rng.exponential(rng.uniform(0.1, 0.6, size=(60, 1)), size=(60, n)) - 0.2 * (rng.uniform(size=(60, n)) < 0.4))
+    wrong = rng.uniform(size=(60, n)) < 0.4
+    x = np.exp(-rng.exponential(rng.uniform(0.1, 0.6, size=(60, 1)), size=(60, n)) - 0.2 * wrong)
     lower, upper = np.array([0.2, 0.01, 0.01, 0.01, 0.01]), np.array([0.8, np.inf, np.inf, np.inf, np.inf])
     got = fit_weibull_mixtures(x, P._RPC_X0, lower, upper)
     ref = np.array([minimize(P._mixture_nll_grad, P._RPC_X0, args=(x[i],), jac=True, method="L-BFGS-B",

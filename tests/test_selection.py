@@ -286,7 +286,8 @@ def test_literal_answers_are_clustered_without_importing_math_verify():
     import sys
 
     code = ("import sys; from calibrl.selection import answer_clusters; "
-            "ids = answer_clusters(['12', '\\\\frac{4}{2}', '2', '-3\\\\sqrt{8}', '-6\\\\sqrt{2}', '\\\\frac{8}{4}'], [0] * 6); "
+            "ids = answer_clusters(['12', '\\\\frac{4}{2}', '2', '-3\\\\sqrt{8}', '-6\\\\sqrt{2}', "
+            "'\\\\frac{8}{4}'], [0] * 6); "
             "print(ids.tolist(), 'math_verify' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[-1] == "False"  # no pair needed math-verify's parse: not imported (about a second)
