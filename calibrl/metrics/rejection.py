@@ -215,9 +215,11 @@ class PRRReplicates:
         counts = np.ascontiguousarray(counts)
         if counts.ndim != 2 or counts.shape[1] != self.group_sizes.size:
             raise ValueError(f"counts must be [replicates, {self.group_sizes.size}], got {counts.shape}")
+        # H_0 .. H_n for the largest replicate so far, kept for the next chunks (grown when a replicate outgrows it:
+        # a prefix of a longer cumulative sum is the same bits)
         n_max = int((counts @ self.group_sizes).max(initial=0))
-        if self._harmonic.size <= n_max:  # H_0 .. H_n, grown for the largest replicate so far (a prefix of a longer
-            self._harmonic = _harmonic(max(n_max, 2 * self._harmonic.size))  # cumsum is the same bits)
+        if self._harmonic.size <= n_max:
+            self._harmonic = _harmonic(max(n_max, 2 * self._harmonic.size))
         return prr_auroc_replicates(counts, self.run_start, self.pair_group, self.pair_size, self.pair_right,
                                     self.group_sizes, self.group_right, self._harmonic, self.max_rejection)
 

@@ -493,7 +493,6 @@ def _minimize_one(x, log_x, x0, lo, hi, m, factr, pgtol, maxls, maxiter, out):
                 continue
             for i in range(n):
                 z[i] = xn[i]
-        dnorm2 = 0.0
         ratio_min = np.inf
         for i in range(n):
             d[i] = z[i] - xc[i]

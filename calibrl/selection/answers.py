@@ -157,7 +157,10 @@ def _math_verify_available() -> bool:
     second, paid only when a pair of answers needs its parse (:func:`_verify_pair`)."""
     import importlib.util
 
-    return importlib.util.find_spec("math_verify") is not None
+    try:
+        return importlib.util.find_spec("math_verify") is not None
+    except (ImportError, ValueError):  # a module entry of None (imports of it blocked) or without a spec
+        return False
 
 
 def answers_equivalent(a: str | None, b: str | None, *, timeout: int | None = MATH_TIMEOUT_SECONDS) -> bool:

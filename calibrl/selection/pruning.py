@@ -185,7 +185,7 @@ def _prune_rows(prob: np.ndarray) -> np.ndarray:
     # compiled (or read from numba's cache) here once, not in each worker forked below
     fit_weibull_mixtures(np.ones((0, 2)), _RPC_X0, np.zeros(5), np.full(5, np.inf))
     try:
-        # python >= 3.12 warns on fork in a threaded process; the workers run no threads
+        # python >= 3.12 warns on fork in a threaded process; the workers only run the compiled fits
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             futures = [_pool(parts - 1).submit(_rpc_prune_batch, chunk) for chunk in chunks[1:]]
