@@ -487,7 +487,7 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
                                             cols["deepconf_lowest"].append)
     nan = math.nan
     for position, (where, raw) in enumerate(rows):
-        if type(raw) is not dict and not isinstance(raw, dict):
+        if not isinstance(raw, dict):
             raise SamplesError(f"{where}: expected a JSON object per line, got {type(raw).__name__}")
         r = _Row(where, raw)
         if kind is None:

@@ -403,7 +403,8 @@ def _dcstep(stx, fx, dx, sty, fy, dy, stp, fp, dp, brackt, stpmin, stpmax):
 @compiled(nogil=True, error_model="numpy")
 def _search_step(ls, stp, f, g):
     """One evaluation of a MINPACK-2 ``dcsrch`` search (stpmin = 0) at ``stp`` (f, g = the derivative along d),
-    its state in ``ls`` [15] (:func:`_search_start`); returns (done, the next step: ``stp`` itself when done)."""
+    its state in ``ls`` [16] (:func:`_search_start`: stpmax, finit, ginit, gtest, width, width1, stx, fx, gx, sty,
+    fy, gy, stmin, stmax, brackt, stage); returns (done, the next step: ``stp`` itself when done)."""
     stpmax, finit, ginit, gtest = ls[0], ls[1], ls[2], ls[3]
     width, width1 = ls[4], ls[5]
     stx, fx, gx, sty, fy, gy = ls[6], ls[7], ls[8], ls[9], ls[10], ls[11]
