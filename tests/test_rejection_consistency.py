@@ -213,6 +213,31 @@ def test_replicates_of_mixed_ties_equal_gathered_rows():
                 assert prr[r] == pytest.approx(M.prr(score[idx], y[idx], max_rejection=max_rejection), rel=1e-9)
 
 
+def test_replicates_in_blocks_with_counts_of_every_width_equal_gathered_rows():
+    """The pass walks replicates in blocks of eight with their counts narrowed to the smallest dtype that holds
+    them: 11 replicates (a partial last block), counts below 256 (uint8), up to 300 (uint16) and up to 70,000
+    (int32), each replicate's figures those of its gathered rows, whatever the other replicates of its block hold;
+    and the same replicates one at a time give the same bits."""
+    from calibrl.metrics.rejection import PRRReplicates
+
+    rng = np.random.default_rng(14)
+    n_groups = 6
+    group = rng.integers(0, n_groups, 40)
+    score = np.round(rng.normal(size=40), 1)
+    y = rng.random(40) < 1 / (1 + np.exp(-score))
+    small = rng.integers(0, 4, (11, n_groups))
+    for top in (3, 300, 70_000):
+        counts = small.copy()
+        counts[4, 2] = top  # one replicate in the first block, its neighbours small
+        prr, auc = PRRReplicates(score, y, group, n_groups).with_auroc(counts)
+        for r in range(11):
+            idx = np.repeat(np.arange(40), counts[r, group])
+            assert auc[r] == M.auroc(score[idx], y[idx])
+            assert prr[r] == pytest.approx(M.prr(score[idx], y[idx]), rel=1e-9)
+            one = PRRReplicates(score, y, group, n_groups).with_auroc(counts[r:r + 1])
+            assert one[0][0] == prr[r] and one[1][0] == auc[r]
+
+
 def test_replicates_where_the_figures_are_undefined_are_nan_as_the_gathered_rows():
     """A replicate holding only right samples (one class: AUROC and PRR undefined), one with no rejection level
     (max_rejection x n < 1), and an all-zero replicate, beside a defined one; and a by-hand value: scores
