@@ -486,22 +486,60 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
     add_certainty, add_voted, add_lowest = (cols["self_certainty"].append, cols["deepconf_voted"].append,
                                             cols["deepconf_lowest"].append)
     nan = math.nan
+
+    def main_logprob(r: _Row) -> float:
+        return min(r.number("logprob_mean", high=_LOGPROB_TOL), 0.0)
+
+    def main_decision(r: _Row) -> float:
+        return r.number("decision_prob", low=0.0, high=1.0)
+
+    plain = False  # rows of only _PLAIN_FIELDS take the short path (set with the main confidence)
     for position, (where, raw) in enumerate(rows):
         if not isinstance(raw, dict):
             raise SamplesError(f"{where}: expected a JSON object per line, got {type(raw).__name__}")
         r = _Row(where, raw)
         if kind is None:
             kind = _detect_kind(where, raw, confidence, optional=optional)
+            plain = kind in _PLAIN_FIELDS  # the main confidence is one of the plain path's fields
 
         pid = raw.get("prompt_id")
-        if pid is None:
-            raise r.fail("prompt_id", "missing")
-        if isinstance(pid, str):
-            pid_text = pid
-        elif _is_int(pid):
-            pid_text = str(int(pid))
-        else:
-            raise r.fail("prompt_id", f"expected str or int, got {type(pid).__name__} {pid!r}")
+        pid_text = pid if type(pid) is str else _prompt_id_text(r, pid)
+        if plain and raw.keys() <= _PLAIN_FIELDS:
+            # a row of only these fields (most files' rows): what the rest of the loop does with it, without
+            # looking up the fields it lacks, in the same order of checks (reading a million such rows took
+            # 4.8-5.3 s against 5.3-6.2 s, on 2026-11-30; tests/test_samples_plain_rows.py checks that both paths
+            # give the same samples and the same errors)
+            key_digests += _NO_DIGEST
+            prompt_ids.append(pid_text)
+            positions.append(position)
+            signals += _NO_SIGNALS_ROW
+            add_voted(nan)
+            add_lowest(nan)
+            add_reward(nan)
+            add_n_tokens(nan)
+            add_truncated(nan)
+            add_logprob(main_logprob(r) if kind == "logprob_mean" or raw.get("logprob_mean") is not None else nan)
+            add_decision(main_decision(r) if kind == "decision_prob" or raw.get("decision_prob") is not None else nan)
+            add_certainty(nan)
+            add_stated(nan)
+            class_probs.append(None)
+            labels.append(-1)
+            value = raw.get("correct")
+            if value is None:
+                raise r.fail("correct", _NO_OUTCOME)
+            correct.append(_correct_flag(r, value))
+            answer = raw.get("answer")
+            if answer is not None and type(answer) is not str:
+                answer = _text_field(r, "answer", answer)
+            texts["answer"].append(answer)
+            texts["benchmark"].append(None)
+            digests += _NO_DIGEST
+            no_text.append(True)
+            abstained.append(False)
+            answerable.append(True)
+            no_benchmark = no_benchmark or where
+            content_digests += _NO_DIGEST
+            continue
         index = raw.get("sample_index")
         if index is not None:
             if not _is_int(index) or int(index) < 0:
@@ -513,7 +551,10 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
             key_digests += _NO_DIGEST
         prompt_ids.append(pid_text)
         positions.append(position)
-        signals.extend(_NO_SIGNALS if raw.get("token_confidence") is None else _deepconf_signals(r, *deepconf))
+        if raw.get("token_confidence") is None:
+            signals += _NO_SIGNALS_ROW
+        else:
+            signals.extend(_deepconf_signals(r, *deepconf))
         voted = raw.get("deepconf_voted")
         if voted is not None and not isinstance(voted, (bool, np.bool_)):
             raise r.fail("deepconf_voted", f"expected a bool, got {_shown(voted)}")
@@ -529,10 +570,8 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
         add_truncated(nan if cut is None else float(cut))
         if n_tokens is not None and type(n_tokens) is not int and not _is_int(n_tokens):
             raise r.fail("n_tokens", f"expected an integer, got {n_tokens!r}")
-        add_logprob(min(r.number("logprob_mean", high=_LOGPROB_TOL), 0.0)
-                    if kind == "logprob_mean" or raw.get("logprob_mean") is not None else nan)
-        add_decision(r.number("decision_prob", low=0.0, high=1.0)
-                     if kind == "decision_prob" or raw.get("decision_prob") is not None else nan)
+        add_logprob(main_logprob(r) if kind == "logprob_mean" or raw.get("logprob_mean") is not None else nan)
+        add_decision(main_decision(r) if kind == "decision_prob" or raw.get("decision_prob") is not None else nan)
         add_certainty(_self_certainty(r) if raw.get("self_certainty") is not None else nan)
         if "verbalized_confidence" in raw:  # null: the completion stated none
             stated = (r.number("verbalized_confidence", low=0.0, high=1.0)
@@ -603,17 +642,13 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
                 raise r.fail("label", f"expected an int index or a class string, got {type(label).__name__} {label!r}")
 
         if raw.get("correct") is not None:
-            value = raw["correct"]
-            if isinstance(value, (bool, np.bool_)) or (_is_int(value) and int(value) in (0, 1)):
-                correct.append(bool(value))
-            else:
-                raise r.fail("correct", f"expected a bool, got {type(value).__name__} {value!r}")
+            correct.append(_correct_flag(r, raw["correct"]))
         elif r.has("reward"):
             correct.append(cols["reward"][-1] > 0.5)
         elif kind == "class_probs":
             correct.append(int(np.argmax(probs)) == labels[-1])
         else:
-            raise r.fail("correct", "missing (give 'correct' (bool) or 'reward' (number))")
+            raise r.fail("correct", _NO_OUTCOME)
 
         answer, bench, value = raw.get("answer"), raw.get("benchmark"), raw.get("completion")
         if answer is not None and type(answer) is not str:
@@ -723,6 +758,30 @@ def _validate(rows: Iterable[tuple[str, Any]], source: str, *, confidence: str |
     return samples
 
 
+# the fields of a row that the reading loop's short path handles (with the main confidence one of the two numbers):
+# every other field is absent from such a row, so its checks cannot fail and its columns take their "none" value
+_PLAIN_FIELDS = frozenset({"prompt_id", "correct", "answer", "logprob_mean", "decision_prob"})
+_NO_OUTCOME = "missing (give 'correct' (bool) or 'reward' (number))"
+
+
+def _prompt_id_text(r: _Row, pid: Any) -> str:
+    """A row's ``prompt_id`` as text (an integer as its digits), or the error naming it."""
+    if pid is None:
+        raise r.fail("prompt_id", "missing")
+    if isinstance(pid, str):
+        return pid
+    if _is_int(pid):
+        return str(int(pid))
+    raise r.fail("prompt_id", f"expected str or int, got {type(pid).__name__} {pid!r}")
+
+
+def _correct_flag(r: _Row, value: Any) -> bool:
+    """A row's ``correct`` (a bool, or 0 / 1)."""
+    if isinstance(value, (bool, np.bool_)) or (_is_int(value) and int(value) in (0, 1)):
+        return bool(value)
+    raise r.fail("correct", f"expected a bool, got {type(value).__name__} {value!r}")
+
+
 def _text_field(r: _Row, name: str, value: Any) -> str:
     """A row's text field ``name`` that is not a plain ``str``: a str subclass as it is, a number given as the
     ``answer`` as its text; anything else refused."""
@@ -758,6 +817,7 @@ def _self_certainty(r: _Row) -> float:
 
 
 _NO_SIGNALS = (math.nan,) * len(DEEPCONF_SOURCES)
+_NO_SIGNALS_ROW = array("d", _NO_SIGNALS)  # appended to an array("d") by a copy of its bytes, 6x faster than extend
 
 
 def _deepconf_signals(r: _Row, window: int, tail: int) -> np.ndarray | tuple[float, ...]:
