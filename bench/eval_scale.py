@@ -166,7 +166,8 @@ def timing(folder: Path, rows: int, cli: bool, workers: str | None = None) -> No
         if key.startswith("scaling curve '"):  # one step per draw: add them to their method's stage
             key = f"selection {key.split(' ', 2)[2].split(',')[0]} and its scaling curve"
         elif key.startswith(("bootstrap, confidence sources", "bootstrap of the confidence sources")):
-            key = "bootstrap of the confidence sources (AUROC, PRR, smooth ECE)"
+            # the figures' bootstrap (accuracy, AUROC, ECE, Brier) shares the sources' draws, in this stage
+            key = "bootstrap of the confidence sources (AUROC, PRR, smooth ECE) and of the figures"
         elif key.startswith("bootstrap"):  # one step per chunk of replicates
             key = "bootstrap (1000 prompt resamples)"
         merged[key] = merged.get(key, 0.0) + sec

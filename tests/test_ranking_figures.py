@@ -63,6 +63,32 @@ def test_main_confidence_auroc_intervals_reused_from_the_source_bootstrap():
     assert found["intervals"]["logprob_mean"]["auroc"] == own["auroc"]
 
 
+@pytest.mark.parametrize("n_prompts", [50, 3])  # 3: repeated draws computed once by the source bootstrap
+def test_prompt_bootstrap_fed_by_the_source_bootstrap_s_draws_equals_its_own(n_prompts):
+    """The eval draws its prompts once: the figures' bootstrap fed each chunk of the sources' draws (with or without
+    their AUROC replicates) gives the intervals of :func:`prompt_bootstrap` drawing its own, to the last bit."""
+    from calibrl.evaluation.scoring import PromptReplicates
+
+    rng = np.random.default_rng(8)
+    pid = np.unique(rng.integers(0, n_prompts, size=300), return_inverse=True)[1]
+    n_groups = int(pid.max()) + 1
+    correct = rng.uniform(size=pid.size) < 0.55
+    score = np.round(-rng.exponential(0.5, size=pid.size) - 0.3 * ~correct, 2)
+    conf = np.exp(score)
+    own = prompt_bootstrap(correct, pid, score, conf, correct, n_bins=10, n_boot=150, alpha=0.1, seed=9)
+    sources = {"logprob_mean": (pid, conf, score, correct, True),
+               "other": (pid, conf[::-1].copy(), score[::-1].copy(), correct, True)}
+    for auroc_of in ("logprob_mean", None):
+        fed = PromptReplicates(correct, pid, score, conf, correct, n_bins=10, auroc_given=auroc_of is not None)
+        found = source_bootstrap(sources, n_groups, n_boot=150, alpha=0.1, seed=9, prompts=fed,
+                                 prompts_auroc=auroc_of)
+        assert fed.intervals(0.1) == own
+        assert len(np.concatenate(fed.stats["accuracy"])) == 150
+    assert found["intervals"]["logprob_mean"]["auroc"] == own["auroc"]
+    with pytest.raises(ValueError, match="prompts"):
+        source_bootstrap(sources, n_groups + 1, n_boot=10, alpha=0.1, seed=9, prompts=fed)
+
+
 def test_repeated_draws_of_few_prompts_are_computed_once_with_the_same_replicates(monkeypatch):
     """3 prompts allow 10 different bootstrap draws: each is computed once, and every replicate equals the one
     computed without that shortcut (AUROC and PRR exactly; smooth ECE to rounding: batched FFTs)."""

@@ -171,12 +171,14 @@ _DEDUP_PROMPTS = 64  # up to this many prompts, repeated bootstrap draws are com
 
 def source_bootstrap(arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]],
                      n_groups: int, *, n_boot: int, alpha: float, seed: int,
-                     progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
+                     progress: Callable[[str], Any] | None = None,
+                     prompts: PromptReplicates | None = None, prompts_auroc: str | None = None) -> dict[str, Any]:
     """Prompt-bootstrap intervals of AUROC, PRR and (probabilities only) smooth ECE for every confidence source,
     all from the same prompt draws as :func:`prompt_bootstrap` (same ``seed``), so differences between sources
     are paired. ``arrays``: ``{source: (prompt index, confidence, score, target, is probability)}`` on the rows
     having the source. Returns ``{"intervals": {source: {metric: (low, high)}}, "replicates": {source: {metric:
-    [n_boot]}}}``."""
+    [n_boot]}}}``. ``prompts``: a :class:`PromptReplicates` of the same ``n_groups``, handed each chunk of draws
+    (with the AUROC replicates of source ``prompts_auroc``, when that source is its very score and target)."""
     from calibrl.metrics.bootstrap import percentile_interval, resampled_prompt_counts
 
     prr_of = {k: PRRReplicates(score, target, pidx, n_groups) for k, (pidx, _, score, target, _) in arrays.items()}
@@ -187,7 +189,9 @@ def source_bootstrap(arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray,
     # counts alone, each computed row by row, so a repeated one takes the first one's values, the same bits
     seen: dict[bytes, int] | None = {} if n_groups <= _DEDUP_PROMPTS else None
     done = 0
-    for _, counts in resampled_prompt_counts(n_groups, n_boot=n_boot, seed=seed):
+    if prompts is not None and prompts.n_groups != n_groups:
+        raise ValueError(f"prompts draws {prompts.n_groups} prompts, the sources {n_groups}")
+    for drawn, counts in resampled_prompt_counts(n_groups, n_boot=n_boot, seed=seed):
         if progress is not None:
             progress(f"confidence sources, replicates {done + 1}-{done + len(counts)} of {n_boot}")
         done += len(counts)
@@ -212,6 +216,8 @@ def source_bootstrap(arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray,
                 known = np.concatenate([*reps[k][metric], np.full(len(counts), np.nan)])
                 known[done - len(counts) + new_rows] = values
                 reps[k][metric].append(known[first])
+        if prompts is not None:
+            prompts.add(drawn, counts, None if prompts_auroc is None else reps[prompts_auroc]["auroc"][-1])
     replicates = {k: {m: np.concatenate(v) for m, v in by.items()} for k, by in reps.items()}
     intervals = {k: {m: percentile_interval(v, alpha=alpha) for m, v in by.items()} for k, by in replicates.items()}
     return {"intervals": intervals, "replicates": replicates}
@@ -286,13 +292,69 @@ def _weighted_auroc_numerators(counts: np.ndarray, neg_g: np.ndarray, pos_g: np.
     return out
 
 
+class PromptReplicates:
+    """The replicates of :func:`prompt_bootstrap`, a chunk of prompt draws at a time: ``add(drawn, counts)`` for
+    each chunk of :func:`calibrl.metrics.bootstrap.resampled_prompt_counts` (``auroc``: the chunk's AUROC
+    replicates when already computed), then ``intervals(alpha)``. :func:`source_bootstrap` feeds it the draws it
+    makes, so the eval draws its prompts once for both bootstraps (a million samples: 0.5-1 s of draws saved)."""
+
+    def __init__(self, correct: np.ndarray, pidx: np.ndarray, score: np.ndarray | None, conf: np.ndarray | None,
+                 target: np.ndarray | None, *, n_bins: int, auroc_given: bool = False):
+        self.n_groups = n_groups = int(pidx.max()) + 1
+        y = np.asarray(correct, dtype=bool)
+        self.n_p = n_p = np.bincount(pidx, minlength=n_groups)
+        self.acc_p = np.bincount(pidx, weights=y, minlength=n_groups).astype(np.int64) / n_p  # as mean_at_k's c / n
+        self.conf = conf
+        self.stats: dict[str, list[np.ndarray]] = {"accuracy": []}
+        if conf is not None:
+            t = np.asarray(target, dtype=bool)
+            if not auroc_given:
+                self.neg_g, self.pos_g, self.lo, self.hi = _ranked_negatives(np.asarray(score), t, pidx)
+            self.pos_p = np.bincount(pidx[t], minlength=n_groups).astype(np.float64)  # [G] positives per prompt
+            self.neg_p = n_p - self.pos_p
+            edges = M.bin_edges(conf, n_bins=n_bins, strategy="uniform")
+            cell = pidx * n_bins + np.searchsorted(edges[1:-1], conf, side="left")  # [N] (prompt, bin)
+            size = n_groups * n_bins
+            self.cnt_pb = np.bincount(cell, minlength=size).reshape(n_groups, n_bins).astype(np.float64)
+            self.conf_pb = np.bincount(cell, weights=conf, minlength=size).reshape(n_groups, n_bins)
+            self.acc_pb = np.bincount(cell, weights=t, minlength=size).reshape(n_groups, n_bins)
+            self.sq_p = np.bincount(pidx, weights=(conf - t) ** 2, minlength=n_groups)
+            self.stats.update(auroc=[], ece=[], brier=[])
+
+    def add(self, drawn: np.ndarray, counts: np.ndarray, auroc: np.ndarray | None = None) -> None:
+        """One chunk: ``drawn`` [b, G] the prompts drawn in draw order, ``counts`` [b, G] how many times each."""
+        stats = self.stats
+        stats["accuracy"].append(self.acc_p[drawn].mean(axis=1))
+        if self.conf is None:
+            return
+        if auroc is not None:
+            stats["auroc"].append(np.asarray(auroc))
+        else:
+            twice_u = _weighted_auroc_numerators(counts, self.neg_g, self.pos_g, self.lo, self.hi)  # [b]
+            den = (counts @ self.pos_p) * (counts @ self.neg_p)  # [b] weighted positives x negatives (whole numbers)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                auc = np.where(den > 0, (twice_u.astype(np.float64) / 2.0) / den, np.nan)
+            stats["auroc"].append(auc)
+        cnt, cs, acs = counts @ self.cnt_pb, counts @ self.conf_pb, counts @ self.acc_pb  # [b, n_bins]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            gaps = np.abs(acs / cnt - cs / cnt)
+        frac = cnt / np.maximum(cnt.sum(axis=1, keepdims=True), 1)
+        stats["ece"].append(np.where(cnt > 0, frac * np.nan_to_num(gaps), 0.0).sum(axis=1))
+        stats["brier"].append((counts @ self.sq_p) / (counts @ self.n_p))
+
+    def intervals(self, alpha: float) -> dict[str, tuple[float, float]]:
+        from calibrl.metrics.bootstrap import percentile_interval
+
+        return {k: percentile_interval(np.concatenate(v), alpha=alpha) for k, v in self.stats.items()}
+
+
 def prompt_bootstrap(correct: np.ndarray, pidx: np.ndarray, score: np.ndarray | None, conf: np.ndarray | None,
                      target: np.ndarray | None, *, n_bins: int, n_boot: int, alpha: float, seed: int,
                      progress: Callable[[str], Any] | None = None,
                      auroc_replicates: np.ndarray | None = None) -> dict[str, tuple[float, float]]:
     """Prompt-bootstrap intervals of accuracy (mean@k) and, with a confidence, AUROC, ECE (uniform bins) and Brier:
     those of :func:`calibrl.metrics.bootstrap_ci` with the same ``seed`` (the same prompt draws), computed from
-    each replicate's prompt counts instead of its gathered rows.
+    each replicate's prompt counts instead of its gathered rows (:class:`PromptReplicates`).
 
     ``correct``, ``pidx`` (dense prompt index), ``score`` / ``conf`` / ``target`` [N]. A replicate holding prompt p
     ``k_p`` times weighs p's samples by ``k_p``: accuracy is the mean of the drawn prompts' accuracies (the very
@@ -304,50 +366,18 @@ def prompt_bootstrap(correct: np.ndarray, pidx: np.ndarray, score: np.ndarray | 
     AUROC of these very replicates already computed (:func:`source_bootstrap` of the same score, target and seed
     gives the same values exactly); its interval is then taken from them instead of counted again.
     """
-    from calibrl.metrics.bootstrap import percentile_interval, resampled_prompt_counts
+    from calibrl.metrics.bootstrap import resampled_prompt_counts
 
-    n_groups = int(pidx.max()) + 1
-    y = np.asarray(correct, dtype=bool)
-    n_p = np.bincount(pidx, minlength=n_groups)
-    acc_p = np.bincount(pidx, weights=y, minlength=n_groups).astype(np.int64) / n_p  # [G] as mean_at_k's c / n
-    stats: dict[str, list[np.ndarray]] = {"accuracy": []}
-    if conf is not None:
-        t = np.asarray(target, dtype=bool)
-        if auroc_replicates is None:
-            neg_g, pos_g, lo, hi = _ranked_negatives(np.asarray(score), t, pidx)
-        pos_p = np.bincount(pidx[t], minlength=n_groups).astype(np.float64)  # [G] positives per prompt
-        neg_p = n_p - pos_p
-        edges = M.bin_edges(conf, n_bins=n_bins, strategy="uniform")
-        cell = pidx * n_bins + np.searchsorted(edges[1:-1], conf, side="left")  # [N] (prompt, bin)
-        size = n_groups * n_bins
-        cnt_pb = np.bincount(cell, minlength=size).reshape(n_groups, n_bins).astype(np.float64)
-        conf_pb = np.bincount(cell, weights=conf, minlength=size).reshape(n_groups, n_bins)
-        acc_pb = np.bincount(cell, weights=t, minlength=size).reshape(n_groups, n_bins)
-        sq_p = np.bincount(pidx, weights=(conf - t) ** 2, minlength=n_groups)
-        stats.update(auroc=[], ece=[], brier=[])
+    replicates = PromptReplicates(correct, pidx, score, conf, target, n_bins=n_bins,
+                                  auroc_given=auroc_replicates is not None)
     done = 0
-    for drawn, counts in resampled_prompt_counts(n_groups, n_boot=n_boot, seed=seed):
+    for drawn, counts in resampled_prompt_counts(replicates.n_groups, n_boot=n_boot, seed=seed):
         if progress is not None:
             progress(f"replicates {done + 1}-{done + len(counts)} of {n_boot}")
         done += len(counts)
-        stats["accuracy"].append(acc_p[drawn].mean(axis=1))
-        if conf is None:
-            continue
-        if auroc_replicates is not None:
-            stats["auroc"].append(np.asarray(auroc_replicates)[done - len(counts):done])
-        else:
-            twice_u = _weighted_auroc_numerators(counts, neg_g, pos_g, lo, hi)  # [b]
-            den = (counts @ pos_p) * (counts @ neg_p)  # [b] weighted positives x negatives (integer-valued sums)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                auc = np.where(den > 0, (twice_u.astype(np.float64) / 2.0) / den, np.nan)
-            stats["auroc"].append(auc)
-        cnt, cs, acs = counts @ cnt_pb, counts @ conf_pb, counts @ acc_pb  # [b, n_bins]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            gaps = np.abs(acs / cnt - cs / cnt)
-        frac = cnt / np.maximum(cnt.sum(axis=1, keepdims=True), 1)
-        stats["ece"].append(np.where(cnt > 0, frac * np.nan_to_num(gaps), 0.0).sum(axis=1))
-        stats["brier"].append((counts @ sq_p) / (counts @ n_p))
-    return {k: percentile_interval(np.concatenate(v), alpha=alpha) for k, v in stats.items()}
+        replicates.add(drawn, counts, None if auroc_replicates is None
+                       else np.asarray(auroc_replicates)[done - len(counts):done])
+    return replicates.intervals(alpha)
 
 
 def _deepconf_inputs(samples: Samples) -> tuple[np.ndarray | None, str]:
@@ -464,24 +494,32 @@ def _bootstrap_block(samples: Samples, arrays: _Arrays, source_rows: dict[str, t
     sources' replicates, which the confidence ranking pairs)."""
     n_boot, alpha, seed, pidx = settings.bootstrap, settings.alpha, settings.seed, samples.prompt_index
     ranked_rows = {k: v for k, v in source_rows.items() if len(v[3])}
+    prompts, same = None, False
+    if ranked_rows and int(pidx.max()) + 1 == samples.n_prompts:  # the same draws: made once for both bootstraps
+        # the main confidence is one of the sources on every row: its AUROC replicates are counted once
+        main = ranked_rows.get(samples.confidence_kind)
+        same = (main is not None and len(main[3]) == len(samples) and np.array_equal(main[0], pidx)
+                and np.array_equal(main[2], arrays.score) and np.array_equal(main[3], arrays.target))
+        prompts = PromptReplicates(samples.correct, pidx, arrays.score, arrays.conf, arrays.target,
+                                   n_bins=settings.n_bins, auroc_given=same)
     replicates = None
     if ranked_rows:
-        step("bootstrap of the confidence sources")
+        step("bootstrap of the confidence sources" + (f" and of the figures ({n_boot} prompt resamples)"
+                                                      if prompts is not None else ""))
         found = source_bootstrap(ranked_rows, samples.n_prompts, n_boot=n_boot, alpha=alpha, seed=seed,
-                                 progress=lambda d: step(f"bootstrap, {d}"))
+                                 progress=lambda d: step(f"bootstrap, {d}"), prompts=prompts,
+                                 prompts_auroc=samples.confidence_kind if same else None)
         replicates = found["replicates"]
         for kind, by_metric in found["intervals"].items():
             sources[kind]["intervals"] = {m: [_f(lo), _f(hi)] for m, (lo, hi) in by_metric.items()
                                           if sources[kind].get(m) is not None}
-    # the main confidence is one of the sources on every row: its AUROC replicates are counted once
-    main = ranked_rows.get(samples.confidence_kind) if replicates is not None else None
-    same = (main is not None and len(main[3]) == len(samples) and int(pidx.max()) + 1 == samples.n_prompts
-            and np.array_equal(main[0], pidx) and np.array_equal(main[2], arrays.score)
-            and np.array_equal(main[3], arrays.target))
-    step(f"bootstrap ({n_boot} prompt resamples)")
-    boot = prompt_bootstrap(samples.correct, pidx, arrays.score, arrays.conf, arrays.target, n_bins=settings.n_bins,
-                            n_boot=n_boot, alpha=alpha, seed=seed, progress=lambda d: step(f"bootstrap, {d}"),
-                            auroc_replicates=replicates[samples.confidence_kind]["auroc"] if same else None)
+    if prompts is not None:
+        boot = prompts.intervals(alpha)
+    else:
+        step(f"bootstrap ({n_boot} prompt resamples)")
+        boot = prompt_bootstrap(samples.correct, pidx, arrays.score, arrays.conf, arrays.target,
+                                n_bins=settings.n_bins, n_boot=n_boot, alpha=alpha, seed=seed,
+                                progress=lambda d: step(f"bootstrap, {d}"))
     return ({"n_boot": n_boot, "alpha": alpha, **{k: [_f(lo), _f(hi)] for k, (lo, hi) in boot.items()}},
             replicates)
 
