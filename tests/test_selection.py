@@ -281,6 +281,25 @@ def test_literal_shortcut_gives_math_verify_s_verdict():
     np.testing.assert_array_equal(fast, slow)
 
 
+def test_answer_cluster_ids_are_numbered_in_the_order_of_prompt_then_normal_form():
+    """The first stage's ids are the ranks of the strings f"{prompt index}\\x02{form}" (the prompt's digits as text,
+    so prompt 10 comes before prompt 2), computed without building those strings: the ranks of np.unique over
+    them, on random answers of 40 prompts (the later merging visits a prompt's answers in this order)."""
+    from calibrl.selection.answers import answer_clusters, normalize_answer
+
+    rng = np.random.default_rng(21)
+    pool = ["1", "01", "\\frac{1}{2}", "0.5", "x", "X", "é", None, "", " 2 ", "2", "-3", "a b", "ab"]
+    for _ in range(20):
+        n = int(rng.integers(1, 300))
+        pid = rng.integers(0, 40, n).astype(str)  # "10" < "2" as strings, 2 < 10 as dense indices
+        answers = np.array([pool[i] for i in rng.integers(0, len(pool), n)], dtype=object)
+        dense = np.unique(pid, return_inverse=True)[1].reshape(-1)
+        forms = ["\x00none" if a is None else "\x01" + normalize_answer(a) for a in answers]
+        keys = np.array([f"{p}\x02{f}" for p, f in zip(dense.tolist(), forms)], dtype=str)
+        expected = np.unique(keys, return_inverse=True)[1].reshape(-1)
+        np.testing.assert_array_equal(answer_clusters(answers, pid, use_math_verify=False), expected)
+
+
 def test_literal_answers_are_clustered_without_importing_math_verify():
     import subprocess
     import sys
