@@ -7,9 +7,10 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
+import orjson
 
 __all__ = ["MAX_ROW_BYTES", "SamplesError", "rows_jsonl", "rows_parquet", "file_rows", "fail", "too_large",
            "prompt_text", "prompt_key", "as_float", "grade", "find_gold", "need_object", "Skips",
@@ -60,16 +61,34 @@ def fail(where: str, name: str, problem: str) -> SamplesError:
     return SamplesError(f"{where}: field '{name}': {problem}")
 
 
-def _decode_json(line: str, where: str) -> Any:
-    """One JSON value; malformed, too deeply nested or over-long-integer text is a SamplesError, not a crash."""
+# each byte of a line kept as "0" where it is a digit and a space otherwise, to find a run of 19 digits
+_DIGIT_RUNS = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
+_NINETEEN_DIGITS = b"0" * 19
+
+
+def _decode_json(data: bytes, line: str, where: Callable[[], str]) -> Any:
+    """One JSON value of a line, given as its bytes ``data`` and its text ``line``; malformed, too deeply nested or
+    over-long-integer text is a SamplesError naming ``where()`` (``file:line``), not a crash.
+
+    orjson reads it (5x faster than ``json.loads``: a million short rows in 0.4 s against 1.9-2.1 s, measured on
+    2026-11-30), and ``json.loads`` reads what orjson refuses (NaN and Infinity, numbers out of a double's range,
+    lone surrogate escapes, deeper nesting: it reads the first two, and its errors are the ones reported) and any
+    line with a run of 19 digits: orjson reads an integer beyond 64 bits as a float, ``json.loads`` keeps it whole.
+    Both read the same values otherwise (floats correctly rounded, duplicate keys the last one;
+    tests/test_json_lines.py)."""
+    if _NINETEEN_DIGITS not in data.translate(_DIGIT_RUNS):
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
     try:
         return json.loads(line)
     except json.JSONDecodeError as exc:
-        raise SamplesError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+        raise SamplesError(f"{where()}: invalid JSON ({exc.msg} at column {exc.colno})") from None
     except RecursionError:
-        raise SamplesError(f"{where}: invalid JSON (nested too deeply)") from None
+        raise SamplesError(f"{where()}: invalid JSON (nested too deeply)") from None
     except ValueError as exc:  # e.g. an integer longer than Python's int digit limit
-        raise SamplesError(f"{where}: invalid JSON ({exc})") from None
+        raise SamplesError(f"{where()}: invalid JSON ({exc})") from None
 
 
 def too_large(where: str, size: int | None = None) -> SamplesError:
@@ -102,14 +121,15 @@ def rows_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
             except UnicodeDecodeError as exc:
                 raise SamplesError(f"{path.name}:{lineno}: not UTF-8 text (byte {data[exc.start]:#04x} at column "
                                    f"{exc.start + 1})") from None
-            del data
             if not line.strip():
                 continue
             if first and line.lstrip().startswith("["):
                 raise SamplesError(f"{path.name}:{lineno}: the file is a JSON array; JSON Lines is expected (one "
                                    "object per line, no enclosing [ ])")
             first = False
-            yield lineno, _decode_json(line, f"{path.name}:{lineno}")
+            value = _decode_json(data, line, lambda: f"{path.name}:{lineno}")
+            del data, line
+            yield lineno, value
 
 
 def _text_bytes(values) -> np.ndarray:
