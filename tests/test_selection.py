@@ -406,13 +406,21 @@ def test_first_occurrence_keeps_the_first_path_of_each_prompt_answer_text():
 
     rng = np.random.default_rng(1)
     n = 500
-    pidx, answers, texts = rng.integers(0, 7, n), rng.integers(0, 4, n) * 1000, rng.integers(0, 5, n)
-    keep = _first_occurrence(pidx, answers, texts)
-    seen, expected = set(), []
-    for key in zip(pidx.tolist(), answers.tolist(), texts.tolist()):
-        expected.append(key not in seen)
-        seen.add(key)
-    assert keep.tolist() == expected
+    pidx, answers = rng.integers(0, 7, n), rng.integers(0, 4, n) * 1000
+    one_repeat = rng.permutation(n) * 3
+    one_repeat[17] = one_repeat[400]
+    # few texts; every text distinct (the shortcut: all kept); all distinct but one repeated (pruned where it
+    # repeats a prompt's and answer's text)
+    for texts in (rng.integers(0, 5, n), rng.permutation(n) * 3, one_repeat):
+        keep = _first_occurrence(pidx, answers, texts)
+        seen, expected = set(), []
+        for key in zip(pidx.tolist(), answers.tolist(), texts.tolist()):
+            expected.append(key not in seen)
+            seen.add(key)
+        assert keep.tolist() == expected
+    pidx[400], answers[400] = pidx[17], answers[17]  # the repeated text now in one (prompt, answer): dropped once
+    keep = _first_occurrence(pidx, answers, one_repeat)
+    assert keep.sum() == n - 1 and not keep[max(17, 400)]
 
 
 def test_dense_is_numpy_unique_with_inverse():

@@ -284,12 +284,16 @@ class SmoothECEReplicates:
             if n_nodes not in spectra:
                 spectra[n_nodes] = np.empty((2, len(counts), _fft_length(n_nodes) // 2 + 1), dtype=np.complex128)
                 filled[n_nodes] = np.zeros(len(counts), dtype=bool)
+            every = rows.size == len(counts)  # all the chunk's replicates (the usual case): views, not copies
             todo = rows[~filled[n_nodes][rows]]
             if todo.size:
                 m = np.asarray(self._matrix(n_nodes) @ counts[todo].T).T  # [t, 2E]
-                spectra[n_nodes][:, todo] = _mass_spectrum(np.stack([m[:, :n_nodes], m[:, n_nodes:]]))
+                if every and todo.size == rows.size:
+                    spectra[n_nodes][:] = _mass_spectrum(np.stack([m[:, :n_nodes], m[:, n_nodes:]]))
+                else:
+                    spectra[n_nodes][:, todo] = _mass_spectrum(np.stack([m[:, :n_nodes], m[:, n_nodes:]]))
                 filled[n_nodes][todo] = True
-            return spectra[n_nodes][:, rows]
+            return spectra[n_nodes] if every else spectra[n_nodes][:, rows]
 
         def values(widths: np.ndarray) -> np.ndarray:
             """smECE of every replicate at its own width [b]."""

@@ -180,8 +180,10 @@ def _first_occurrence(pidx, answer_ids, text_ids) -> np.ndarray:
     Paths are sorted by (prompt, answer, text, position), so no combined key can overflow however many there are.
     """
     pidx = np.asarray(pidx).reshape(-1)
-    _, aidx = _dense(answer_ids)
     _, tidx = _dense(text_ids)
+    if tidx.size and tidx.max() == tidx.size - 1:  # every text distinct (none known, say): every path is a first
+        return np.ones(len(pidx), dtype=bool)
+    _, aidx = _dense(answer_ids)
     keep = np.zeros(len(pidx), dtype=bool)
     if not len(pidx):
         return keep
