@@ -23,9 +23,14 @@ def replicate_totals(counts, group_sizes, group_right):
     n = np.zeros(b, dtype=np.int64)
     p = np.zeros(b, dtype=np.int64)
     for i in range(b):
+        samples = 0  # local sums: the compiler keeps them in registers
+        right = 0
         for g in range(n_groups):
-            n[i] += np.int64(counts[i, g]) * group_sizes[g]
-            p[i] += np.int64(counts[i, g]) * group_right[g]
+            c = np.int64(counts[i, g])
+            samples += c * group_sizes[g]
+            right += c * group_right[g]
+        n[i] = samples
+        p[i] = right
     return n, p
 
 
