@@ -160,6 +160,8 @@ def test_lbfgsb_problems_do_not_affect_each_other():
     apart = np.concatenate([fit(prob[i:i + 7]) for i in range(0, 60, 7)])
     assert np.array_equal(together, apart)
     assert len({tuple(np.round(r, 6)) for r in together}) > 30  # different optima, so the check means something
+    with pytest.raises(ValueError, match="x0 must hold the mixture's 5 parameters"):
+        fit_weibull_mixtures(prob, x0=P._RPC_X0[:4], lower=np.zeros(5), upper=np.ones(5))
 
 
 def test_prompt_bootstrap_auroc_in_blocks_equals_bootstrap_ci(monkeypatch):
