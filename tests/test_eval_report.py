@@ -293,3 +293,31 @@ def test_training_curves_that_lie_on_another_are_drawn_beside_it_and_say_so(tmp_
     assert "GCPO (on GRPO's curves: drawn beside them)" in lines and "CAPO" in lines
     assert np.all(lines["GCPO (on GRPO's curves: drawn beside them)"].get_xdata() > np.array(steps))
     np.testing.assert_array_equal(lines["CAPO"].get_xdata(), steps)
+
+
+def test_scoring_runs_with_one_blas_thread_and_gives_the_threads_back(tmp_path, monkeypatch):
+    """The eval's matrix products are small: scoring runs with one BLAS thread (OpenBLAS's others only spin and
+    slow the eval beside other work), and the caller's setting is as it was afterwards."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from calibrl.evaluation import pipeline
+    from calibrl.evaluation.samples import load_samples
+    from calibrl.evaluation.settings import EvalSettings
+
+    def blas_threads() -> dict[str, int]:  # the BLAS libraries loaded so far (scoring may load another)
+        return {pool["filepath"]: pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}
+
+    seen = []
+    real = pipeline._score_inputs
+    monkeypatch.setattr(pipeline, "_score_inputs", lambda *a, **k: seen.append(blas_threads()) or real(*a, **k))
+    rng = np.random.default_rng(0)
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps({"prompt_id": i // 4, "correct": bool(rng.random() < 0.6),
+                                        "logprob_mean": -float(rng.exponential(0.4))}) + "\n" for i in range(80)))
+    with threadpool_limits(limits=2, user_api="blas"):
+        before = blas_threads()
+        pipeline.write_eval_report(tmp_path, [load_samples(path)], labels=["s"], files=[path],
+                                   settings=EvalSettings(bootstrap=20, figures=False))
+        after = blas_threads()
+        assert {path: after[path] for path in before} == before
+    assert before and len(seen) == 1 and set(seen[0]) >= set(before) and set(seen[0].values()) == {1}
