@@ -44,7 +44,8 @@ def prr_auroc_replicates(counts, n_samples, n_right, run_start, pair_group, pair
     The samples sorted by decreasing score, in tie runs, each run's samples grouped by prompt into (run, prompt)
     pairs: ``run_start`` [T + 1] int64 the first pair of each run (and the end); per pair [E], its prompt
     ``pair_group``, its samples ``pair_size`` and correct samples ``pair_right`` (int32: the pass streams them, 12
-    bytes a pair); ``harmonic`` [M] float64 H_0 .. H_{M-1}, M above every replicate's sample count; ``max_rejection`` in (0, 1].
+    bytes a pair); ``harmonic`` [M] float64 H_0 .. H_{M-1}, M above every replicate's sample count;
+    ``max_rejection`` in (0, 1].
 
     ``BLOCK`` replicates walk the pairs together: their counts are copied prompt-major into a [G, BLOCK] block of
     ``counts``' dtype, so one run reads its pair once and its prompt's counts of every replicate from one cache
