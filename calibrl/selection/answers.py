@@ -120,7 +120,7 @@ def _exact_forms(answer: str) -> tuple[str, str | None, str, int | None]:
     s = _unwrap(answer)
     try:
         value = int(s) if _INTEGER.fullmatch(s) else None
-    except ValueError:  # more digits than Python converts: compared as text, as before this value was kept
+    except ValueError:  # more digits than int() converts (4,300): no value kept
         value = None
     return s, normalize_answer(s), _latex_key(s), value
 
