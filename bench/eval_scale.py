@@ -10,7 +10,8 @@
 Files look like a user's sweep: 8 samples per prompt with ``prompt_id``, ``correct``, ``logprob_mean`` and
 ``answer`` (85% of prompts with integer answers, 10% fractions ``\\frac{a}{b}``, 5% radicals ``a\\sqrt{b}``; a
 prompt's wrong answers drawn from the same family, so math-verify has distinct strings to compare). For each size,
-three child processes run one after the other on the same file: ``json.loads`` of every line, the stages of
+four child processes run one after the other on the same file: ``json.loads`` of every line, ``orjson.loads`` of
+every line (the parser the command reads with), the stages of
 ``calibrl eval`` timed one by one (reading, then each step the progress display names), and the ``calibrl eval``
 command itself with the defaults (1000 bootstrap resamples, every selection method and its scaling curve, the
 figures). It prints each stage's seconds (and, inside the confidence sources' bootstrap and RPC's stage, each
@@ -63,7 +64,7 @@ def write_samples(path: Path, rows: int, *, seed: int = 0) -> int:
 _JSON = ("import sys, time, json; t = time.perf_counter(); f = open(sys.argv[1], 'rb'); "
          "n = sum(1 for line in f if json.loads(line) is not None); print(time.perf_counter() - t)")
 # the parser calibrl reads JSON Lines with (json.loads where it refuses a line), timed the same way: the ratio to
-# json.loads is the issue's measure, the ratio to this one what calibrl adds beyond parsing
+# json.loads is the goal's measure, the ratio to this one what calibrl adds beyond parsing
 _ORJSON = _JSON.replace("json", "orjson")
 
 
