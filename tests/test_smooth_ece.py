@@ -100,3 +100,16 @@ def test_reflected_convolution_by_fft_equals_numpys_direct_one(n):
     valid = np.convolve(reflected, kernel, "valid")  # [2n - 1]
     want = valid[n // 2: n // 2 + n]
     np.testing.assert_allclose(_reflected_convolve(mass, kernel), want, rtol=1e-12, atol=1e-12 * want.max())
+
+
+@pytest.mark.parametrize("n", [1, 7, 1_000_000])
+def test_relplot_s_first_test_never_holds_even_for_the_worst_confidence(n):
+    """relplot's search first tests 1 < smECE_1 (then s* = 1); the code skips it as never true. The largest
+    smECE_1 there is: every sample wrong at confidence 1 (or right at 0), residuals all +-1, where the 1e-4 in the
+    smoothed residual's denominator is what keeps it below 1, also with a million samples on one point."""
+    from calibrl.metrics.smooth import _sample_masses, _smooth_ece_from
+
+    for f, y in ((np.ones(n), np.zeros(n)), (np.zeros(n), np.ones(n)),
+                 (np.r_[np.ones(n - n // 2), np.zeros(n // 2)], np.r_[np.zeros(n - n // 2), np.ones(n // 2)])):
+        value = _smooth_ece_from(_sample_masses(f, y.astype(float)), 1.0)
+        assert 0.99 < value < 1.0

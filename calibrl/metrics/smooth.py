@@ -9,8 +9,9 @@ of width s reflected at 0 and 1:
     smECE_s    = sum_t |r_hat_s(t)| dens_s(t) / sum_t dens_s(t)           over ``max(round(10 / s), 200)`` points t
 
 and ``smooth_ece`` is smECE at the bandwidth s* with s* = smECE_{s*} (the fixed point, which makes the measure
-consistent and bin-free), found as relplot's ``search_param``: s = 1 if 1 >= smECE_1 ... else 10 bisection steps on
-[0, 1] keeping the smallest s with s >= smECE_s (or s >= 0.001).
+consistent and bin-free), found as relplot's ``search_param``: 10 bisection steps on [0, 1] keeping the smallest s
+with s >= smECE_s (or s >= 0.001); its first test, s = 1 if 1 < smECE_1, never holds and is not computed
+(:func:`_fixed_point_width`).
 
 The sums over samples are not pairwise (no N x T matrix): each sample's mass is split linearly between the two
 nearest of E = ``max(2000, round(20 / s)) // 2 + 1`` grid nodes on [0, 1] (E = 1001 for s >= 0.01), the grid is
@@ -139,14 +140,18 @@ def _smooth_ece_from(masses: Masses, width: float) -> float:
     return float(np.sum(np.abs(num / dens) * dens) / np.sum(dens))
 
 
+# relplot's search_param first tests 1 < smECE_1 and returns 1 if it holds. It never does: |r_hat_s(t)| < 1 at every t
+# (its denominator is the kernel mass of residuals in [-1, 1] plus 1e-4; the FFT's rounding, about 1e-15 of the
+# mass, stays far below that 1e-4 under about 10^11 samples), so smECE_1 < 1; the test is not computed, and the
+# bisection always runs (its result is the same)
+
+
 def _fixed_point_width(masses: Masses) -> float:
-    """relplot's ``search_param``: 1 if 1 < smECE_1 (its first test, which smECE <= 1 never passes), else the
-    bisection's last width s with s >= smECE_s."""
+    """relplot's ``search_param`` (its first test, 1 < smECE_1, never holds: above): the bisection's last width s with
+    s >= smECE_s."""
     def small_enough(width: float) -> bool:
         return width < _MIN_WIDTH or width < _smooth_ece_from(masses, width)
 
-    if small_enough(1.0):
-        return 1.0
     high, low = 1.0, 0.0
     for _ in range(_BISECTION_STEPS):
         mid = (high + low) / 2
@@ -317,16 +322,12 @@ class SmoothECEReplicates:
         def small_enough(widths: np.ndarray) -> np.ndarray:
             return (widths < _MIN_WIDTH) | (widths < values(widths))
 
-        ones = np.ones(len(counts))
-        final = np.where(small_enough(ones), 1.0, np.nan)
-        high, low = ones.copy(), np.zeros(len(counts))
-        searching = np.isnan(final)
-        for _ in range(_BISECTION_STEPS if searching.any() else 0):
+        high, low = np.ones(len(counts)), np.zeros(len(counts))  # relplot's first test never holds (above)
+        for _ in range(_BISECTION_STEPS):
             mid = (high + low) / 2
-            ok = small_enough(mid)  # every replicate steps, those already decided are discarded below
+            ok = small_enough(mid)
             low, high = np.where(ok, mid, low), np.where(ok, high, mid)
-        final = np.where(searching, high, final)
-        out = values(final)
+        out = values(high)
         out[~counts.any(axis=1)] = np.nan
         return out
 
