@@ -292,7 +292,8 @@ class SmoothECEReplicates:
             every = rows.size == len(counts)  # all the chunk's replicates (the usual case): views, not copies
             todo = rows[~filled[n_nodes][rows]]
             if todo.size:
-                m = np.asarray(self._matrix(n_nodes) @ counts[todo].T).T  # [t, 2E]
+                # [t, 2E]; all the chunk's replicates: their counts as they are, not a gathered copy
+                m = np.asarray(self._matrix(n_nodes) @ (counts.T if todo.size == len(counts) else counts[todo].T)).T
                 if every and todo.size == rows.size:
                     spectra[n_nodes][:] = _mass_spectrum(np.stack([m[:, :n_nodes], m[:, n_nodes:]]))
                 else:
