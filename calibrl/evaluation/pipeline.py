@@ -169,8 +169,9 @@ def write_eval_report(
     step = step or (lambda _desc: None)
     # one BLAS thread while scoring: its matrix products are small (a chunk of bootstrap replicates by the prompts)
     # and OpenBLAS's threads spin between them; with two, 200,000 samples took as long alone (and 2.6 s more CPU)
-    # and 8.5-9.3 s against 7.3-7.6 s beside another busy process (2026-11-30, 2 cores). The products' sums are
-    # then taken in one order on any machine (split between threads, their last digits followed the core count)
+    # and 8.5-9.3 s against 7.3-7.6 s beside another busy process (2026-11-30, 2 cores). The products' last digits
+    # no longer follow the number of cores (split between threads they did; OpenBLAS's kernels, picked by the
+    # processor's kind, still set them)
     with threadpool_limits(limits=1, user_api="blas"):
         scoped = _score_inputs(loaded, labels, settings, step=step, track=track or False)
     figures: dict[str, list[str]] = {}
