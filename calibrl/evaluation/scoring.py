@@ -202,8 +202,7 @@ def source_bootstrap(arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray,
         else:
             first, new_rows = done - len(counts) + rows, rows
         fresh = counts if seen is None else counts[new_rows]  # every replicate is new where none is looked up
-        # whole numbers up to G, below 256 but for a freak draw: narrowed once for every source's ranking pass
-        fresh_int = fresh.astype(np.uint8 if fresh.max(initial=0) < 256 else np.int32)
+        fresh_int = PRRReplicates.narrow(fresh)  # once for every source's ranking pass
         for k, (pidx, conf, score, target, probability) in arrays.items():
             none = np.empty(0)
             # one pass over the tie runs of the source's scores

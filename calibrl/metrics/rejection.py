@@ -201,21 +201,25 @@ class PRRReplicates:
     def __call__(self, counts: np.ndarray) -> np.ndarray:
         return self.with_auroc(counts)[0]
 
+    @staticmethod
+    def narrow(counts: np.ndarray) -> np.ndarray:
+        """``counts`` (whole numbers, any dtype) in the narrowest dtype that holds them, uint8 for a bootstrap's:
+        the pass reads a prompt's counts of several replicates at once, and a smaller block of them stays in
+        cache. Counts already narrowed are taken as they are (the eval narrows a chunk once for all its sources)."""
+        counts = np.asarray(counts)
+        if counts.dtype.kind not in "ui":
+            counts = np.rint(np.asarray(counts, dtype=np.float64))
+        if counts.size and not (0 <= counts.min() and counts.max() < 2 ** 31):
+            raise ValueError(f"counts must be whole numbers in [0, 2^31), got {counts.min()} .. {counts.max()}")
+        top = int(counts.max(initial=0))
+        return counts.astype(np.uint8 if top < 2 ** 8 else np.uint16 if top < 2 ** 16 else np.int32, copy=False)
+
     def with_auroc(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(prr [b], auroc [b])`` of the replicates: the pooled AUROC from the same per-run counts, the
         Mann-Whitney count in int64 (:func:`calibrl.metrics.auroc` of the gathered rows exactly)."""
         from calibrl.metrics._replicate_kernel import prr_auroc_replicates, replicate_totals
 
-        counts = np.asarray(counts)
-        if counts.dtype.kind not in "ui":  # integer counts (the eval's, shared by its sources) are taken as they are
-            counts = np.rint(np.asarray(counts, dtype=np.float64))
-        if counts.size and not (0 <= counts.min() and counts.max() < 2 ** 31):
-            raise ValueError(f"counts must be whole numbers in [0, 2^31), got {counts.min()} .. {counts.max()}")
-        # the narrowest dtype that holds them (a bootstrap's counts stay below 256): the pass reads a prompt's
-        # counts of several replicates at once, and a smaller block of them stays in cache
-        top = int(counts.max(initial=0))
-        counts = counts.astype(np.uint8 if top < 2 ** 8 else np.uint16 if top < 2 ** 16 else np.int32, copy=False)
-        counts = np.ascontiguousarray(counts)
+        counts = np.ascontiguousarray(self.narrow(counts))
         if counts.ndim != 2 or counts.shape[1] != self.group_sizes.size:
             raise ValueError(f"counts must be [replicates, {self.group_sizes.size}], got {counts.shape}")
         # H_0 .. H_n for the largest replicate so far, kept for the next chunks (grown when a replicate outgrows it:
