@@ -5,6 +5,7 @@
     python bench/eval_scale.py --sizes 40000            # a quicker run
     python bench/eval_scale.py --sizes 40000 --no-cli   # per-stage times only (no second, CLI run)
     python bench/eval_scale.py --sizes 200000 --workers 1,2   # one process, then two (CALIBRL_WORKERS)
+    python bench/eval_scale.py --sizes 200000 --workers 1 --busy  # beside a process spinning on one core
     python bench/eval_scale.py --agreement --groups 400 # RPC keep-masks: batched vs scipy, N = 2 .. 64
 
 Files look like a user's sweep: 8 samples per prompt with ``prompt_id``, ``correct``, ``logprob_mean`` and
@@ -241,6 +242,8 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=400, help="prompts per N for --agreement")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dir", type=Path, default=None, help="keep the files here")
+    parser.add_argument("--busy", action="store_true",
+                        help="time everything beside a busy process (a Python loop spinning on one core)")
     parser.add_argument("--stages-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stages_child:
@@ -248,12 +251,20 @@ def main() -> None:
     elif args.agreement:
         agreement(args.groups, args.seed)
     else:
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = args.dir or Path(tmp)
-            folder.mkdir(parents=True, exist_ok=True)
-            for rows in (int(s) for s in args.sizes.split(",")):
-                for workers in (args.workers.split(",") if args.workers else [None]):
-                    timing(folder, rows, cli=not args.no_cli, workers=workers)
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
+        try:
+            if busy is not None:
+                print("beside a busy process (a Python loop spinning on one core)", flush=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                folder = args.dir or Path(tmp)
+                folder.mkdir(parents=True, exist_ok=True)
+                for rows in (int(s) for s in args.sizes.split(",")):
+                    for workers in (args.workers.split(",") if args.workers else [None]):
+                        timing(folder, rows, cli=not args.no_cli, workers=workers)
+        finally:
+            if busy is not None:
+                busy.kill()
+                busy.wait()
 
 
 if __name__ == "__main__":
