@@ -631,3 +631,30 @@ def test_pc_and_rpc_in_the_report_match_the_texts_read_again(tmp_path):
     for method in ("pc", "rpc"):
         expected = S.select(method, ids, s.correct, s.prompt_index, logprob_mean=s.logprob_mean, completions=texts)
         assert m["selection"][method] == pytest.approx(expected.accuracy)
+
+
+def test_an_eval_that_wrote_its_report_ends_without_the_collectors_passes(tmp_path, monkeypatch):
+    """``calibrl eval`` marks the process as holding nothing unwritten once its report is in place, and the
+    command's entry (``main``) then freezes the objects left (gc.freeze, here recorded instead) so Python's exit
+    skips its collections; an eval that fails marks nothing and the exit is Python's usual one."""
+    import gc
+    import importlib
+    import sys
+
+    from calibrl import cli
+
+    app_module = importlib.import_module("calibrl.cli.app")  # the module (calibrl.cli.app is the Typer app)
+
+    frozen = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
+    src = _jsonl(tmp_path / "model_a.jsonl", _rows(0))
+    for argv, code, marked in ((["calibrl", "eval", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "r")],
+                                2, False),
+                               (["calibrl", "eval", str(src), "--out", str(tmp_path / "r"), *FAST], 0, True)):
+        monkeypatch.setattr(app_module, "_ends_clean", False)
+        monkeypatch.setattr(sys, "argv", argv)
+        with pytest.raises(SystemExit) as exited:
+            cli.main()
+        assert exited.value.code == code
+        assert app_module.ends_clean() is marked and frozen == ([True] if marked else [])
+    assert (tmp_path / "r" / "report.md").is_file()

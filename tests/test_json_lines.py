@@ -91,3 +91,22 @@ def test_ordinary_lines_are_read_by_orjson(monkeypatch):
     assert calls == []
     assert _decode('{"prompt_id": 1234567890123456789012}')["prompt_id"] == 1234567890123456789012
     assert len(calls) == 1
+
+
+def test_lines_after_the_first_are_checked_as_the_first_is(tmp_path):
+    """Past the first line orjson reads a line straight from its bytes; a line it refuses still gets the careful
+    reading: a line of Unicode white space alone (U+3000, a form feed) is skipped as blank, a bad byte and bad JSON
+    are errors naming their line and column, as on the first line."""
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes('{"a": 1}\n\u3000 \x0c\n{"a": 2}\n'.encode("utf-8"))
+    assert [(n, v) for n, v in rows_jsonl(path)] == [(1, {"a": 1}), (3, {"a": 2})]
+    path.write_bytes(b'{"a": 1}\n{"a": 2}\n{"a": "caf\xe9"}\n')
+    with pytest.raises(SamplesError, match=r"^rows\.jsonl:3: not UTF-8 text \(byte 0xe9 at column 11\)$"):
+        list(rows_jsonl(path))
+    path.write_bytes(b'{"a": 1}\n\n{"a": 2,}\n')
+    with pytest.raises(SamplesError) as err:
+        list(rows_jsonl(path))
+    try:
+        json.loads('{"a": 2,}')
+    except json.JSONDecodeError as exc:
+        assert str(err.value) == f"rows.jsonl:3: invalid JSON ({exc.msg} at column {exc.colno})"

@@ -192,8 +192,10 @@ def test_auroc_replicates_from_tie_runs_equal_gathered_rows():
 
 def test_replicates_of_mixed_ties_equal_gathered_rows():
     """Mostly distinct scores with some tied runs (one-sample runs take their accuracy from the sample, tied runs
-    divide), prompts a replicate leaves out (runs it does not hold), many runs and few: AUROC exactly, PRR to
-    rounding, for every rejection window, a window's start inside a tied run included."""
+    divide), runs of one prompt's tied samples only (one pair of several samples), prompts a replicate leaves out
+    (runs it does not hold), many runs and few: AUROC exactly, PRR to rounding, for every rejection window (the
+    whole one, which the pass walks without its window checks, and shorter ones), a window's start inside a tied
+    run included."""
     from calibrl.metrics.rejection import PRRReplicates
 
     rng = np.random.default_rng(13)
@@ -201,6 +203,8 @@ def test_replicates_of_mixed_ties_equal_gathered_rows():
         group = rng.integers(0, n_groups, n)
         score = rng.normal(size=n)
         score[: n // 5] = np.round(score[: n // 5], 1)  # a fifth of the samples in tied runs
+        own = np.isin(group, np.arange(n_groups // 10)) & (np.arange(n) >= n // 5)
+        score[own] = 10.0 + group[own] / n_groups  # a tenth of the prompts: their other samples tied to each other
         y = rng.random(n) < 1 / (1 + np.exp(-score))
         counts = np.stack([np.bincount(rng.integers(0, n_groups, n_groups), minlength=n_groups)
                            for _ in range(3)]).astype(np.float64)

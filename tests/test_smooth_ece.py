@@ -87,6 +87,24 @@ def test_smooth_ece_replicates_equal_gathered_rows():
         assert reps[r] == pytest.approx(M.smooth_ece(f[idx], y[idx]), rel=1e-9)
 
 
+def test_smooth_ece_replicates_whose_width_search_keeps_every_width():
+    """A replicate of samples all wrong at confidence 1 keeps every width its search tries (smECE_s > s up to
+    s = 1 - 2^-10), so its answer, smECE at width 1, is the one value the search did not compute; beside it a
+    replicate whose search ends lower (its answer computed by the search) and an empty one (nan)."""
+    f = np.r_[np.ones(8), np.linspace(0.3, 0.7, 8)]
+    y = np.r_[np.zeros(8, dtype=bool), np.arange(8) % 2 == 0]
+    group = np.repeat([0, 1, 2, 3], 4)  # prompts 0, 1: wrong at 1; 2, 3: mixed
+    counts = np.array([[2, 1, 0, 0], [1, 0, 1, 2], [0, 0, 0, 0], [0, 3, 0, 0]])
+    reps = smooth_ece_replicates(f, y, group, counts)
+    widths = []
+    for r in (0, 1, 3):
+        idx = np.repeat(np.arange(16), counts[r, group])
+        value, width = M.smooth_ece(f[idx], y[idx], return_width=True)
+        assert reps[r] == pytest.approx(value, rel=1e-12)
+        widths.append(width)
+    assert widths[0] == widths[2] == 1.0 and widths[1] < 1.0 and np.isnan(reps[2])
+
+
 @pytest.mark.parametrize("n", [4, 5, 37, 1001])
 def test_reflected_convolution_by_fft_equals_numpys_direct_one(n):
     """The FFT is about 2.5n long, shorter than the reflected masses (3n - 2): the n outputs kept must still equal

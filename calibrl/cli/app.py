@@ -17,6 +17,22 @@ app = typer.Typer(
 )
 
 
+# Set by a command that has closed everything it wrote (calibrl eval, once its report is in place): main() then
+# ends the process without the collector's passes over the objects the imports made (calibrl.cli.main).
+_ends_clean = False
+
+
+def mark_ends_clean() -> None:
+    """Let this process end without the garbage collector's passes at exit (:func:`calibrl.cli.main`)."""
+    global _ends_clean
+    _ends_clean = True
+
+
+def ends_clean() -> bool:
+    """Whether a command of this process marked it so (:func:`mark_ends_clean`)."""
+    return _ends_clean
+
+
 # What a command needs beyond the core install, by pyproject extra: the modules it imports (the extra's
 # requirements install them under the same names) and how users know each.
 EXTRA_MODULES = {

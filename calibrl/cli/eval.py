@@ -30,7 +30,7 @@ from typing import Any, Optional
 import typer
 
 from calibrl._files import recover_interrupted, replace_folder
-from calibrl.cli.app import app
+from calibrl.cli.app import app, mark_ends_clean
 
 
 # The choices below are the registries' (calibrl.posthoc, readers.GRADERS and FORMATS, calibrl.metrics.abstention,
@@ -318,6 +318,7 @@ def eval_command(
     results = _write_report(out, lambda folder, step, track: write_eval_report(
         folder, loaded, labels=labels, files=paths, settings=settings, step=step, track=track))
     _print_summary(results, out)
+    mark_ends_clean()  # the report is in place and every file of it closed
 
 
 class _Terminated(BaseException):

