@@ -16,7 +16,9 @@ every line (the parser the command reads with), the stages of
 ``calibrl eval`` timed one by one (reading, then each step the progress display names), and the ``calibrl eval``
 command itself with the defaults (1000 bootstrap resamples, every selection method and its scaling curve, the
 figures). It prints each stage's seconds (and, inside the confidence sources' bootstrap and RPC's stage, each
-source's replicates by figure and each of RPC's fits), the command's seconds and its ratio to ``json.loads``.
+source's replicates by figure and each of RPC's fits), the command's seconds and its ratio to ``json.loads``, and
+the part of them that is the process's exit after the command; then, on a file of 800 samples, that exit with the
+objects frozen (as ``calibrl.cli.main`` leaves them after an eval) and collected by Python's exit (as before).
 """
 
 from __future__ import annotations
@@ -67,6 +69,46 @@ _JSON = ("import sys, time, json; t = time.perf_counter(); f = open(sys.argv[1],
 # the parser calibrl reads JSON Lines with (json.loads where it refuses a line), timed the same way: the ratio to
 # json.loads is the goal's measure, the ratio to this one what calibrl adds beyond parsing
 _ORJSON = _JSON.replace("json", "orjson")
+
+
+# ``calibrl <args>`` as the console script runs it, printing the wall time at which its main() returned: the rest
+# of the process's time is Python's exit; with ``--collect``, gc.freeze is made a no-op, so the exit collects
+# every object as it did before 2026-11-30 (calibrl.cli.main freezes them after an eval)
+_CLI = """import sys, time, runpy
+if sys.argv[1] == "--collect":
+    import gc
+    gc.freeze = lambda: None
+    del sys.argv[1]
+sys.argv = ["calibrl", *sys.argv[1:]]
+try:
+    runpy.run_module("calibrl", run_name="__main__")
+finally:
+    print(time.time(), flush=True)
+"""
+
+
+def _run_cli(args: list[str], workers: str | None = None) -> tuple[float, float]:
+    """(seconds of the whole process, seconds from the command's end to the process's end) of ``calibrl args``."""
+    env = None if workers is None else {**os.environ, "CALIBRL_WORKERS": workers}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _CLI, *args], capture_output=True, text=True, env=env)
+    ended = time.time()
+    took = time.perf_counter() - start
+    if proc.returncode:
+        raise RuntimeError(f"calibrl {' '.join(args[:3])} ... exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return took, ended - float(proc.stdout.strip().splitlines()[-1])
+
+
+def exit_cost(folder: Path) -> None:
+    """The process's exit after ``calibrl eval`` of a small file (800 samples: the exit does not grow with the
+    file), with the objects frozen (the command) and collected at exit (as before 2026-11-30), one after the other."""
+    path = folder / "samples_800.jsonl"
+    write_samples(path, 800)
+    args = ["eval", str(path), "--out", str(folder / "out_800")]
+    for label, extra in (("frozen (calibrl.cli.main's gc.freeze)", []), ("collected by Python's exit", ["--collect"])):
+        took, exiting = _run_cli(extra + args, "1")
+        print(f"  800 samples, the exit after the command, objects {label}: {exiting:.2f} s (the command: {took:.1f} s)",
+              flush=True)
 
 
 def _time_inside(times: list[list]) -> None:
@@ -188,10 +230,10 @@ def timing(folder: Path, rows: int, cli: bool, workers: str | None = None) -> No
     print(f"  stages in total              {total:8.1f} s  ({total / t_json:.1f}x json.loads)", flush=True)
     if cli:
         out = folder / f"out_{rows}_w{workers or 'default'}"
-        t_cli, _ = _run([sys.executable, "-m", "calibrl", "eval", str(path), "--out", str(out)], workers)
+        t_cli, t_exit = _run_cli(["eval", str(path), "--out", str(out)], workers)
         print(f"  calibrl eval (defaults)      {t_cli:8.1f} s  ratio to json.loads: {t_cli / t_json:.1f}x "
-              f"(target: 20x at 200,000 samples, 15x at 1,000,000); to orjson.loads: {t_cli / t_orjson:.0f}x",
-              flush=True)
+              f"(target: 20x at 200,000 samples, 15x at 1,000,000); to orjson.loads: {t_cli / t_orjson:.0f}x; "
+              f"its exit after the command {t_exit:.2f} s", flush=True)
 
 
 def agreement(groups: int, seed: int) -> None:
@@ -261,6 +303,8 @@ def main() -> None:
                 for rows in (int(s) for s in args.sizes.split(",")):
                     for workers in (args.workers.split(",") if args.workers else [None]):
                         timing(folder, rows, cli=not args.no_cli, workers=workers)
+                if not args.no_cli:
+                    exit_cost(folder)
         finally:
             if busy is not None:
                 busy.kill()
