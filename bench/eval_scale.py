@@ -89,14 +89,8 @@ finally:
 
 def _run_cli(args: list[str], workers: str | None = None) -> tuple[float, float]:
     """(seconds of the whole process, seconds from the command's end to the process's end) of ``calibrl args``."""
-    env = None if workers is None else {**os.environ, "CALIBRL_WORKERS": workers}
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _CLI, *args], capture_output=True, text=True, env=env)
-    ended = time.time()
-    took = time.perf_counter() - start
-    if proc.returncode:
-        raise RuntimeError(f"calibrl {' '.join(args[:3])} ... exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return took, ended - float(proc.stdout.strip().splitlines()[-1])
+    took, out = _run([sys.executable, "-c", _CLI, *args], workers)
+    return took, time.time() - float(out.strip().splitlines()[-1])
 
 
 def exit_cost(folder: Path) -> None:
